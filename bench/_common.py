@@ -1,0 +1,46 @@
+"""Shared helpers for the benchmarks: fresh stores and a stable event payload."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import uuid
+
+import sqlalchemy as sa
+
+from eventstore import EventStore, NewEvent
+
+PG_URL = os.environ.get("COMPANYOS_BENCH_PG_URL") or os.environ.get("COMPANYOS_TEST_PG_URL")
+
+
+def fresh_sqlite_url() -> str:
+    return f"sqlite:///{tempfile.mkdtemp(prefix='companyos-bench-')}/bench.db"
+
+
+def fresh_pg_url() -> str | None:
+    """A new empty schema-less database on the PostgreSQL server named by the env, or None."""
+    if not PG_URL:
+        return None
+    name = f"bench_{uuid.uuid4().hex[:10]}"
+    admin = sa.create_engine(sa.make_url(PG_URL).set(drivername="postgresql+psycopg"),
+                             isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.exec_driver_sql(f"CREATE DATABASE {name}")
+    admin.dispose()
+    return str(sa.make_url(PG_URL).set(database=name).render_as_string(hide_password=False))
+
+
+def step_events(step: int) -> list[NewEvent]:
+    """Four events shaped like one environment step."""
+    return [
+        NewEvent("ActionTaken", {"step": step, "action": {"app": "ticketdesk", "method":
+                 "update_ticket", "params": {"ticket_id": "T-1042", "field": "priority",
+                                              "value": "high"}}}),
+        NewEvent("TicketPriorityChanged", {"ticket_id": "T-1042", "priority": "high", "step": step}),
+        NewEvent("RewardGranted", {"rule": "step", "value": -0.1, "cause": step * 4}),
+        NewEvent("RewardGranted", {"rule": "set_priority", "value": 1.0, "cause": step * 4 + 1}),
+    ]
+
+
+def open_store(url: str) -> EventStore:
+    return EventStore.open(url)

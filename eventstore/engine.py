@@ -1,0 +1,56 @@
+"""Engines for the store: SQLite in WAL mode with explicit transactions, PostgreSQL through psycopg 3."""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from sqlalchemy import event
+from sqlalchemy.pool import StaticPool
+
+SQLITE_SYNCHRONOUS = ("normal", "full")
+
+
+def normalise_url(url: str) -> sa.URL:
+    """Accept plain `postgresql://` URLs and route them to psycopg 3, the driver we test against."""
+    parsed = sa.make_url(url)
+    if parsed.drivername in ("postgresql", "postgres"):
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    return parsed
+
+
+def create_engine(url: str, synchronous: str | None = None) -> sa.Engine:
+    parsed = normalise_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        return _sqlite_engine(parsed, synchronous or "normal")
+    if synchronous is not None:
+        raise ValueError("synchronous= applies to SQLite only; PostgreSQL durability is the server's")
+    return sa.create_engine(parsed, pool_size=8, max_overflow=32)
+
+
+def _sqlite_engine(url: sa.URL, synchronous: str) -> sa.Engine:
+    if synchronous not in SQLITE_SYNCHRONOUS:
+        raise ValueError(f"synchronous must be one of {SQLITE_SYNCHRONOUS}, not {synchronous!r}")
+    in_memory = url.database in (None, "", ":memory:")
+    kwargs: dict = {}
+    if in_memory:
+        kwargs = {"poolclass": StaticPool, "connect_args": {"check_same_thread": False}}
+    engine = sa.create_engine(url, **kwargs)
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn, _record) -> None:
+        # Take transaction control from pysqlite so writers can BEGIN IMMEDIATE (SQLAlchemy recipe).
+        dbapi_conn.isolation_level = None
+        cursor = dbapi_conn.cursor()
+        if not in_memory:
+            cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute(f"PRAGMA synchronous={synchronous.upper()}")
+        cursor.execute("PRAGMA busy_timeout=60000")
+        cursor.execute("PRAGMA cache_size=-65536")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: sa.Connection) -> None:
+        # A writer takes the write lock up front: no deadlock-prone lock upgrade mid-transaction.
+        write = conn.get_execution_options().get("companyos_write", False)
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
+
+    return engine

@@ -1,0 +1,63 @@
+"""The store's value types: what a writer hands in and what a reader gets back."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from eventstore.encoding import decode_json
+
+MAX_EVENT_BYTES = 1024 * 1024
+"""Largest encoded `data` of one event; bigger payloads belong in a blob store, not an event log."""
+MAX_STREAM_ID_LENGTH = 200
+MAX_TYPE_LENGTH = 200
+
+
+class ConcurrencyError(Exception):
+    """A writer appended with a stale expected version: someone else wrote to the stream first."""
+
+    def __init__(self, stream_id: str, expected: int | None, actual: int | None) -> None:
+        self.stream_id = stream_id
+        self.expected = expected
+        self.actual = actual
+        super().__init__(
+            f"stream {stream_id!r}: expected version {_show(expected)}, "
+            f"but the stream is at version {_show(actual)}"
+        )
+
+
+def _show(version: int | None) -> str:
+    return "None (no stream)" if version is None else str(version)
+
+
+@dataclass(frozen=True, slots=True)
+class NewEvent:
+    """An event to append. `event_id` makes retries idempotent; `meta` never enters a digest."""
+
+    type: str
+    data: dict[str, Any]
+    schema_version: int = 1
+    event_id: str | None = None
+    meta: dict[str, Any] | None = field(default=None)
+
+
+class RecordedEvent(NamedTuple):
+    """An event as stored. `data` and `meta` are decoded on access so bulk reads stay cheap."""
+
+    position: int
+    stream_id: str
+    version: int
+    event_id: str
+    type: str
+    schema_version: int
+    data_json: str
+    meta_json: str
+    digest: str
+
+    @property
+    def data(self) -> dict[str, Any]:
+        return decode_json(self.data_json)
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        return decode_json(self.meta_json)

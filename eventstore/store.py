@@ -1,0 +1,253 @@
+"""The append-only event store on SQLAlchemy Core: one stream per episode, one global order."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import sqlalchemy as sa
+
+from eventstore import migrate
+from eventstore.backends import MAX_EVENTS_PER_APPEND, UniqueViolation, backend_for
+from eventstore.encoding import GENESIS_DIGEST, canonical_json, chain_digest, decode_json
+from eventstore.engine import create_engine
+from eventstore.ids import new_event_id
+from eventstore.records import (
+    MAX_EVENT_BYTES,
+    MAX_STREAM_ID_LENGTH,
+    MAX_TYPE_LENGTH,
+    ConcurrencyError,
+    NewEvent,
+    RecordedEvent,
+)
+from eventstore.upcasting import Upcasters
+
+DEFAULT_URL = "sqlite:///companyos.db"
+READ_PAGE = 10_000
+_HEAD_CACHE_SIZE = 4096
+
+_COLUMNS = "position, stream_id, version, event_id, type, schema_version, data, meta, digest"
+_BY_EVENT_IDS = sa.text(
+    f"SELECT {_COLUMNS} FROM events WHERE event_id IN :ids ORDER BY position"
+).bindparams(sa.bindparam("ids", expanding=True))
+_STREAM_HEAD = sa.text(
+    "SELECT version, digest FROM events WHERE stream_id = :stream_id ORDER BY version DESC LIMIT 1"
+)
+
+
+class _VersionMismatch(Exception):
+    def __init__(self, actual: int | None) -> None:
+        self.actual = actual
+
+
+class EventStore:
+    """Append and read events. Any SQLAlchemy URL; SQLite (WAL) by default, PostgreSQL for many writers."""
+
+    def __init__(self, engine: sa.Engine, upcasters: Upcasters | None = None) -> None:
+        self.engine = engine
+        self.upcasters = upcasters or Upcasters()
+        self._backend = backend_for(engine)
+        self._heads: dict[str, tuple[int, str]] = {}
+
+    @classmethod
+    def open(
+        cls,
+        url: str = DEFAULT_URL,
+        synchronous: str | None = None,
+        upcasters: Upcasters | None = None,
+    ) -> EventStore:
+        """Open (and if needed create and migrate) the store at `url`.
+
+        SQLite durability: `synchronous="normal"` (default) survives a crashed process;
+        `"full"` also survives power loss, at the price of an fsync per commit.
+        """
+        engine = create_engine(url, synchronous)
+        migrate.upgrade(engine)
+        return cls(engine, upcasters)
+
+    def close(self) -> None:
+        self._backend.close()
+        self.engine.dispose()
+
+    def __enter__(self) -> EventStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- writing -------------------------------------------------------------------------------
+
+    def append(
+        self, stream_id: str, events: Sequence[NewEvent], expected_version: int | None
+    ) -> list[RecordedEvent]:
+        """Atomically append `events` after `expected_version` (None: the stream must not exist).
+
+        Raises ConcurrencyError when the stream moved on; re-sending already stored event ids
+        returns the stored records instead of writing duplicates.
+        """
+        _check_stream_id(stream_id)
+        if not events:
+            return []
+        if len(events) > MAX_EVENTS_PER_APPEND:
+            raise ValueError(f"one append takes at most {MAX_EVENTS_PER_APPEND} events")
+        prepared = [_prepare(event) for event in events]
+        supplied_ids = [p[3] for p in prepared if p[3] is not None]
+        if len(set(supplied_ids)) != len(supplied_ids):
+            raise ValueError("one append names the same event_id twice")
+        plain_meta = canonical_json({"recorded_at": dt.datetime.now(dt.UTC).isoformat()}).decode()
+
+        def rows_for(head, first_position):
+            version = -1 if head is None else head[0]
+            if version != (-1 if expected_version is None else expected_version):
+                raise _VersionMismatch(None if head is None else head[0])
+            digest = GENESIS_DIGEST if head is None else head[1]
+            rows = []
+            position = first_position
+            for type_, schema_version, data_json, event_id, meta in prepared:
+                version += 1
+                digest = chain_digest(digest, type_, schema_version, data_json)
+                meta_json = _meta_json(meta, plain_meta)
+                event_id = event_id or new_event_id()
+                if position is None:
+                    rows.append((stream_id, version, event_id, type_, schema_version, data_json,
+                                 meta_json, digest))
+                else:
+                    rows.append((position, stream_id, version, event_id, type_, schema_version,
+                                 data_json, meta_json, digest))
+                    position += 1
+            return rows
+
+        try:
+            rows = self._backend.append(stream_id, rows_for, expected_version,
+                                             self._heads.get(stream_id))
+        except _VersionMismatch as mismatch:
+            stored = self._stored_retry(stream_id, supplied_ids, len(prepared))
+            if stored is not None:
+                return stored
+            raise ConcurrencyError(stream_id, expected_version, mismatch.actual) from None
+        except UniqueViolation:
+            self._heads.pop(stream_id, None)
+            stored = self._stored_retry(stream_id, supplied_ids, len(prepared))
+            if stored is not None:
+                return stored
+            clashing = [r.event_id for r in self._by_event_ids(supplied_ids)] if supplied_ids else []
+            if clashing:
+                raise ValueError(f"event ids already stored in other appends: {clashing}") from None
+            raise ConcurrencyError(stream_id, expected_version,
+                                   self.stream_version(stream_id)) from None
+        records = list(map(RecordedEvent._make, rows))
+        self._remember_head(stream_id, records[-1].version, records[-1].digest)
+        return records
+
+    def _remember_head(self, stream_id: str, version: int, digest: str) -> None:
+        """Cache a stream's head so the next append skips a query; a stale entry only costs a retry."""
+        heads = self._heads
+        if len(heads) >= _HEAD_CACHE_SIZE and stream_id not in heads:
+            heads.pop(next(iter(heads)))
+        heads[stream_id] = (version, digest)
+
+    def _stored_retry(self, stream_id, supplied_ids, count) -> list[RecordedEvent] | None:
+        """The stored records when this append is a retry of one that already committed."""
+        if not supplied_ids or len(supplied_ids) != count:
+            return None
+        stored = self._by_event_ids(supplied_ids)
+        if len(stored) == count and all(r.stream_id == stream_id for r in stored):
+            order = {event_id: i for i, event_id in enumerate(supplied_ids)}
+            return sorted(stored, key=lambda r: order[r.event_id])
+        return None
+
+    def _by_event_ids(self, ids: list[str]) -> list[RecordedEvent]:
+        with self.engine.connect() as conn:
+            rows = conn.execute(_BY_EVENT_IDS, {"ids": ids}).all()
+        return [self.upcasters.apply(RecordedEvent(*row)) for row in rows]
+
+    # -- reading -------------------------------------------------------------------------------
+
+    def read_stream(self, stream_id: str, from_version: int = 0) -> Iterator[RecordedEvent]:
+        """The stream's events in version order (upcast to the current schema)."""
+        rows = self._backend.fetch(self._backend.stream_sql(), (stream_id, from_version))
+        apply = self.upcasters.apply
+        for row in rows:
+            yield apply(RecordedEvent._make(row))
+
+    def read_all(self, after_position: int = 0, limit: int | None = None) -> Iterator[RecordedEvent]:
+        """Every event after `after_position` in commit order, read in pages so memory stays flat."""
+        remaining = limit
+        after = after_position
+        apply = self.upcasters.apply
+        upcast = bool(self.upcasters.types)
+        make = RecordedEvent._make
+        sql = self._backend.page_sql()
+        while remaining is None or remaining > 0:
+            page = READ_PAGE if remaining is None else min(READ_PAGE, remaining)
+            rows = self._backend.fetch(sql, (after, page))
+            if not rows:
+                return
+            if upcast:
+                for row in rows:
+                    yield apply(make(row))
+            else:
+                yield from map(make, rows)
+            after = rows[-1][0]
+            if remaining is not None:
+                remaining -= len(rows)
+            if len(rows) < page:
+                return
+
+    def stream_version(self, stream_id: str) -> int | None:
+        """Version of the stream's last event, or None when the stream does not exist."""
+        with self.engine.connect() as conn:
+            row = conn.execute(_STREAM_HEAD, {"stream_id": stream_id}).first()
+        return None if row is None else row[0]
+
+    def stream_digest(self, stream_id: str) -> str | None:
+        """The digest of the stream's last event: equal digests mean identical streams."""
+        with self.engine.connect() as conn:
+            row = conn.execute(_STREAM_HEAD, {"stream_id": stream_id}).first()
+        return None if row is None else row[1]
+
+    def last_position(self) -> int:
+        with self.engine.connect() as conn:
+            return conn.execute(sa.text("SELECT max(position) FROM events")).scalar() or 0
+
+
+def _check_stream_id(stream_id: Any) -> None:
+    if not isinstance(stream_id, str) or not stream_id:
+        raise ValueError("stream_id must be a non-empty string")
+    if len(stream_id) > MAX_STREAM_ID_LENGTH:
+        raise ValueError(f"stream_id is longer than {MAX_STREAM_ID_LENGTH} characters")
+
+
+def _prepare(event: NewEvent) -> tuple[str, int, str, str | None, dict]:
+    """Validate and encode one event before any write starts, so a bad batch writes nothing."""
+    if not isinstance(event, NewEvent):
+        raise ValueError(f"expected NewEvent, got {type(event).__name__}")
+    type_ = event.type
+    if not isinstance(type_, str) or not type_:
+        raise ValueError("event type must be a non-empty string")
+    if len(type_) > MAX_TYPE_LENGTH:
+        raise ValueError(f"event type is longer than {MAX_TYPE_LENGTH} characters")
+    if not isinstance(event.data, dict):
+        raise ValueError(f"{type_}: data must be a JSON object (dict), got {type(event.data).__name__}")
+    sv = event.schema_version
+    if not isinstance(sv, int) or isinstance(sv, bool) or sv < 1:
+        raise ValueError(f"{type_}: schema_version must be a positive integer")
+    data_json = canonical_json(event.data).decode()
+    if len(data_json) > MAX_EVENT_BYTES:
+        raise ValueError(
+            f"{type_}: data is {len(data_json)} bytes, over the {MAX_EVENT_BYTES}-byte limit"
+        )
+    event_id = event.event_id
+    if event_id is not None and (not isinstance(event_id, str) or not event_id or len(event_id) > 64):
+        raise ValueError(f"{type_}: event_id must be a non-empty string of at most 64 characters")
+    meta = event.meta or {}
+    if not isinstance(meta, dict):
+        raise ValueError(f"{type_}: meta must be a dict")
+    return type_, sv, data_json, event_id, meta
+
+
+def _meta_json(meta: dict, plain: str) -> str:
+    if not meta:
+        return plain
+    return canonical_json({**meta, **decode_json(plain)}).decode()

@@ -1,0 +1,50 @@
+"""Upcasters: old events are read in the current schema, the stored bytes are never rewritten."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from eventstore.encoding import canonical_json
+from eventstore.records import RecordedEvent
+
+Upcaster = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+class Upcasters:
+    """A registry of `(type, from_version) -> function` that lifts data one schema version."""
+
+    def __init__(self) -> None:
+        self._steps: dict[tuple[str, int], Upcaster] = {}
+        self.types: frozenset[str] = frozenset()
+
+    def register(self, type_: str, from_version: int, fn: Upcaster) -> None:
+        key = (type_, from_version)
+        if key in self._steps:
+            raise ValueError(f"an upcaster for {type_} v{from_version} is already registered")
+        self._steps[key] = fn
+        self.types = self.types | {type_}
+
+    def upcaster(self, type_: str, from_version: int) -> Callable[[Upcaster], Upcaster]:
+        """Decorator form of `register`."""
+
+        def wrap(fn: Upcaster) -> Upcaster:
+            self.register(type_, from_version, fn)
+            return fn
+
+        return wrap
+
+    def apply(self, record: RecordedEvent) -> RecordedEvent:
+        """Lift a record through every registered step; records of other types pass untouched."""
+        if record.type not in self.types:
+            return record
+        version = record.schema_version
+        step = self._steps.get((record.type, version))
+        if step is None:
+            return record
+        data = record.data
+        while step is not None:
+            data = step(data)
+            version += 1
+            step = self._steps.get((record.type, version))
+        return record._replace(data_json=canonical_json(data).decode(), schema_version=version)

@@ -1,0 +1,66 @@
+"""Shared fixtures: a fresh store URL per backend (SQLite always, PostgreSQL when configured)."""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+import pytest
+import sqlalchemy as sa
+
+PG_URL = os.environ.get("COMPANYOS_TEST_PG_URL")
+
+
+def _pg_engine(database: str | None = None) -> sa.Engine:
+    url = sa.make_url(PG_URL).set(drivername="postgresql+psycopg")
+    if database:
+        url = url.set(database=database)
+    return sa.create_engine(url, isolation_level="AUTOCOMMIT")
+
+
+@pytest.fixture(scope="session")
+def pg_database_url():
+    """One throwaway PostgreSQL database for the session; tests keep apart by unique stream ids."""
+    if not PG_URL:
+        pytest.skip("COMPANYOS_TEST_PG_URL is not set")
+    name = f"companyos_test_{uuid.uuid4().hex[:12]}"
+    admin = _pg_engine()
+    with admin.connect() as conn:
+        conn.exec_driver_sql(f"CREATE DATABASE {name}")
+    url = sa.make_url(PG_URL).set(database=name).render_as_string(hide_password=False)
+    yield url
+    with admin.connect() as conn:
+        conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    admin.dispose()
+
+
+@pytest.fixture
+def fresh_pg_url():
+    """A brand-new empty PostgreSQL database for tests that must start from nothing."""
+    if not PG_URL:
+        pytest.skip("COMPANYOS_TEST_PG_URL is not set")
+    name = f"companyos_test_{uuid.uuid4().hex[:12]}"
+    admin = _pg_engine()
+    with admin.connect() as conn:
+        conn.exec_driver_sql(f"CREATE DATABASE {name}")
+    yield sa.make_url(PG_URL).set(database=name).render_as_string(hide_password=False)
+    with admin.connect() as conn:
+        conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    admin.dispose()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_url(request, tmp_path):
+    """A store URL on each backend; PostgreSQL ones share a session database."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'store.db'}"
+    return request.getfixturevalue("pg_database_url")
+
+
+@pytest.fixture
+def sqlite_url(tmp_path):
+    return f"sqlite:///{tmp_path / 'store.db'}"
+
+
+def unique_stream(prefix: str = "s") -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"

@@ -1,0 +1,264 @@
+"""The event store's contract, on SQLite and PostgreSQL alike."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import subprocess
+import sys
+import uuid
+
+import pytest
+
+from eventstore import ConcurrencyError, EventStore, NewEvent, Upcasters, chain_digest
+from eventstore.records import MAX_EVENT_BYTES
+from tests.conftest import unique_stream
+
+
+@pytest.fixture
+def store(store_url):
+    s = EventStore.open(store_url)
+    yield s
+    s.close()
+
+
+def test_round_trip_keeps_order_versions_and_data(store):
+    stream = unique_stream()
+    recorded = store.append(stream, [NewEvent("Opened", {"b": 2, "a": [1, "x", None]}),
+                                     NewEvent("Noted", {"text": "naïve ☃"}, meta={"agent": "a1"})],
+                            None)
+    assert [r.version for r in recorded] == [0, 1]
+    read = list(store.read_stream(stream))
+    assert read == recorded
+    assert read[0].data == {"a": [1, "x", None], "b": 2}
+    assert read[0].data_json == '{"a":[1,"x",null],"b":2}'  # canonical: sorted, compact
+    assert read[1].data == {"text": "naïve ☃"}
+    assert read[1].meta["agent"] == "a1" and "recorded_at" in read[1].meta
+    assert read[0].position < read[1].position
+    tail = [r for r in store.read_all(after_position=recorded[0].position - 1)
+            if r.stream_id == stream]
+    assert tail == recorded
+    assert store.stream_version(stream) == 1
+    assert store.stream_version(unique_stream()) is None
+
+
+def test_digest_chains_type_version_and_data_but_not_meta(store):
+    a, b = unique_stream(), unique_stream()
+    ra = store.append(a, [NewEvent("E", {"x": 1}, meta={"who": "one"}), NewEvent("F", {})], None)
+    rb = store.append(b, [NewEvent("E", {"x": 1}, meta={"who": "two"}), NewEvent("F", {})], None)
+    assert ra[-1].digest == rb[-1].digest == store.stream_digest(a)
+    expected = chain_digest(chain_digest("", "E", 1, '{"x":1}'), "F", 1, "{}")
+    assert store.stream_digest(a) == expected
+    c = unique_stream()
+    store.append(c, [NewEvent("E", {"x": 2}), NewEvent("F", {})], None)
+    assert store.stream_digest(c) != expected
+
+
+def test_stale_expected_version_raises_concurrency_error_naming_versions(store):
+    stream = unique_stream()
+    store.append(stream, [NewEvent("A", {})], None)
+    store.append(stream, [NewEvent("B", {})], 0)
+    with pytest.raises(ConcurrencyError) as err:
+        store.append(stream, [NewEvent("C", {})], 0)
+    assert err.value.expected == 0 and err.value.actual == 1
+    assert stream in str(err.value)
+    with pytest.raises(ConcurrencyError):
+        store.append(stream, [NewEvent("C", {})], None)
+    with pytest.raises(ConcurrencyError):
+        store.append(unique_stream(), [NewEvent("C", {})], 3)
+    assert [r.type for r in store.read_stream(stream)] == ["A", "B"]
+
+
+def test_stale_version_is_detected_by_another_store_instance(store_url):
+    """A writer's cached stream head must never let it write past someone else's append."""
+    stream = unique_stream()
+    one, two = EventStore.open(store_url), EventStore.open(store_url)
+    one.append(stream, [NewEvent("A", {})], None)
+    two.append(stream, [NewEvent("B", {})], 0)
+    with pytest.raises(ConcurrencyError):
+        one.append(stream, [NewEvent("C", {})], 0)
+    assert [r.type for r in one.read_stream(stream)] == ["A", "B"]
+    one.close()
+    two.close()
+
+
+def test_retry_with_same_event_ids_returns_stored_records(store):
+    stream = unique_stream()
+    events = [NewEvent("A", {"n": 1}, event_id=f"id-{uuid.uuid4().hex}"),
+              NewEvent("B", {"n": 2}, event_id=f"id-{uuid.uuid4().hex}")]
+    first = store.append(stream, events, None)
+    again = store.append(stream, events, None)
+    assert again == first
+    assert len(list(store.read_stream(stream))) == 2
+    fresh = EventStore.open(str(store.engine.url.render_as_string(hide_password=False)))
+    assert fresh.append(stream, events, None) == first
+    fresh.close()
+
+
+def test_event_id_used_in_another_stream_is_refused(store):
+    shared = f"id-{uuid.uuid4().hex}"
+    store.append(unique_stream(), [NewEvent("A", {}, event_id=shared)], None)
+    other = unique_stream()
+    with pytest.raises(ValueError, match="already stored"):
+        store.append(other, [NewEvent("A", {}, event_id=shared)], None)
+    assert store.stream_version(other) is None
+
+
+@pytest.mark.parametrize("bad, message", [
+    (NewEvent("", {}), "non-empty"),
+    (NewEvent("X" * 201, {}), "longer than"),
+    (NewEvent("T", {"when": object()}), "not JSON-serialisable"),
+    (NewEvent("T", {"n": float("nan")}), "non-finite"),
+    (NewEvent("T", ["not", "an", "object"]), "JSON object"),
+    (NewEvent("T", {"blob": "x" * (MAX_EVENT_BYTES + 1)}), "limit"),
+    (NewEvent("T", {}, schema_version=0), "schema_version"),
+    (NewEvent("T", {}, event_id=""), "event_id"),
+])
+def test_a_batch_with_one_bad_event_writes_nothing(store, bad, message):
+    stream = unique_stream()
+    before = store.last_position()
+    with pytest.raises(ValueError, match=message):
+        store.append(stream, [NewEvent("Good", {"n": 1}), bad], None)
+    assert store.stream_version(stream) is None
+    assert store.last_position() == before
+
+
+@pytest.mark.parametrize("stream_id", ["", "s" * 201, None, 17])
+def test_bad_stream_ids_are_refused(store, stream_id):
+    with pytest.raises(ValueError, match="stream_id"):
+        store.append(stream_id, [NewEvent("A", {})], None)
+
+
+def test_upcasters_lift_old_events_on_read(store_url):
+    upcasters = Upcasters()
+
+    @upcasters.upcaster("PriceSet", 1)
+    def _cents(data):
+        return {"cents": data["euros"] * 100}
+
+    upcasters.register("PriceSet", 2, lambda data: {**data, "currency": "EUR"})
+    plain = EventStore.open(store_url)
+    stream = unique_stream()
+    plain.append(stream, [NewEvent("PriceSet", {"euros": 3}),
+                          NewEvent("PriceSet", {"cents": 5, "currency": "USD"}, schema_version=3),
+                          NewEvent("Other", {"euros": 1})], None)
+    lifted = EventStore.open(store_url, upcasters=upcasters)
+    read = list(lifted.read_stream(stream))
+    assert [(r.schema_version, r.data) for r in read] == [
+        (3, {"cents": 300, "currency": "EUR"}),
+        (3, {"cents": 5, "currency": "USD"}),
+        (1, {"euros": 1}),
+    ]
+    # digests speak of the stored bytes, so upcasting never breaks the chain
+    assert read[-1].digest == plain.stream_digest(stream)
+    mine = [r for r in lifted.read_all(read[0].position - 1, limit=3) if r.stream_id == stream]
+    assert mine[0].data == {"cents": 300, "currency": "EUR"}
+    with pytest.raises(ValueError, match="already registered"):
+        upcasters.register("PriceSet", 1, lambda d: d)
+    plain.close()
+    lifted.close()
+
+
+def test_read_all_pages_through_large_ranges_with_limit(store):
+    stream = unique_stream()
+    recorded = store.append(stream, [NewEvent("N", {"i": i}) for i in range(2500)], None)
+    start = recorded[0].position - 1
+    got = list(store.read_all(after_position=start, limit=2500))
+    assert [r.data["i"] for r in got if r.stream_id == stream] == list(range(2500))
+    assert len(list(store.read_all(after_position=start, limit=7))) == 7
+
+
+# -- across processes -------------------------------------------------------------------------
+
+def _race_append(args):
+    url, stream, name = args
+    store = EventStore.open(url)
+    try:
+        store.append(stream, [NewEvent("Claimed", {"by": name})], 0)
+        return "won"
+    except ConcurrencyError:
+        return "lost"
+    finally:
+        store.close()
+
+
+def test_two_processes_racing_at_the_same_version_one_wins(store_url):
+    store = EventStore.open(store_url)
+    for _ in range(3):
+        stream = unique_stream()
+        store.append(stream, [NewEvent("Created", {})], None)
+        with mp.get_context("spawn").Pool(2) as pool:
+            results = pool.map(_race_append, [(store_url, stream, "a"), (store_url, stream, "b")])
+        assert sorted(results) == ["lost", "won"]
+        assert [r.type for r in store.read_stream(stream)] == ["Created", "Claimed"]
+    store.close()
+
+
+def _writer(args):
+    url, prefix, count = args
+    store = EventStore.open(url)
+    for i in range(count):
+        store.append(f"{prefix}-{i}", [NewEvent("W", {"i": i, "k": k}) for k in range(3)], None)
+    store.close()
+    return count
+
+
+def _follower(url, start, expected, queue):
+    """Follow read_all like a projector: the cursor only moves forward, so a late lower position is lost."""
+    store = EventStore.open(url)
+    seen: list[int] = []
+    cursor = start
+    idle = 0
+    while len(seen) < expected and idle < 3000:
+        batch = list(store.read_all(after_position=cursor, limit=500))
+        if not batch:
+            idle += 1
+            continue
+        idle = 0
+        seen.extend(r.position for r in batch)
+        cursor = batch[-1].position
+    store.close()
+    queue.put(seen)
+
+
+def test_concurrent_writers_and_a_following_reader_never_miss_an_event(store_url):
+    store = EventStore.open(store_url)
+    start = store.last_position()
+    writers, per_writer = 4, 150
+    expected = writers * per_writer * 3
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    reader = ctx.Process(target=_follower, args=(store_url, start, expected, queue))
+    reader.start()
+    prefix = unique_stream("w")
+    with ctx.Pool(writers) as pool:
+        pool.map(_writer, [(store_url, f"{prefix}-{w}", per_writer) for w in range(writers)])
+    seen = queue.get(timeout=120)
+    reader.join(timeout=30)
+    stored = [r.position for r in store.read_all(after_position=start)
+              if r.stream_id.startswith(prefix)]
+    assert len(stored) == expected
+    assert seen == sorted(seen), "read_all must deliver positions in ascending order"
+    assert set(stored) <= set(seen), "the follower skipped events that committed behind its cursor"
+    store.close()
+
+
+_DIGEST_SCRIPT = """
+import sys
+from eventstore import EventStore, NewEvent
+store = EventStore.open(sys.argv[1])
+stream = sys.argv[2]
+store.append(stream, [NewEvent("Made", {"z": 1, "a": {"y": [3, 2], "b": "é"}, "set": sorted({"q", "p", "r"})}),
+                      NewEvent("Done", {"ok": True, "f": 0.1})], None)
+print(store.stream_digest(stream))
+"""
+
+
+def test_digests_are_equal_across_processes_with_different_hash_seeds(store_url):
+    digests = set()
+    for seed in ("0", "1", "12345"):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        out = subprocess.run([sys.executable, "-c", _DIGEST_SCRIPT, store_url, unique_stream()],
+                             env=env, capture_output=True, text=True, check=True)
+        digests.add(out.stdout.strip())
+    assert len(digests) == 1
