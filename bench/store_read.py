@@ -1,0 +1,53 @@
+"""read_all throughput over a store filled with step-shaped events (SQLite, and PostgreSQL when configured).
+
+Usage: python bench/store_read.py [--events N]. The last line carries the SQLite figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _common import fresh_pg_url, fresh_sqlite_url, open_store, step_events  # noqa: E402
+
+
+def fill(url: str, total: int) -> None:
+    store = open_store(url)
+    batch = [e for i in range(250) for e in step_events(i)]
+    for n in range(total // len(batch)):
+        store.append(f"fill-{n}", batch, None)
+    store.close()
+
+
+def read_rate(url: str) -> tuple[int, float]:
+    store = open_store(url)
+    start = time.perf_counter()
+    count = 0
+    for _ in store.read_all():
+        count += 1
+    elapsed = time.perf_counter() - start
+    store.close()
+    return count, count / elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--events", type=int, default=1_000_000)
+    args = parser.parse_args()
+    url = fresh_sqlite_url()
+    fill(url, args.events)
+    count, sqlite_rate = read_rate(url)
+    print(f"sqlite read_all events={count} events_per_s={sqlite_rate:.0f}")
+    pg = fresh_pg_url()
+    if pg:
+        fill(pg, min(args.events, 200_000))
+        count, rate = read_rate(pg)
+        print(f"postgresql read_all events={count} events_per_s={rate:.0f}")
+    print(f"sqlite_read_all_events_per_s={sqlite_rate:.0f}")
+
+
+if __name__ == "__main__":
+    main()
