@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import typer
 
+from companyos.commands.options import DbOption
 from companyos.config import resolve_db
 
 app = typer.Typer(help="CompanyOS: an event-sourced RL environment of messy enterprise workflows.",
@@ -11,8 +12,6 @@ app = typer.Typer(help="CompanyOS: an event-sourced RL environment of messy ente
 db_app = typer.Typer(help="Database maintenance.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
 
-DbOption = typer.Option(None, "--db", help="SQLAlchemy URL of the store (default: $COMPANYOS_DB "
-                        "or sqlite:///companyos.db)")
 
 
 @db_app.command("upgrade")
@@ -26,5 +25,18 @@ def db_upgrade(db: str | None = DbOption) -> None:
     typer.echo(f"{url}: at migration {head_revision()}")
 
 
+def _register_commands() -> None:
+    """Each area of the product adds its commands from its own module."""
+    import importlib
+
+    for name in COMMAND_MODULES:
+        importlib.import_module(f"companyos.commands.{name}").register(app)
+
+
+# Modules under companyos/commands/ whose `register(app)` adds commands to `companyos`.
+COMMAND_MODULES: tuple[str, ...] = ()
+
+
 def main() -> None:
+    _register_commands()
     app()
