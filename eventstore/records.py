@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from eventstore.encoding import decode_json
@@ -30,15 +29,14 @@ def _show(version: int | None) -> str:
     return "None (no stream)" if version is None else str(version)
 
 
-@dataclass(frozen=True, slots=True)
-class NewEvent:
+class NewEvent(NamedTuple):
     """An event to append. `event_id` makes retries idempotent; `meta` never enters a digest."""
 
     type: str
     data: dict[str, Any]
     schema_version: int = 1
     event_id: str | None = None
-    meta: dict[str, Any] | None = field(default=None)
+    meta: dict[str, Any] | None = None
 
 
 class RecordedEvent(NamedTuple):

@@ -223,28 +223,25 @@ def _prepare(event: NewEvent) -> tuple[str, int, str, str | None, dict]:
     """Validate and encode one event before any write starts, so a bad batch writes nothing."""
     if not isinstance(event, NewEvent):
         raise ValueError(f"expected NewEvent, got {type(event).__name__}")
-    type_ = event.type
-    if not isinstance(type_, str) or not type_:
-        raise ValueError("event type must be a non-empty string")
-    if len(type_) > MAX_TYPE_LENGTH:
+    type_, data, sv, event_id, meta = event
+    if type(type_) is not str or not 0 < len(type_) <= MAX_TYPE_LENGTH:
+        if not isinstance(type_, str) or not type_:
+            raise ValueError("event type must be a non-empty string")
         raise ValueError(f"event type is longer than {MAX_TYPE_LENGTH} characters")
-    if not isinstance(event.data, dict):
-        raise ValueError(f"{type_}: data must be a JSON object (dict), got {type(event.data).__name__}")
-    sv = event.schema_version
-    if not isinstance(sv, int) or isinstance(sv, bool) or sv < 1:
+    if type(data) is not dict:
+        raise ValueError(f"{type_}: data must be a JSON object (dict), got {type(data).__name__}")
+    if type(sv) is not int or sv < 1:
         raise ValueError(f"{type_}: schema_version must be a positive integer")
-    data_json = canonical_json(event.data).decode()
+    data_json = canonical_json(data)
     if len(data_json) > MAX_EVENT_BYTES:
-        raise ValueError(
-            f"{type_}: data is {len(data_json)} bytes, over the {MAX_EVENT_BYTES}-byte limit"
-        )
-    event_id = event.event_id
-    if event_id is not None and (not isinstance(event_id, str) or not event_id or len(event_id) > 64):
+        raise ValueError(f"{type_}: data is {len(data_json)} bytes, over the {MAX_EVENT_BYTES}-byte limit")
+    if event_id is not None and (type(event_id) is not str or not 0 < len(event_id) <= 64):
         raise ValueError(f"{type_}: event_id must be a non-empty string of at most 64 characters")
-    meta = event.meta or {}
-    if not isinstance(meta, dict):
+    if meta is None:
+        meta = {}
+    elif type(meta) is not dict:
         raise ValueError(f"{type_}: meta must be a dict")
-    return type_, sv, data_json, event_id, meta
+    return type_, sv, data_json.decode(), event_id, meta
 
 
 def _meta_json(meta: dict, plain: str) -> str:
