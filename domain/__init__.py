@@ -1,0 +1,34 @@
+"""CompanyOS pure domain: events, the three apps as deciders, tools, tasks, chaos, rewards.
+
+No I/O, no wall clock, no process-dependent randomness. ``domain.episode`` is the contract
+the rest of the system uses.
+"""
+
+from domain.chaos import CHAOS_LEVELS, parse_chaos
+from domain.datahub import sim_time
+from domain.episode import (
+    EpisodeFinished,
+    EpisodeSpec,
+    EpisodeState,
+    StepInfo,
+    apply,
+    fold,
+    observe,
+    reset,
+    step,
+    step_info,
+    views,
+)
+from domain.events import EVENT_TYPES, from_envelope, to_envelope
+from domain.outcomes import FAILURE_MODES
+from domain.render import render_text
+from domain.rewards import REWARD_PROFILES
+from domain.tasks import TASK_FAMILIES
+from domain.tools import TOOLS, ToolSpec
+
+__all__ = [
+    "CHAOS_LEVELS", "EVENT_TYPES", "FAILURE_MODES", "REWARD_PROFILES", "TASK_FAMILIES", "TOOLS",
+    "EpisodeFinished", "EpisodeSpec", "EpisodeState", "StepInfo", "ToolSpec", "apply", "fold",
+    "from_envelope", "observe", "parse_chaos", "render_text", "reset", "sim_time", "step",
+    "step_info", "to_envelope", "views",
+]

@@ -1,0 +1,389 @@
+"""Every fact of an episode, as an immutable NamedTuple with a class-level schema version.
+
+Field values are JSON values only (str, int, float, bool, None, lists, dicts with str keys)
+and never tuples, so ``from_envelope(*to_envelope(e)) == e`` holds for every event.
+Chaos-caused facts carry ``cause="chaos"`` and the ``mechanism`` that produced them.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+Event = tuple  # every event type below is a NamedTuple, i.e. a tuple subclass
+
+CHAOS = "chaos"  # value of the ``cause`` field of chaos-made events
+
+# --- the episode -------------------------------------------------------------------------
+
+
+class EpisodeStarted(NamedTuple):
+    task: str
+    seed: int
+    chaos: float
+    reward_profile: str
+    max_steps: int  # the resolved step budget
+    goal: str
+    target: dict  # the hidden success criteria of this instance (never shown to the agent)
+    SCHEMA_VERSION = 1
+
+
+class EpisodeEnded(NamedTuple):
+    outcome: str  # success | failure | truncated
+    failure_mode: str | None
+    steps: int
+    total_return: float
+    SCHEMA_VERSION = 1
+
+
+class ActionTaken(NamedTuple):
+    step: int
+    action: Any  # exactly what the agent sent, as a JSON value
+    SCHEMA_VERSION = 1
+
+
+class ActionRejected(NamedTuple):
+    step: int
+    code: str
+    reason: str
+    cause: str  # "rules" or "chaos"
+    mechanism: str | None
+    SCHEMA_VERSION = 1
+
+
+class RewardGranted(NamedTuple):
+    rule: str
+    value: float
+    cause: int  # stream version of the triggering event
+    SCHEMA_VERSION = 1
+
+
+class MistakeRecorded(NamedTuple):
+    step: int
+    mode: str  # a key of outcomes.FAILURE_MODES
+    subject: str  # what the mistake was about (ticket id, approval type, ...)
+    detail: str
+    irreversible: bool
+    SCHEMA_VERSION = 1
+
+
+# --- TicketDesk --------------------------------------------------------------------------
+
+
+class TicketCreated(NamedTuple):
+    ticket_id: str
+    title: str
+    description: str
+    status: str | None
+    priority: str | None
+    assignee: str | None
+    details: dict
+    cause: str
+    mechanism: str | None
+    SCHEMA_VERSION = 1
+
+
+class TicketFieldCleared(NamedTuple):
+    ticket_id: str
+    field: str
+    cause: str
+    mechanism: str | None
+    SCHEMA_VERSION = 1
+
+
+class TicketBlocked(NamedTuple):
+    ticket_id: str
+    blocked_by: str
+    cause: str
+    mechanism: str | None
+    SCHEMA_VERSION = 1
+
+
+class TicketUnblocked(NamedTuple):
+    ticket_id: str
+    blocker: str
+    SCHEMA_VERSION = 1
+
+
+class TicketPriorityChanged(NamedTuple):
+    ticket_id: str
+    priority: str
+    previous: str | None
+    SCHEMA_VERSION = 1
+
+
+class TicketAssigned(NamedTuple):
+    ticket_id: str
+    assignee: str
+    previous: str | None
+    SCHEMA_VERSION = 1
+
+
+class TicketStatusChanged(NamedTuple):
+    ticket_id: str
+    status: str
+    previous: str | None
+    SCHEMA_VERSION = 1
+
+
+class TicketVerificationChanged(NamedTuple):
+    ticket_id: str
+    verified: bool
+    SCHEMA_VERSION = 1
+
+
+class TicketApprovalLinked(NamedTuple):
+    ticket_id: str
+    approval_id: str | None
+    previous: str | None
+    SCHEMA_VERSION = 1
+
+
+class TicketCommentAdded(NamedTuple):
+    ticket_id: str
+    text: str
+    step: int
+    SCHEMA_VERSION = 1
+
+
+# --- DataHub -----------------------------------------------------------------------------
+
+
+class MetricPublished(NamedTuple):
+    name: str
+    value: float
+    unit: str
+    description: str
+    as_of: str
+    SCHEMA_VERSION = 1
+
+
+class MetricWentStale(NamedTuple):
+    name: str
+    value: float  # what DataHub keeps showing
+    true_value: float  # what the source now holds (revealed by a refresh)
+    as_of: str
+    cause: str
+    mechanism: str | None
+    SCHEMA_VERSION = 1
+
+
+class MetricQueried(NamedTuple):
+    name: str
+    value: float
+    stale: bool
+    refreshing: bool
+    polls_left: int  # further queries before a running refresh completes
+    SCHEMA_VERSION = 1
+
+
+class MetricRefreshStarted(NamedTuple):
+    name: str
+    SCHEMA_VERSION = 1
+
+
+class MetricRefreshDelayed(NamedTuple):
+    name: str
+    polls: int
+    cause: str
+    mechanism: str | None
+    SCHEMA_VERSION = 1
+
+
+class MetricRefreshed(NamedTuple):
+    name: str
+    value: float
+    previous: float
+    was_stale: bool
+    as_of: str
+    SCHEMA_VERSION = 1
+
+
+class ApproverRegistered(NamedTuple):
+    role: str
+    name: str
+    email: str
+    title: str
+    delegate_role: str | None
+    SCHEMA_VERSION = 1
+
+
+class ApproverWentOutOfOffice(NamedTuple):
+    role: str
+    until: str
+    cause: str
+    mechanism: str | None
+    SCHEMA_VERSION = 1
+
+
+class ApproverLookedUp(NamedTuple):
+    role: str
+    name: str
+    out_of_office: bool
+    SCHEMA_VERSION = 1
+
+
+# --- ApprovalFlow ------------------------------------------------------------------------
+
+
+class ApprovalTypeDefined(NamedTuple):
+    name: str
+    approver_role: str
+    required_fields: list
+    description: str
+    SCHEMA_VERSION = 1
+
+
+class ApprovalFieldsRequired(NamedTuple):
+    approval_type: str
+    fields: list
+    cause: str
+    mechanism: str | None
+    SCHEMA_VERSION = 1
+
+
+class ApprovalSubmitted(NamedTuple):
+    approval_id: str
+    approval_type: str
+    approver: str
+    approver_role: str
+    data: dict
+    step: int
+    problems: list  # what the reviewer will object to (data not matching the records)
+    approver_out_of_office: bool
+    SCHEMA_VERSION = 1
+
+
+class ApprovalDelayed(NamedTuple):
+    approval_id: str
+    polls: int
+    cause: str
+    mechanism: str | None
+    SCHEMA_VERSION = 1
+
+
+class ApprovalFlagged(NamedTuple):
+    approval_id: str
+    reason: str
+    cause: str
+    mechanism: str | None
+    SCHEMA_VERSION = 1
+
+
+class ApprovalPolled(NamedTuple):
+    approval_id: str
+    polls_left: int
+    SCHEMA_VERSION = 1
+
+
+class ApprovalDecided(NamedTuple):
+    approval_id: str
+    decision: str  # approved | rejected
+    reason: str
+    cause: str
+    mechanism: str | None
+    SCHEMA_VERSION = 1
+
+
+class ApprovalEscalated(NamedTuple):
+    approval_id: str
+    reason: str
+    SCHEMA_VERSION = 1
+
+
+# --- registry and envelopes --------------------------------------------------------------
+
+EVENT_TYPES: dict[str, type] = {
+    cls.__name__: cls
+    for cls in (
+        EpisodeStarted, EpisodeEnded, ActionTaken, ActionRejected, RewardGranted,
+        MistakeRecorded,
+        TicketCreated, TicketFieldCleared, TicketBlocked, TicketUnblocked,
+        TicketPriorityChanged, TicketAssigned, TicketStatusChanged, TicketVerificationChanged,
+        TicketApprovalLinked, TicketCommentAdded,
+        MetricPublished, MetricWentStale, MetricQueried, MetricRefreshStarted,
+        MetricRefreshDelayed, MetricRefreshed, ApproverRegistered, ApproverWentOutOfOffice,
+        ApproverLookedUp,
+        ApprovalTypeDefined, ApprovalFieldsRequired, ApprovalSubmitted, ApprovalDelayed,
+        ApprovalFlagged, ApprovalPolled, ApprovalDecided, ApprovalEscalated,
+    )
+}
+
+# (type name, from schema version) -> function(data) -> data of the next version
+UPCASTERS: dict[tuple[str, int], Any] = {}
+
+
+def to_envelope(event: Event) -> tuple[str, dict, int]:
+    """(type name, JSON-able data dict, schema version) of an event."""
+    cls = type(event)
+    return cls.__name__, dict(zip(cls._fields, event, strict=True)), cls.SCHEMA_VERSION
+
+
+def from_envelope(type_name: str, data: dict, schema_version: int) -> Event:
+    """The event an envelope describes; older schema versions are upcast first."""
+    cls = EVENT_TYPES.get(type_name)
+    if cls is None:
+        raise ValueError(f"unknown event type {type_name!r}")
+    version = schema_version
+    while version < cls.SCHEMA_VERSION:
+        up = UPCASTERS.get((type_name, version))
+        if up is None:
+            raise ValueError(f"no upcaster for {type_name} schema version {version}")
+        data = up(data)
+        version += 1
+    if version != cls.SCHEMA_VERSION:
+        raise ValueError(
+            f"{type_name} schema version {schema_version} is newer than this code "
+            f"({cls.SCHEMA_VERSION})")
+    return cls(**data)
+
+
+_MAX_INT = 2**63 - 1
+
+
+def _key(k) -> str:
+    if isinstance(k, (int, float, bool)) or k is None:
+        return str(k)
+    return f"<{type(k).__name__}>"
+
+
+def to_json_value(value: Any, depth: int = 0) -> Any:
+    """A fresh JSON value equal to ``value`` where possible.
+
+    Tuples become lists, non-str keys become str, NaN/inf become None, integers beyond 64 bits
+    and anything not JSON become a short deterministic string. The copy also protects recorded
+    events from callers that mutate their action objects afterwards.
+    """
+    t = type(value)
+    if t is dict and depth < 32:
+        out = {}
+        for k, v in value.items():
+            if type(k) is not str:
+                k = _key(k)
+            tv = type(v)
+            out[k] = v if tv is str or v is None or tv is bool else to_json_value(v, depth + 1)
+        return out
+    if t is str or t is bool or value is None:
+        return value
+    if t is int:
+        return value if -_MAX_INT <= value <= _MAX_INT else str(value)
+    if t is float:
+        return value if math.isfinite(value) else None
+    if depth >= 32:
+        return "<too deep>"
+    if t is list or t is tuple:
+        return [to_json_value(v, depth + 1) for v in value]
+    # subclasses of the JSON types
+    if isinstance(value, dict):
+        return to_json_value(dict(value), depth)
+    if isinstance(value, (list, tuple)):
+        return [to_json_value(v, depth + 1) for v in value]
+    if isinstance(value, bool):
+        return bool(value)
+    if isinstance(value, int):
+        return to_json_value(int(value), depth)
+    if isinstance(value, float):
+        return to_json_value(float(value), depth)
+    if isinstance(value, str):
+        return str(value)
+    return f"<unserializable {type(value).__name__}>"

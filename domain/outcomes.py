@@ -1,0 +1,202 @@
+"""Termination: success predicates, mistakes and the failure-mode taxonomy.
+
+Success is a predicate over the world (as in tau-bench and AppWorld). Mistakes are judged as
+they happen and recorded as ``MistakeRecorded`` events; an irreversible one ends the episode
+at once. When the step budget runs out, the failure mode is the first recorded mistake that
+was never put right, so the episode is blamed on its first decisive error, not its last event.
+"""
+
+from __future__ import annotations
+
+from domain.events import (
+    ActionRejected,
+    ApprovalDecided,
+    ApprovalSubmitted,
+    MistakeRecorded,
+    TicketStatusChanged,
+)
+
+FAILURE_MODES: dict[str, str] = {
+    "stale_data_used": "acted on a metric value that was stale (the agent's last read was "
+                       "stale, or the value had gone stale since): a wrong irreversible "
+                       "decision, or figures the reviewer rejects and that were never fixed",
+    "wrong_decision": "read fresh data and still decided wrongly: pushed through a request "
+                      "the policy forbids, or closed one the policy allows",
+    "irreversible_action": "made the irreversible decision (closed the ticket or submitted the "
+                           "request) without ever reading the data it depends on",
+    "routed_to_ooo_approver": "submitted an approval request to an approver who is out of "
+                              "office",
+    "blocked_ticket_mishandled": "closed a blocked ticket, or closed a blocker instead of "
+                                 "resolving it",
+    "missing_required_fields": "an approval request was refused for missing required fields "
+                               "and never resubmitted complete",
+    "incorrect_submission": "submitted fields that do not match the ticket and never "
+                            "submitted a corrected request",
+    "rejection_not_handled": "an approval request was rejected and was neither escalated nor "
+                             "resubmitted",
+    "invalid_tool_calls": "ran out of steps with no decisive mistake, but at least half of the "
+                          "steps were malformed, unknown or failed calls",
+    "step_budget_exhausted": "ran out of steps with no identifiable mistake (too slow or "
+                             "stuck)",
+}
+
+OUTCOMES = ("success", "failure", "truncated")
+
+
+# --- comparing submitted values with the records -----------------------------------------
+
+
+def same(given, expected) -> bool:
+    """Lenient equality for submitted values: numbers by value, text case-insensitively."""
+    if type(given) is bool or type(expected) is bool:
+        return given is expected
+    if isinstance(expected, (int, float)):
+        if isinstance(given, str):
+            try:
+                given = float(given.strip().replace(",", ""))
+            except ValueError:
+                return False
+        if isinstance(given, (int, float)):
+            return abs(given - expected) < 1e-6
+        return False
+    if isinstance(given, str) and isinstance(expected, str):
+        return given.strip().casefold() == expected.strip().casefold()
+    return given == expected
+
+
+def review(target: dict, world, approval_type: str, data: dict) -> list[str]:
+    """What the reviewer will object to in a submission: fields not matching the records.
+
+    Only the task's own approval type is checked; fields are compared with the main ticket's
+    details and the metric field with DataHub's current source value.
+    """
+    if approval_type != target["approval_type"]:
+        return []
+    problems = []
+    for name, expected in target["fields"].items():
+        if name in data and not same(data[name], expected):
+            problems.append(f"{name} {data[name]!r} does not match ticket {target['ticket']}")
+    field = target["field"]
+    if field in data:
+        true = world.datahub.metrics[target["metric"]]["true_value"]
+        if not same(data[field], true):
+            problems.append(f"{field} {data[field]!r} does not match the current DataHub "
+                            f"value of {target['metric']}")
+    return problems
+
+
+# --- success -----------------------------------------------------------------------------
+
+
+def is_success(world, target: dict) -> bool:
+    t = world.ticketdesk.tickets[target["ticket"]]
+    status = t["status"]
+    if status != "resolved" and status != "closed":
+        return False
+    approvals = world.approvalflow.approvals
+    if target["expected"] == "proceed":
+        if status != "resolved" or not t["verified"]:
+            return False
+        a = approvals.get(t["linked_approval"])
+        if (a is None or a["status"] != "approved" or a["problems"]
+                or a["approval_type"] != target["approval_type"]):
+            return False
+        return all(t[k] == v for k, v in target["requirements"].items())
+    atype = target["approval_type"]
+    return (status == "closed" and bool(t["comments"])
+            and not any(a["approval_type"] == atype for a in approvals.values()))
+
+
+# --- mistakes ----------------------------------------------------------------------------
+
+
+def _decision_mode(world, target: dict) -> str:
+    seen = world.datahub.metrics[target["metric"]]["seen"]
+    if seen is None:
+        return "irreversible_action"
+    return "stale_data_used" if seen[1] else "wrong_decision"
+
+
+def judge(state, params, effects: list) -> list:
+    """MistakeRecorded events for this step's effects, given the state after them."""
+    tg = state.target
+    world = state.world
+    step = state.step
+    found = []
+    for e in effects:
+        t = type(e)
+        if t is TicketStatusChanged:
+            if e.status != "closed":
+                continue
+            tickets = world.ticketdesk.tickets
+            tk = tickets[e.ticket_id]
+            if tk["blocked_by"] is not None:
+                found.append(MistakeRecorded(step, "blocked_ticket_mishandled", e.ticket_id,
+                                             f"closed {e.ticket_id} while it was blocked by "
+                                             f"{tk['blocked_by']}", True))
+            elif any(o["blocked_by"] == e.ticket_id for o in tickets.values()):
+                found.append(MistakeRecorded(step, "blocked_ticket_mishandled", e.ticket_id,
+                                             f"closed the blocker {e.ticket_id} instead of "
+                                             "resolving it", True))
+            elif e.ticket_id == tg["ticket"] and tg["expected"] == "proceed":
+                found.append(MistakeRecorded(step, _decision_mode(world, tg), e.ticket_id,
+                                             f"closed {e.ticket_id} although the request "
+                                             "qualifies", True))
+        elif t is ApprovalSubmitted:
+            if e.approver_out_of_office:
+                found.append(MistakeRecorded(step, "routed_to_ooo_approver", e.approval_id,
+                                             f"submitted {e.approval_id} to {e.approver}, who "
+                                             "is out of office", True))
+            elif e.approval_type == tg["approval_type"]:
+                if tg["expected"] == "decline":
+                    found.append(MistakeRecorded(step, _decision_mode(world, tg),
+                                                 e.approval_id, f"submitted {e.approval_id} "
+                                                 "although the request does not qualify", True))
+                elif e.problems:
+                    m = world.datahub.metrics[tg["metric"]]
+                    stale = (tg["field"] in e.data
+                             and not same(e.data[tg["field"]], m["true_value"])
+                             and (m["stale"] or (m["seen"] is not None and m["seen"][1])))
+                    found.append(MistakeRecorded(
+                        step, "stale_data_used" if stale else "incorrect_submission",
+                        e.approval_type, "; ".join(e.problems), False))
+        elif t is ActionRejected:
+            if (e.code == "missing_required_fields"
+                    and params.get("approval_type") == tg["approval_type"]):
+                found.append(MistakeRecorded(step, "missing_required_fields",
+                                             tg["approval_type"], e.reason, False))
+        elif (t is ApprovalDecided and e.decision == "rejected"
+              and world.approvalflow.approvals[e.approval_id]["approval_type"]
+              == tg["approval_type"]):
+            found.append(MistakeRecorded(step, "rejection_not_handled", e.approval_id,
+                                         e.reason, False))
+    if not found:
+        return found
+    # a recoverable mistake is recorded once per (mode, subject)
+    known = [(m.mode, m.subject) for m in state.mistakes]
+    return [m for m in found if m.irreversible or (m.mode, m.subject) not in known]
+
+
+def _resolved(m, world) -> bool:
+    approvals = world.approvalflow.approvals
+    if m.mode == "rejection_not_handled":
+        a = approvals[m.subject]
+        if a["escalated"]:
+            return True
+        atype = a["approval_type"]
+        return any(b["approval_type"] == atype and b["step"] > m.step for b in approvals.values())
+    if m.mode == "missing_required_fields":
+        return any(b["approval_type"] == m.subject and b["step"] > m.step
+                   for b in approvals.values())
+    return any(b["approval_type"] == m.subject and b["step"] > m.step and not b["problems"]
+               for b in approvals.values())
+
+
+def truncation_mode(state) -> str:
+    """Failure mode of an episode that ran out of steps."""
+    for m in state.mistakes:
+        if not m.irreversible and not _resolved(m, state.world):
+            return m.mode
+    if state.rejected_calls * 2 >= state.step:
+        return "invalid_tool_calls"
+    return "step_budget_exhausted"

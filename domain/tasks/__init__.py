@@ -1,0 +1,31 @@
+"""The task families: generators from (seed, chaos) to an initial world, a goal, hidden
+success criteria and a step budget."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+from domain.tasks import (
+    bug_escalation,
+    expense_report,
+    handbook_update,
+    license_renewal,
+    vendor_onboarding,
+)
+from domain.tasks.common import Instance
+
+
+class TaskFamily(NamedTuple):
+    name: str
+    description: str  # one line, for `companyos tasks`
+    generate: Callable[[int, float], Instance]
+
+
+TASK_FAMILIES: dict[str, TaskFamily] = {
+    m.FAMILY.name: TaskFamily(m.FAMILY.name, m.FAMILY.description, m.generate)
+    for m in (vendor_onboarding, expense_report, bug_escalation, license_renewal,
+              handbook_update)
+}
+
+__all__ = ["TASK_FAMILIES", "TaskFamily", "Instance"]
