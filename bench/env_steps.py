@@ -1,0 +1,56 @@
+"""In-process random-agent steps/s with every event stored, for durability "episode" and "step".
+
+Usage: python bench/env_steps.py [--seconds S] [--agent random]. Last line: the episode-durability figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _common import fresh_sqlite_url  # noqa: E402
+
+import domain  # noqa: E402
+from companyos.agents import make_agent  # noqa: E402
+from companyos.env import CompanyEnv  # noqa: E402
+
+
+def steps_per_second(durability: str, agent_name: str, seconds: float, chaos: str) -> tuple[float, int]:
+    env = CompanyEnv(fresh_sqlite_url(), durability=durability, agent=agent_name)
+    families = list(domain.TASK_FAMILIES)
+    steps = episodes = 0
+    start = time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        agent = make_agent(agent_name, episodes)
+        obs, _ = env.reset(seed=episodes, options={"task": families[episodes % len(families)],
+                                                    "chaos": chaos})
+        agent.reset(obs)
+        done = False
+        while not done:
+            obs, _, terminated, truncated, _ = env.step(agent.act(obs))
+            steps += 1
+            done = terminated or truncated
+        episodes += 1
+    env.close()
+    return steps / (time.perf_counter() - start), episodes
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--agent", default="random")
+    parser.add_argument("--chaos", default="medium")
+    args = parser.parse_args()
+    results = {}
+    for durability in ("step", "episode"):
+        rate, episodes = steps_per_second(durability, args.agent, args.seconds, args.chaos)
+        results[durability] = rate
+        print(f"durability={durability} agent={args.agent} episodes={episodes} steps_per_s={rate:.0f}")
+    print(f"steps_per_s={results['episode']:.0f}")
+
+
+if __name__ == "__main__":
+    main()

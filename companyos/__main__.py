@@ -1,0 +1,5 @@
+"""`python -m companyos` is the same as the `companyos` command."""
+
+from companyos.cli import main
+
+main()

@@ -1,0 +1,162 @@
+"""Run many logged episodes of a baseline agent, in one process or several sharing the store."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import statistics
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import domain
+from companyos.agents import make_agent
+from companyos.env import CompanyEnv
+from eventstore import EventStore
+
+CHUNK = 50  # episodes per unit of work handed to a worker process
+
+
+@dataclass(frozen=True, slots=True)
+class RunPlan:
+    db: str
+    agent: str
+    task: str  # a family name or "all"
+    chaos: str | float
+    episodes: int
+    seed: int
+    durability: str = "episode"
+    reward_profile: str = "default"
+
+    def task_of(self, index: int) -> str:
+        if self.task != "all":
+            return self.task
+        families = list(domain.TASK_FAMILIES)
+        return families[index % len(families)]
+
+
+@dataclass(frozen=True, slots=True)
+class EpisodeResult:
+    episode_id: str
+    task: str
+    seed: int
+    chaos: float
+    agent: str
+    outcome: str
+    failure_mode: str | None
+    steps: int
+    reward_return: float
+    digest: str
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["return"] = data.pop("reward_return")
+        return data
+
+
+def validate(plan: RunPlan) -> None:
+    """Fail before any process starts, with words, when the plan names something unknown."""
+    if plan.task != "all" and plan.task not in domain.TASK_FAMILIES:
+        raise ValueError(f"unknown task {plan.task!r}; known: all, {', '.join(domain.TASK_FAMILIES)}")
+    domain.parse_chaos(plan.chaos)
+    make_agent(plan.agent, 0)
+    if plan.episodes < 0:
+        raise ValueError("--episodes must be 0 or more")
+    if plan.durability not in ("step", "episode"):
+        raise ValueError("--durability must be 'step' or 'episode'")
+
+
+def run_range(plan: RunPlan, start: int, stop: int, store: EventStore | None = None) -> list[EpisodeResult]:
+    """Episodes start..stop-1 of the plan; episode i uses seed plan.seed + i."""
+    own = store is None
+    store = store or EventStore.open(plan.db)
+    env = CompanyEnv(store, durability=plan.durability, agent=plan.agent)
+    try:
+        return [_one_episode(env, plan, index) for index in range(start, stop)]
+    finally:
+        env.close()
+        if own:
+            store.close()
+
+
+def _one_episode(env: CompanyEnv, plan: RunPlan, index: int) -> EpisodeResult:
+    seed = plan.seed + index
+    task = plan.task_of(index)
+    agent = make_agent(plan.agent, seed)
+    observation, _ = env.reset(seed=seed, options={"task": task, "chaos": plan.chaos,
+                                                   "reward_profile": plan.reward_profile})
+    agent.reset(observation)
+    total = 0.0
+    while True:
+        observation, reward, terminated, truncated, info = env.step(agent.act(observation))
+        total += reward
+        if terminated or truncated:
+            break
+    runtime = env.runtime
+    runtime.flush()
+    state = runtime.state
+    return EpisodeResult(runtime.episode_id, task, seed, state.chaos, plan.agent,
+                         info["outcome"], info["failure_mode"], state.step, round(total, 6),
+                         runtime.digest)
+
+
+_worker_store: EventStore | None = None
+
+
+def _init_worker(db: str) -> None:
+    """Each worker process opens the store once and keeps it for all its chunks."""
+    global _worker_store
+    _worker_store = EventStore.open(db)
+
+
+def _work(args: tuple[RunPlan, int, int]) -> list[EpisodeResult]:
+    plan, start, stop = args
+    return run_range(plan, start, stop, _worker_store)
+
+
+def run(plan: RunPlan, workers: int = 1,
+        progress: Callable[[int], None] | None = None) -> list[EpisodeResult]:
+    """All episodes of the plan, in index order; `progress(n)` is told as chunks finish."""
+    validate(plan)
+    EventStore.open(plan.db).close()  # migrate once, before workers race to
+    size = max(CHUNK, min(2_000, plan.episodes // max(1, workers * 40)))
+    chunks = [(plan, s, min(s + size, plan.episodes)) for s in range(0, plan.episodes, size)]
+    results: list[EpisodeResult] = []
+    for chunk in _execute(chunks, workers):
+        results.extend(chunk)
+        if progress:
+            progress(len(chunk))
+    return results
+
+
+def _execute(chunks, workers: int) -> Iterator[list[EpisodeResult]]:
+    if workers <= 1 or len(chunks) <= 1:
+        if not chunks:
+            return
+        plan = chunks[0][0]
+        store = EventStore.open(plan.db)
+        try:
+            for _, start, stop in chunks:
+                yield run_range(plan, start, stop, store)
+        finally:
+            store.close()
+        return
+    with mp.get_context("spawn").Pool(workers, _init_worker, (chunks[0][0].db,)) as pool:
+        yield from pool.imap(_work, chunks)
+
+
+def summarise(results: list[EpisodeResult]) -> dict[str, Any]:
+    """Episodes, success rate, mean return ± std, mean steps and failure modes of a run."""
+    n = len(results)
+    returns = [r.reward_return for r in results]
+    outcomes = Counter(r.outcome for r in results)
+    modes = Counter(r.failure_mode for r in results if r.failure_mode)
+    return {
+        "episodes": n,
+        "success_rate": outcomes["success"] / n if n else 0.0,
+        "outcomes": dict(sorted(outcomes.items())),
+        "mean_return": statistics.fmean(returns) if n else 0.0,
+        "std_return": statistics.pstdev(returns) if n > 1 else 0.0,
+        "mean_steps": statistics.fmean(r.steps for r in results) if n else 0.0,
+        "failure_modes": dict(modes.most_common()),
+    }

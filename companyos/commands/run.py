@@ -1,0 +1,98 @@
+"""`companyos run` and `companyos tasks`: log episodes of a baseline agent and list the task families."""
+
+from __future__ import annotations
+
+import sys
+
+import orjson
+import typer
+
+from companyos.commands.options import DbOption, JsonOption
+from companyos.config import resolve_db
+
+
+def register(app: typer.Typer) -> None:
+    app.command("run")(run)
+    app.command("tasks")(tasks)
+
+
+def run(
+    agent: str = typer.Option("expert", help="Baseline agent: random, expert or noop."),
+    task: str = typer.Option("all", help="A task family, or 'all' to cycle through them."),
+    chaos: str = typer.Option("medium", help="none, low, medium, high, or a number in [0, 1]."),
+    episodes: int = typer.Option(10, min=0, help="How many episodes; episode i uses seed S+i."),
+    seed: int = typer.Option(0, help="Seed of the first episode."),
+    workers: int = typer.Option(1, min=1, help="Processes sharing the store."),
+    durability: str = typer.Option("step", help="step: commit every step; episode: commit each "
+                                   "episode at its end (faster, a crash loses it)."),
+    reward_profile: str = typer.Option("default", help="default or sparse."),
+    db: str | None = DbOption,
+    as_json: bool = JsonOption,
+) -> None:
+    """Run a baseline agent for N logged episodes and summarise how it did."""
+    from companyos.batch import RunPlan, summarise, validate
+    from companyos.batch import run as run_plan
+
+    chaos_value: str | float = _chaos_arg(chaos)
+    plan = RunPlan(resolve_db(db), agent, task, chaos_value, episodes, seed, durability,
+                   reward_profile)
+    try:
+        validate(plan)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    if as_json or not sys.stdout.isatty():
+        results = run_plan(plan, workers)
+    else:
+        from rich.progress import Progress
+
+        with Progress(transient=True) as bar:
+            job = bar.add_task(f"{agent} on {task}", total=episodes)
+            results = run_plan(plan, workers, progress=lambda n: bar.advance(job, n))
+    summary = summarise(results)
+    if as_json:
+        document = {"summary": summary, "episodes": [r.to_json() for r in results]}
+        sys.stdout.buffer.write(orjson.dumps(document) + b"\n")
+        return
+    _print_summary(plan, summary)
+
+
+def _chaos_arg(chaos: str) -> str | float:
+    try:
+        return float(chaos)
+    except ValueError:
+        return chaos
+
+
+def _print_summary(plan, summary: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{plan.agent} agent, task {plan.task}, chaos {plan.chaos}")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    table.add_row("episodes", str(summary["episodes"]))
+    table.add_row("success rate", f"{summary['success_rate']:.1%}")
+    table.add_row("mean return", f"{summary['mean_return']:.2f} ± {summary['std_return']:.2f}")
+    table.add_row("mean steps", f"{summary['mean_steps']:.1f}")
+    for outcome, count in summary["outcomes"].items():
+        table.add_row(f"outcome: {outcome}", str(count))
+    for mode, count in summary["failure_modes"].items():
+        table.add_row(f"failure mode: {mode}", str(count))
+    Console().print(table)
+
+
+def tasks(as_json: bool = JsonOption) -> None:
+    """List the task families."""
+    import domain
+
+    if as_json:
+        rows = [{"task": name, "description": _describe(family)}
+                for name, family in domain.TASK_FAMILIES.items()]
+        typer.echo(orjson.dumps(rows).decode())
+        return
+    for name, family in domain.TASK_FAMILIES.items():
+        typer.echo(f"{name:20} {_describe(family)}")
+
+
+def _describe(family) -> str:
+    return getattr(family, "description", "") or str(family)

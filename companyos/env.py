@@ -1,0 +1,121 @@
+"""CompanyEnv: the Gymnasium-shaped, in-process face of CompanyOS, logging every event to the store."""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any
+
+import domain
+from companyos.config import resolve_db
+from companyos.runtime import EpisodeRuntime
+from eventstore import EventStore
+from projections.render import render_views
+
+DEFAULT_CHAOS = "medium"
+
+
+def spec_from_options(seed: int, options: dict[str, Any] | None) -> domain.EpisodeSpec:
+    """Turn reset options into a domain spec, with words for every bad value."""
+    options = dict(options or {})
+    unknown = set(options) - {"task", "chaos", "reward_profile", "max_steps", "episode_id"}
+    if unknown:
+        raise ValueError(f"unknown reset options: {sorted(unknown)}")
+    families = list(domain.TASK_FAMILIES)
+    task = options.get("task") or families[seed % len(families)]
+    if task not in domain.TASK_FAMILIES:
+        raise ValueError(f"unknown task {task!r}; known tasks: {', '.join(families)}")
+    chaos = domain.parse_chaos(options.get("chaos", DEFAULT_CHAOS))
+    profile = options.get("reward_profile") or "default"
+    if profile not in domain.REWARD_PROFILES:
+        raise ValueError(f"unknown reward_profile {profile!r}; known: {', '.join(domain.REWARD_PROFILES)}")
+    max_steps = options.get("max_steps")
+    if max_steps is not None and (not isinstance(max_steps, int) or isinstance(max_steps, bool)
+                                  or not 1 <= max_steps <= 10_000):
+        raise ValueError("max_steps must be an integer from 1 to 10000")
+    return domain.EpisodeSpec(task=task, seed=seed, chaos=chaos, reward_profile=profile,
+                              max_steps=max_steps)
+
+
+class CompanyEnv:
+    """Gymnasium-shaped: reset(seed, options) -> (obs, info); step(action) -> (obs, reward, terminated,
+    truncated, info).
+
+    durability="step" commits each step before `step` returns: a crash loses nothing and another
+    process can continue the episode. durability="episode" keeps an episode's events in memory and
+    commits them in one transaction when it ends (or on close): several times faster for bulk
+    runs, but a crash loses the unfinished episode.
+    """
+
+    metadata = {"render_modes": ["ansi"]}
+
+    def __init__(self, db: str | EventStore | None = None, durability: str = "step",
+                 agent: str | None = None) -> None:
+        if isinstance(db, EventStore):
+            self.store, self._owns_store = db, False
+        else:
+            self.store, self._owns_store = EventStore.open(resolve_db(db)), True
+        if durability not in ("step", "episode"):
+            raise ValueError(f"durability must be 'step' or 'episode', not {durability!r}")
+        self.durability = durability
+        self.agent = agent
+        self.runtime: EpisodeRuntime | None = None
+        self.tools = domain.TOOLS
+
+    def reset(self, seed: int | None = None, options: dict[str, Any] | None = None):
+        if self.runtime is not None:
+            self.runtime.flush()
+        if seed is None:
+            seed = secrets.randbelow(2**31)
+        spec = spec_from_options(seed, options)
+        meta = {"agent": self.agent} if self.agent else None
+        self.runtime, info = EpisodeRuntime.start(
+            self.store, spec, episode_id=(options or {}).get("episode_id"),
+            durability=self.durability, meta=meta)
+        return self.runtime.observe(info), self._info(info)
+
+    def step(self, action: Any):
+        if self.runtime is None:
+            raise RuntimeError("call reset() before step()")
+        info = self.runtime.step(action)
+        return (self.runtime.observe(info), info.reward, info.terminated, info.truncated,
+                self._info(info))
+
+    def _info(self, info: domain.StepInfo) -> dict[str, Any]:
+        state = self.runtime.state
+        return {"episode_id": self.runtime.episode_id, "step": state.step,
+                "outcome": info.outcome, "failure_mode": info.failure_mode,
+                "rejected": info.rejected}
+
+    @property
+    def state(self) -> dict[str, Any]:
+        if self.runtime is None:
+            return {"episode_id": None, "step_count": 0}
+        return episode_state(self.runtime)
+
+    def render(self) -> str:
+        """The three apps as they are now, as text (Gymnasium's "ansi" render mode)."""
+        if self.runtime is None:
+            return ""
+        return render_views(domain.views(self.runtime.state))
+
+    def close(self) -> None:
+        if self.runtime is not None:
+            self.runtime.flush()
+        if self._owns_store:
+            self.store.close()
+
+    def __enter__(self) -> CompanyEnv:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def episode_state(runtime: EpisodeRuntime) -> dict[str, Any]:
+    """What `state` reports: identity, progress and outcome of the episode."""
+    s = runtime.state
+    return {"episode_id": runtime.episode_id, "step_count": s.step, "task": s.task,
+            "seed": s.seed, "chaos": s.chaos, "reward_profile": s.reward_profile,
+            "max_steps": s.max_steps, "done": s.done, "total_return": s.total_return,
+            "outcome": s.outcome, "failure_mode": s.failure_mode,
+            "agent": runtime.start_meta.get("agent")}

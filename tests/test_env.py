@@ -1,0 +1,172 @@
+"""CompanyEnv and the runtime: every step logged, identical digests, episodes continue from the log."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import domain
+from companyos.agents import make_agent
+from companyos.env import CompanyEnv
+from companyos.runtime import EpisodeNotFound, EpisodeRuntime
+from eventstore import EventStore
+
+FAMILIES = list(domain.TASK_FAMILIES)
+
+
+def play(env: CompanyEnv, agent_name: str, seed: int, task: str, chaos: str = "medium",
+         stop_after: int | None = None):
+    agent = make_agent(agent_name, seed)
+    obs, info = env.reset(seed=seed, options={"task": task, "chaos": chaos})
+    agent.reset(obs)
+    actions = []
+    done = False
+    while not done and (stop_after is None or len(actions) < stop_after):
+        action = agent.act(obs)
+        actions.append(action)
+        obs, _, terminated, truncated, info = env.step(action)
+        done = terminated or truncated
+    return info, actions
+
+
+def test_every_step_is_in_the_log_and_state_reports_progress(sqlite_url):
+    with CompanyEnv(sqlite_url, agent="expert") as env:
+        info, actions = play(env, "expert", 3, FAMILIES[0])
+        state = env.state
+        episode_id = state["episode_id"]
+        assert state["step_count"] == len(actions)
+        assert state["done"] and state["agent"] == "expert"
+        records = list(env.store.read_stream(episode_id))
+    types = [r.type for r in records]
+    assert types[0] == "EpisodeStarted" and types[-1] == "EpisodeEnded"
+    assert types.count("ActionTaken") == len(actions)
+    taken = [r.data["action"] for r in records if r.type == "ActionTaken"]
+    assert taken == actions, "ActionTaken must record exactly what the agent sent"
+    assert records[0].meta["agent"] == "expert"
+
+
+@pytest.mark.parametrize("task", FAMILIES)
+def test_both_durabilities_log_identical_streams(sqlite_url, task):
+    digests = []
+    for durability in ("step", "episode"):
+        with CompanyEnv(sqlite_url, durability=durability) as env:
+            play(env, "random", 11, task)
+            digests.append(env.store.stream_digest(env.state["episode_id"]))
+    assert digests[0] == digests[1]
+
+
+def test_an_unfinished_episode_continues_from_the_log_with_the_same_digest(sqlite_url):
+    task = FAMILIES[1]
+    with CompanyEnv(sqlite_url) as env:
+        _, full_actions = play(env, "expert", 5, task)
+        uninterrupted = env.store.stream_digest(env.state["episode_id"])
+    with CompanyEnv(sqlite_url) as env:
+        play(env, "expert", 5, task, stop_after=3)
+        episode_id = env.state["episode_id"]
+    # a different process (here: a fresh store and runtime) picks the episode up from the log
+    store = EventStore.open(sqlite_url)
+    runtime = EpisodeRuntime.load(store, episode_id)
+    assert runtime.state.step == 3
+    for action in full_actions[3:]:
+        runtime.step(action)
+    assert runtime.state.done
+    assert store.stream_digest(episode_id) == uninterrupted
+    with pytest.raises(EpisodeNotFound):
+        EpisodeRuntime.load(store, "no-such-episode")
+    store.close()
+
+
+_SCRIPT = """
+import sys
+from companyos.env import CompanyEnv
+from companyos.agents import make_agent
+env = CompanyEnv(sys.argv[1])
+for seed in range(3):
+    agent = make_agent("random", seed)
+    obs, _ = env.reset(seed=seed, options={"task": sys.argv[2], "chaos": "high"})
+    agent.reset(obs)
+    done = False
+    while not done:
+        obs, _, t, tr, _ = env.step(agent.act(obs))
+        done = t or tr
+    print(env.store.stream_digest(env.state["episode_id"]))
+env.close()
+"""
+
+
+def test_same_seed_and_actions_give_the_same_digest_in_any_process(tmp_path):
+    outputs = set()
+    for n, hash_seed in enumerate(("0", "7", "4242")):
+        url = f"sqlite:///{tmp_path / f'p{n}.db'}"
+        env = {**os.environ, "PYTHONHASHSEED": hash_seed}
+        out = subprocess.run([sys.executable, "-c", _SCRIPT, url, FAMILIES[2]], env=env,
+                             capture_output=True, text=True, check=True)
+        outputs.add(out.stdout)
+    assert len(outputs) == 1 and len(outputs.pop().split()) == 3
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"task": "world_domination"}, "unknown task"),
+    ({"chaos": "apocalyptic"}, "chaos"),
+    ({"chaos": 1.5}, "chaos"),
+    ({"reward_profile": "lavish"}, "reward_profile"),
+    ({"max_steps": 0}, "max_steps"),
+    ({"colour": "red"}, "unknown reset options"),
+])
+def test_bad_reset_options_are_refused_in_words(sqlite_url, options, message):
+    with CompanyEnv(sqlite_url) as env, pytest.raises(ValueError, match=message):
+        env.reset(seed=1, options=options)
+
+
+def test_stepping_before_reset_or_after_the_end_is_a_caller_error(sqlite_url):
+    with CompanyEnv(sqlite_url) as env:
+        with pytest.raises(RuntimeError, match="reset"):
+            env.step({"app": "ticketdesk", "method": "list_tickets", "params": {}})
+        play(env, "noop", 1, FAMILIES[0])
+        with pytest.raises(domain.EpisodeFinished):
+            env.step({"app": "ticketdesk", "method": "list_tickets", "params": {}})
+
+
+def test_observation_text_is_rendered_only_on_demand(sqlite_url):
+    with CompanyEnv(sqlite_url) as env:
+        obs, _ = env.reset(seed=2, options={"task": FAMILIES[0]})
+        assert "text" not in obs
+        assert isinstance(obs["text"], str) and obs["text"]
+        assert obs.text == obs["text"]
+        json.dumps(obs.with_text())  # the whole observation is JSON-able
+
+
+def test_run_cli_json_reports_every_episode_with_its_digest(tmp_path):
+    url = f"sqlite:///{tmp_path / 'run.db'}"
+    out = subprocess.run(
+        [sys.executable, "-m", "companyos", "run", "--agent", "expert", "--task", "all",
+         "--chaos", "low", "--episodes", "10", "--seed", "100", "--db", url, "--json"],
+        capture_output=True, text=True, check=True)
+    document = json.loads(out.stdout)
+    episodes = document["episodes"]
+    assert [e["seed"] for e in episodes] == list(range(100, 110))
+    assert [e["task"] for e in episodes[:len(FAMILIES)]] == FAMILIES
+    assert document["summary"]["episodes"] == 10
+    store = EventStore.open(url)
+    for e in episodes:
+        assert store.stream_digest(e["episode_id"]) == e["digest"]
+        assert e["outcome"] in ("success", "failure", "truncated")
+        assert (e["failure_mode"] is None) == (e["outcome"] == "success")
+    store.close()
+    again = subprocess.run(
+        [sys.executable, "-m", "companyos", "run", "--agent", "expert", "--task", "all",
+         "--chaos", "low", "--episodes", "10", "--seed", "100", "--db", url, "--json",
+         "--workers", "2"], capture_output=True, text=True, check=True)
+    assert [e["digest"] for e in json.loads(again.stdout)["episodes"]] == [e["digest"] for e in episodes]
+
+
+def test_run_cli_refuses_unknown_agents_and_tasks(tmp_path):
+    url = f"sqlite:///{tmp_path / 'run.db'}"
+    for args in (["--agent", "genius"], ["--task", "nap"], ["--chaos", "extreme"]):
+        out = subprocess.run([sys.executable, "-m", "companyos", "run", "--db", url, *args],
+                             capture_output=True, text=True)
+        assert out.returncode == 2 and "Invalid value" in out.stderr
