@@ -1,0 +1,261 @@
+"""`episodes`, `replay`, `rerun`, `verify`, `rebuild`: looking at the log, and proving it sound.
+
+Thin wrappers: the work lives in `projections/`; this module parses options, draws progress
+bars (only on a terminal) and prints tables or one JSON document.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import typer
+
+from companyos.commands.options import DbOption, JsonOption
+from companyos.config import resolve_db
+
+
+def register(app: typer.Typer) -> None:
+    app.command("episodes")(episodes)
+    app.command("replay")(replay)
+    app.command("rerun")(rerun)
+    app.command("verify")(verify)
+    app.command("rebuild")(rebuild)
+
+
+# -- helpers ---------------------------------------------------------------------------------
+
+
+def _open(db: str | None):
+    from eventstore import EventStore
+
+    return EventStore.open(resolve_db(db))
+
+
+def _print_json(value: Any) -> None:
+    import orjson
+
+    sys.stdout.write(orjson.dumps(value, option=orjson.OPT_INDENT_2).decode() + "\n")
+
+
+@contextmanager
+def _progress(total: int, label: str) -> Iterator[Callable[[int], None] | None]:
+    """A rich progress bar on a terminal; nothing (None) when stdout is piped or captured."""
+    if not sys.stdout.isatty() or total <= 0:
+        yield None
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("events"), TimeRemainingColumn())
+    with Progress(*columns, transient=True) as bar:
+        task = bar.add_task(label, total=total)
+        yield lambda n: bar.advance(task, n)
+
+
+def _console():
+    """A rich console; piped output gets a wide page so ids and values are never cut."""
+    from rich.console import Console
+
+    return Console() if sys.stdout.isatty() else Console(width=200)
+
+
+def _fail(message: str, code: int = 2) -> typer.Exit:
+    typer.echo(message, err=True)
+    return typer.Exit(code)
+
+
+# -- commands --------------------------------------------------------------------------------
+
+
+def episodes(
+    task: str | None = typer.Option(None, "--task", help="Only this task family."),
+    agent: str | None = typer.Option(None, "--agent", help="Only episodes run by this agent."),
+    outcome: str | None = typer.Option(None, "--outcome",
+                                       help="success, failure, truncated or running."),
+    limit: int = typer.Option(50, "--limit", min=0, help="At most this many, newest first (0: all)."),
+    db: str | None = DbOption,
+    as_json: bool = JsonOption,
+) -> None:
+    """List logged episodes (the read models catch up with the log first)."""
+    from projections import ProjectionRunner, default_projections
+    from projections.episodes import list_episodes
+    from projections.runner import count_events
+
+    store = _open(db)
+    try:
+        runner = ProjectionRunner(store, default_projections())
+        behind = min(runner.checkpoints().values())
+        with _progress(count_events(store, behind), "catching up") as advance:
+            runner.catch_up(progress=advance)
+        with store.engine.connect() as conn:
+            rows = list_episodes(conn, task=task, agent=agent, outcome=outcome, limit=limit or None)
+    finally:
+        store.close()
+    if as_json:
+        _print_json({"episodes": rows})
+        return
+    from rich.table import Table
+
+    table = Table(box=None, header_style="bold")
+    for title in ("episode", "task", "seed", "chaos", "agent", "outcome", "failure mode", "steps",
+                  "return", "started"):
+        table.add_column(title, no_wrap=title == "episode",
+                         justify="right" if title in ("seed", "chaos", "steps", "return") else "left")
+    for r in rows:
+        table.add_row(r["episode_id"], r["task"], str(r["seed"]), f"{r['chaos']:g}",
+                      r["agent"] or "-", r["outcome"] or "running", r["failure_mode"] or "-",
+                      str(r["steps"]), f"{r['total_return']:.2f}", (r["started_at"] or "")[:19])
+    _console().print(table)
+    if not rows:
+        typer.echo("no episodes match")
+
+
+def replay(
+    episode: str = typer.Argument(..., help="Episode id (its stream id)."),
+    step: int | None = typer.Option(None, "--step", min=0,
+                                    help="Show the world after this step (0: after reset; "
+                                         "default: the last step)."),
+    db: str | None = DbOption,
+    as_json: bool = JsonOption,
+) -> None:
+    """Time travel: the three apps after step K, with that step's action, result, rewards, chaos.
+
+    Built from the log alone: the recorded events are folded, nothing is simulated.
+    """
+    from projections.replay import EpisodeNotFound, StepNotFound, render_replay
+    from projections.replay import replay as replay_episode
+
+    store = _open(db)
+    try:
+        result = replay_episode(store, episode, step)
+    except (EpisodeNotFound, StepNotFound) as exc:
+        raise _fail(str(exc)) from None
+    finally:
+        store.close()
+    if as_json:
+        _print_json(result)
+    else:
+        typer.echo(render_replay(result))
+
+
+def rerun(
+    episode: str = typer.Argument(..., help="Episode id (its stream id)."),
+    db: str | None = DbOption,
+    as_json: bool = JsonOption,
+) -> None:
+    """Re-simulate an episode from its seed, options and actions; exit 1 if the digest differs."""
+    from projections.rerun import EpisodeNotFound
+    from projections.rerun import rerun as rerun_episode
+
+    store = _open(db)
+    try:
+        result = rerun_episode(store, episode)
+    except EpisodeNotFound as exc:
+        raise _fail(str(exc)) from None
+    finally:
+        store.close()
+    if as_json:
+        _print_json(result.to_json())
+    elif result.match:
+        typer.echo(f"{episode}: match — {result.rerun_events} events, {result.actions} actions, "
+                   f"digest {result.rerun_digest}")
+    else:
+        _print_mismatch(result)
+    if not result.match:
+        raise typer.Exit(1)
+
+
+def _print_mismatch(result) -> None:
+    import orjson
+    from rich.table import Table
+
+    console = _console()
+    console.print(f"[bold red]{result.episode_id}: MISMATCH[/] — stored digest "
+                  f"{result.stored_digest}, re-simulated {result.rerun_digest} "
+                  f"({result.stored_events} stored events, {result.rerun_events} re-simulated)")
+    if result.error:
+        console.print(f"[red]{result.error}[/]")
+    for note in result.notes:
+        console.print(note)
+    if result.first_difference is None:
+        return
+
+    def show(envelope) -> str:
+        if envelope is None:
+            return "(no event)"
+        body = orjson.dumps(orjson.loads(envelope.data_json),
+                            option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS).decode()
+        return f"{envelope.type} (schema v{envelope.schema_version})\n{body}"
+
+    table = Table(title=f"first difference: event version {result.first_difference}",
+                  show_lines=True)
+    table.add_column("stored", overflow="fold")
+    table.add_column("re-simulated", overflow="fold")
+    table.add_row(show(result.stored), show(result.rerun))
+    console.print(table)
+
+
+WorkersOption = typer.Option(None, "--workers", min=1,
+                             help="Processes to split the streams over (SQLite files; default: "
+                                  "2 on big logs when there are cores, else 1).")
+
+
+def verify(
+    workers: int | None = WorkersOption,
+    db: str | None = DbOption,
+    as_json: bool = JsonOption,
+) -> None:
+    """Check every stream (versions, digest chain, episode shape, known types) and every read
+    model against its rebuild; exit 1 naming each broken episode."""
+    from projections.runner import count_events
+    from projections.verify import verify as verify_store
+
+    store = _open(db)
+    try:
+        with _progress(count_events(store), "verifying") as advance:
+            report = verify_store(store, progress=advance, workers=workers)
+    finally:
+        store.close()
+    if as_json:
+        _print_json(report.to_json())
+    else:
+        models = ", ".join(f"{name} {m['rows']} rows" for name, m in report.read_models.items())
+        typer.echo(f"{report.streams} streams, {report.events} events checked; read models: {models}")
+        for sid, problems in sorted(report.problems.items()):
+            typer.echo(f"BROKEN {sid}:")
+            for problem in problems:
+                typer.echo(f"  - {problem}")
+        typer.echo("ok" if report.ok else f"{len(report.problems)} broken episode(s)")
+    if not report.ok:
+        raise typer.Exit(1)
+
+
+def rebuild(
+    projection: str | None = typer.Argument(None, help="episodes or views (default: all)."),
+    workers: int | None = WorkersOption,
+    db: str | None = DbOption,
+) -> None:
+    """Drop a read model (default: all of them) and fold it again from the whole log."""
+    import time
+
+    from projections import PROJECTION_NAMES, ProjectionRunner, default_projections
+    from projections.runner import count_events
+
+    if projection is not None and projection not in PROJECTION_NAMES:
+        raise _fail(f"unknown projection {projection!r}; known: {', '.join(PROJECTION_NAMES)}")
+    store = _open(db)
+    try:
+        runner = ProjectionRunner(store, default_projections())
+        names = None if projection is None else [projection]
+        start = time.perf_counter()
+        with _progress(count_events(store), "rebuilding") as advance:
+            read = runner.rebuild(names, progress=advance, workers=workers)
+        elapsed = time.perf_counter() - start
+    finally:
+        store.close()
+    rate = read / elapsed if elapsed > 0 else 0.0
+    typer.echo(f"rebuilt {projection or ', '.join(PROJECTION_NAMES)}: {read} events in "
+               f"{elapsed:.2f} s ({rate:,.0f} events/s)")

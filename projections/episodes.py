@@ -1,0 +1,136 @@
+"""The `episodes` read model: one summary row per episode stream, for listing and filtering.
+
+It is kept current by the projector runner (a catch-up before each query), not inside the
+append transaction: the store stays domain-agnostic and appends stay as cheap as possible,
+and a lagging or damaged read model can always be rebuilt from the log.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+import sqlalchemy as sa
+
+from eventstore import EventStore, RecordedEvent
+from projections.runner import Projection, fold_records, read_rows
+from projections.schema import episodes
+from projections.simtime import sim_time
+
+_loads = orjson.loads
+
+COLUMNS = tuple(c.name for c in episodes.c)
+
+
+class EpisodesProjection(Projection):
+    """Reads only the envelope of most events: it decodes EpisodeStarted and EpisodeEnded, and
+    the rewards of an episode only while it is still running (its end carries the return)."""
+
+    name = "episodes"
+    version = 1
+    table = episodes
+    key = "episode_id"
+    types = frozenset({"EpisodeStarted", "ActionTaken", "RewardGranted", "EpisodeEnded"})
+
+    def evolve(self, state: dict[str, Any] | None, record: RecordedEvent) -> dict[str, Any] | None:
+        type_ = record.type
+        if state is None:
+            if type_ != "EpisodeStarted" or record.version != 0:
+                return None  # not an episode stream (verify reports it)
+            data = _loads(record.data_json)
+            meta = _loads(record.meta_json)
+            state = {
+                "task": data.get("task"), "seed": data.get("seed"), "chaos": data.get("chaos"),
+                "agent": meta.get("agent"), "reward_profile": data.get("reward_profile"),
+                "max_steps": data.get("max_steps"), "started_at": meta.get("recorded_at"),
+                "ended_at": None, "sim_started_at": sim_time(0), "sim_ended_at": None,
+                "steps": 0, "total_return": 0.0, "outcome": None, "failure_mode": None,
+                "first_position": record.position, "_rewards": [],
+            }
+        elif type_ == "RewardGranted":
+            state["_rewards"].append(record.data_json)  # summed only if the episode is running
+        elif type_ == "ActionTaken":
+            state["steps"] += 1
+        elif type_ == "EpisodeEnded":
+            data = _loads(record.data_json)
+            state["outcome"] = data.get("outcome")
+            state["failure_mode"] = data.get("failure_mode")
+            state["steps"] = data.get("steps", state["steps"])
+            state["total_return"] = data.get("total_return", _settle_return(state))
+            state["_rewards"] = []
+            state["ended_at"] = _loads(record.meta_json).get("recorded_at")
+            state["sim_ended_at"] = sim_time(state["steps"])
+        state["_last"] = record
+        return state
+
+    def row(self, stream_id: str, state: dict[str, Any],
+            last: RecordedEvent | int | None = None) -> dict[str, Any]:
+        """The row after `last`, the stream's last event (the runner passes it). Callers that fed
+        every event to `evolve` themselves may pass a version or nothing; prefer `summarize`."""
+        if not isinstance(last, RecordedEvent):
+            last = state["_last"]
+        row = {"episode_id": stream_id, **state}
+        del row["_rewards"]
+        row.pop("_last", None)
+        row["total_return"] = _settle_return(state)
+        row["events"] = last.version + 1
+        row["last_version"] = last.version
+        row["digest"] = last.digest
+        row["last_position"] = last.position
+        return row
+
+    def finished(self, state: dict[str, Any]) -> bool:
+        return state["outcome"] is not None
+
+    def load(self, store: EventStore, conn: sa.Connection,
+             stream_ids: Sequence[str]) -> dict[str, tuple[int, Any]]:
+        rows = read_rows(conn, episodes, "episode_id", stream_ids)
+        out = {}
+        for sid, row in rows.items():
+            version = row["last_version"]
+            for column in ("episode_id", "events", "last_version", "digest", "last_position"):
+                del row[column]
+            row["_rewards"] = []
+            out[sid] = (version, row)
+        return out
+
+
+def summarize(stream_id: str, records: Sequence[RecordedEvent]) -> dict[str, Any] | None:
+    """The `episodes` row of one stream, folded from its records with the runner's rules
+    (None when the stream is not an episode)."""
+    projection = EpisodesProjection()
+    entry = fold_records(projection, records).get(stream_id)
+    if entry is None or entry.state is None:
+        return None
+    return projection.row(stream_id, entry.state, entry.last)
+
+
+def _settle_return(state: dict[str, Any]) -> float:
+    """Add the rewards held back since the last row was written, in log order (as the domain)."""
+    pending = state["_rewards"]
+    if pending:
+        total = state["total_return"]
+        for data_json in pending:
+            total += _loads(data_json)["value"]
+        state["total_return"] = total
+        state["_rewards"] = []
+    return state["total_return"]
+
+
+def list_episodes(conn: sa.Connection, task: str | None = None, agent: str | None = None,
+                  outcome: str | None = None, limit: int | None = 50) -> list[dict[str, Any]]:
+    """Episodes, newest first; `outcome="running"` selects episodes that have not ended."""
+    query = sa.select(episodes)
+    if task:
+        query = query.where(episodes.c.task == task)
+    if agent:
+        query = query.where(episodes.c.agent == agent)
+    if outcome == "running":
+        query = query.where(episodes.c.outcome.is_(None))
+    elif outcome:
+        query = query.where(episodes.c.outcome == outcome)
+    query = query.order_by(episodes.c.first_position.desc())
+    if limit:
+        query = query.limit(limit)
+    return [{str(k): v for k, v in row.items()} for row in conn.execute(query).mappings()]

@@ -1,0 +1,136 @@
+"""Rebuild and verify split over worker processes, each owning a range of stream ids.
+
+Folding is CPU-bound Python. Every read model is a fold per stream, so the streams can be
+shared out: each worker reads only the streams in its key range, through the
+(stream_id, version) index, stream by stream, and folds them with the runner's own rules.
+A rebuild worker writes its rows in page-sized transactions and never moves a checkpoint
+(the caller does that once all succeeded); a verify worker sends its findings back.
+Processes are forked, so projections need not be importable or picklable.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import multiprocessing as mp
+import queue
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from eventstore import EventStore
+from projections.reader import scan_range, stream_ranges
+from projections.runner import Entry, Projection, fold_records, rows_of, transaction, write_rows
+from projections.verify import Checker
+
+Progress = Callable[[int], None]
+
+
+def _run(target, store: EventStore, upto: int, workers: int, extra: tuple,
+         progress: Progress | None, results=None) -> tuple[int, list[Any]]:
+    """Start one forked worker per stream range, relay progress and results; fail if one fails.
+
+    Returns (events the workers read, what they put on `results`).
+    """
+    ctx = mp.get_context("fork")
+    url = store.engine.url.render_as_string(hide_password=False)
+    ranges = stream_ranges(store, workers, upto)
+    counters = [ctx.Value("q", 0, lock=False) for _ in ranges]
+    procs = [ctx.Process(target=target, daemon=True,
+                         args=((url, store.upcasters), lo, hi, upto, counters[k], results, *extra))
+             for k, (lo, hi) in enumerate(ranges)]
+    for proc in procs:
+        proc.start()
+    reported = 0
+    collected: list[Any] = []
+
+    def relay() -> None:
+        nonlocal reported
+        while results is not None:  # drain, so no worker blocks on a full pipe
+            try:
+                collected.append(results.get_nowait())
+            except queue.Empty:
+                break
+        done = sum(c.value for c in counters)
+        if progress is not None and done > reported:
+            progress(done - reported)
+            reported = done
+
+    try:
+        while any(proc.is_alive() for proc in procs):
+            relay()
+            time.sleep(0.05)
+        relay()
+        deadline = time.monotonic() + 5
+        while results is not None and len(collected) < len(procs) and time.monotonic() < deadline:
+            with contextlib.suppress(queue.Empty):
+                collected.append(results.get(timeout=0.1))
+        failed = [k for k, proc in enumerate(procs) if proc.exitcode != 0]
+        if failed or (results is not None and len(collected) < len(procs)):
+            raise RuntimeError(f"worker process(es) {failed or 'sending results'} failed")
+    finally:
+        for proc in procs:
+            if proc.is_alive():
+                proc.terminate()
+            proc.join()
+    return sum(c.value for c in counters), collected
+
+
+# -- rebuild ---------------------------------------------------------------------------------
+
+
+def rebuild_in_parallel(store: EventStore, projections: Sequence[Projection], upto: int,
+                        workers: int, page: int, progress: Progress | None) -> int:
+    """Fold positions (0, upto] into the (already cleared) read models with `workers` processes."""
+    return _run(_rebuild_range, store, upto, workers, (list(projections), page), progress)[0]
+
+
+def _rebuild_range(where: tuple[str, Any], lo: str, hi: str | None, upto: int, counter, _results,
+                   projections: list[Projection], page: int) -> None:
+    gc.disable()  # see runner.bulk: a short-lived process folding fresh tuples
+    store = EventStore.open(where[0], upcasters=where[1])
+    entries: dict[str, dict[str, Entry]] = {p.name: {} for p in projections}
+    for records in scan_range(store, lo, hi, upto, page):
+        for projection in projections:
+            fold_records(projection, records, entries[projection.name])
+        with transaction(store.engine) as conn:
+            for projection in projections:
+                mine = entries[projection.name]
+                write_rows(conn, projection, *rows_of(projection, mine, list(mine)))
+        tail = records[-1].stream_id  # stream order: only the last stream can continue
+        for projection in projections:
+            entry = entries[projection.name].get(tail)
+            entries[projection.name] = {} if entry is None else {tail: entry}
+            if entry is not None:
+                entry.dirty = False
+        counter.value += len(records)
+    store.close()
+
+
+# -- verify ----------------------------------------------------------------------------------
+
+
+def check_in_parallel(store: EventStore, projections: Sequence[Projection] | None,
+                      checkpoints: dict[str, int], upto: int, workers: int, page: int,
+                      progress: Progress | None):
+    """A verify Checker holding the merged findings of `workers` processes."""
+    ctx = mp.get_context("fork")
+    results = ctx.Queue()
+    _, parts = _run(_check_range, store, upto, workers, (projections, checkpoints, page),
+                    progress, results)
+    checker = Checker(projections, checkpoints)
+    for part in parts:
+        checker.merge(part)
+    return checker
+
+
+def _check_range(where: tuple[str, Any], lo: str, hi: str | None, upto: int, counter, results,
+                 projections, checkpoints: dict[str, int], page: int) -> None:
+    gc.disable()
+    store = EventStore.open(where[0], upcasters=where[1])
+    checker = Checker(projections, checkpoints)
+    for records in scan_range(store, lo, hi, upto, page):
+        checker.feed(records)
+        counter.value += len(records)
+    results.put(checker.partial())
+    store.close()

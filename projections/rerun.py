@@ -1,0 +1,140 @@
+"""Re-simulation: run a logged episode again from its seed, options and actions, and compare.
+
+Everything happens in memory: `domain.reset` and `domain.step` produce the events, the digest
+chain is computed over their canonical envelopes exactly as the store computes it, and nothing
+is written. Equal digests mean a byte-identical stream.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+import domain
+from eventstore import GENESIS_DIGEST, EventStore, RecordedEvent, canonical_json, chain_digest
+
+
+class EpisodeNotFound(LookupError):
+    """No stream with that id in the store."""
+
+
+@dataclass(frozen=True, slots=True)
+class Envelope:
+    """One event as the digest sees it, plus its version and chained digest."""
+
+    version: int
+    type: str
+    schema_version: int
+    data_json: str
+    digest: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"version": self.version, "type": self.type, "schema_version": self.schema_version,
+                "data": orjson.loads(self.data_json), "digest": self.digest}
+
+
+@dataclass(slots=True)
+class RerunResult:
+    episode_id: str
+    match: bool
+    stored_digest: str
+    rerun_digest: str
+    stored_events: int
+    rerun_events: int
+    actions: int
+    first_difference: int | None = None  # stream version of the first differing event
+    stored: Envelope | None = None
+    rerun: Envelope | None = None
+    error: str | None = None  # the re-simulation itself failed (bad log or changed code)
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "episode_id": self.episode_id, "match": self.match,
+            "stored_digest": self.stored_digest, "rerun_digest": self.rerun_digest,
+            "stored_events": self.stored_events, "rerun_events": self.rerun_events,
+            "actions": self.actions, "first_difference": self.first_difference,
+            "stored": self.stored.to_json() if self.stored else None,
+            "rerun": self.rerun.to_json() if self.rerun else None,
+            "error": self.error, "notes": self.notes,
+        }
+
+
+def spec_of(started: dict[str, Any]) -> Any:
+    """The EpisodeSpec an EpisodeStarted event was produced from."""
+    return domain.EpisodeSpec(task=started["task"], seed=started["seed"], chaos=started["chaos"],
+                              reward_profile=started.get("reward_profile", "default"),
+                              max_steps=started.get("max_steps"))
+
+
+def resimulate(records: list[RecordedEvent]) -> tuple[list[Any], int, str | None]:
+    """(events produced, actions replayed, error) for a stored stream, purely in memory."""
+    first = records[0]
+    if first.type != "EpisodeStarted":
+        return [], 0, f"the stream starts with {first.type}, not EpisodeStarted"
+    actions = [orjson.loads(r.data_json)["action"] for r in records if r.type == "ActionTaken"]
+    produced: list[Any] = []
+    try:
+        state, events, _info = domain.reset(spec_of(orjson.loads(first.data_json)))
+        produced.extend(events)
+        for i, action in enumerate(actions):
+            if getattr(state, "done", False):
+                return produced, i, f"the re-simulated episode ended before action {i + 1}"
+            state, events, _info = domain.step(state, action)
+            produced.extend(events)
+    except Exception as exc:  # the log names something this code cannot re-run
+        return produced, len(actions), f"re-simulation failed: {type(exc).__name__}: {exc}"
+    return produced, len(actions), None
+
+
+def envelopes(events: list[Any]) -> list[Envelope]:
+    """Canonical envelopes and the digest chain, as the store would record them."""
+    out = []
+    digest = GENESIS_DIGEST
+    for version, event in enumerate(events):
+        type_, data, schema_version = domain.to_envelope(event)
+        data_json = canonical_json(data).decode()
+        digest = chain_digest(digest, type_, schema_version, data_json)
+        out.append(Envelope(version, type_, schema_version, data_json, digest))
+    return out
+
+
+def stored_envelopes(records: list[RecordedEvent]) -> list[Envelope]:
+    return [Envelope(r.version, r.type, r.schema_version, r.data_json, r.digest) for r in records]
+
+
+def rerun(store: EventStore, episode_id: str) -> RerunResult:
+    """Re-simulate `episode_id` and compare its digest chain with the stored one."""
+    records = list(store.read_stream(episode_id))
+    if not records:
+        raise EpisodeNotFound(f"no episode {episode_id!r} in the store")
+    produced, actions, error = resimulate(records)
+    return compare(episode_id, stored_envelopes(records), envelopes(produced), actions, error)
+
+
+def compare(episode_id: str, stored: list[Envelope], fresh: list[Envelope], actions: int,
+            error: str | None = None) -> RerunResult:
+    """Match when both chains end in the same digest; otherwise locate the first difference."""
+    stored_digest = stored[-1].digest if stored else GENESIS_DIGEST
+    rerun_digest = fresh[-1].digest if fresh else GENESIS_DIGEST
+    result = RerunResult(episode_id, match=False, stored_digest=stored_digest,
+                         rerun_digest=rerun_digest, stored_events=len(stored),
+                         rerun_events=len(fresh), actions=actions, error=error)
+    for i in range(max(len(stored), len(fresh))):
+        a = stored[i] if i < len(stored) else None
+        b = fresh[i] if i < len(fresh) else None
+        if a is None or b is None or (a.type, a.schema_version, a.data_json) != (
+                b.type, b.schema_version, b.data_json):
+            result.first_difference = i
+            result.stored, result.rerun = a, b
+            return result
+        if a.digest != b.digest:
+            result.first_difference = i
+            result.stored, result.rerun = a, b
+            result.notes.append(f"version {i}: same content, but the stored digest does not chain "
+                                "(the digest column or an earlier event was altered)")
+            return result
+    result.match = error is None and stored_digest == rerun_digest
+    return result

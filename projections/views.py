@@ -1,0 +1,128 @@
+"""The app views read model: each episode's TicketDesk board, DataHub catalogue, ApprovalFlow queue.
+
+There is one definition of every view: the apps' own `evolve` functions (`domain.world.EVOLVERS`,
+which `domain.apply` composes for the live environment) fold the events, and the apps' `view`
+functions (`domain.views`) render the state. So a rebuilt view equals what the live world showed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+import sqlalchemy as sa
+
+import domain
+from domain import world as domain_world
+from eventstore import EventStore, RecordedEvent
+from projections.render import APPS, render_views
+from projections.runner import Projection, fold_records, read_rows
+from projections.schema import episode_views
+
+_loads = orjson.loads
+_dumps = orjson.dumps
+_SORTED = orjson.OPT_SORT_KEYS
+_from_envelope = domain.from_envelope
+_World = domain_world.World
+_INITIAL = domain_world.INITIAL_WORLD
+# type name -> (event class, index of the app in World, the app's evolve for that type)
+_APP_EVOLVERS = {cls.__name__: (cls, i, fn) for cls, (i, fn) in domain_world.EVOLVERS.items()}
+
+
+def decode(record: RecordedEvent) -> Any:
+    """The domain event a stored record holds (upcast to the current schema by the domain)."""
+    return _from_envelope(record.type, _loads(record.data_json), record.schema_version)
+
+
+class WorldState:
+    """The three apps' states of one episode, its step count and whether it has ended."""
+
+    __slots__ = ("ticketdesk", "datahub", "approvalflow", "step", "done")
+
+    def __init__(self) -> None:
+        self.ticketdesk, self.datahub, self.approvalflow = _INITIAL
+        self.step = 0
+        self.done = False
+
+    @property
+    def world(self) -> Any:
+        return _World(self.ticketdesk, self.datahub, self.approvalflow)
+
+
+class ViewsProjection(Projection):
+    """State per stream = the apps' world folded with the domain's own app evolvers.
+
+    Only app events are decoded: agent actions, rewards and mistakes never change what an app
+    shows, so the runner skips them (ActionTaken only advances the step; verify checks types).
+    `domain.apply` composes exactly these evolvers, so the live world and the rebuild agree.
+    """
+
+    name = "views"
+    version = 1
+    table = episode_views
+    key = "episode_id"
+    types = frozenset({*_APP_EVOLVERS, "ActionTaken", "EpisodeStarted", "EpisodeEnded"})
+
+    def evolve(self, state: WorldState | None, record: RecordedEvent) -> WorldState | None:
+        type_ = record.type
+        hit = _APP_EVOLVERS.get(type_)
+        if hit is not None:
+            if state is None:
+                return None
+            cls, app, fn = hit
+            if record.schema_version == cls.SCHEMA_VERSION:
+                event = cls(**_loads(record.data_json))
+            else:
+                event = decode(record)
+            if app == 0:
+                state.ticketdesk = fn(state.ticketdesk, event)
+            elif app == 1:
+                state.datahub = fn(state.datahub, event)
+            else:
+                state.approvalflow = fn(state.approvalflow, event)
+        elif type_ == "ActionTaken" and state is not None:
+            state.step += 1
+        elif type_ == "EpisodeStarted":
+            if state is None and record.version != 0:
+                return None
+            return WorldState()  # as domain.apply: a start resets the world
+        elif type_ == "EpisodeEnded" and state is not None:
+            state.done = True
+        return state
+
+    def row(self, stream_id: str, state: WorldState, last: RecordedEvent) -> dict[str, Any]:
+        return {"episode_id": stream_id, "last_version": last.version, "step": state.step,
+                "views": views_json(state)}
+
+    def finished(self, state: WorldState) -> bool:
+        return state.done
+
+    def load(self, store: EventStore, conn: sa.Connection,
+             stream_ids: Sequence[str]) -> dict[str, tuple[int, Any]]:
+        """Re-fold each stream from the log up to the version its stored row reflects."""
+        rows = read_rows(conn, episode_views, "episode_id", stream_ids)
+        out = {}
+        for sid, row in rows.items():
+            upto = row["last_version"]
+            records = [r for r in store.read_stream(sid) if r.version <= upto]
+            entry = fold_records(self, records).get(sid)
+            if entry is not None:
+                out[sid] = (entry.version, entry.state)
+        return out
+
+
+def views_of(state: Any) -> dict[str, Any]:
+    """The three apps' views of an episode state (the domain's) or a WorldState, as JSON values."""
+    if isinstance(state, WorldState):
+        return domain_world.views(state.world)
+    return domain.views(state)
+
+
+def views_json(state: Any) -> str:
+    """Canonical JSON (sorted keys, compact) of the views; their values come from canonical
+    event data, so the encoder's non-finite-number guard is not needed here."""
+    return _dumps(views_of(state), option=_SORTED).decode()
+
+
+__all__ = ["APPS", "ViewsProjection", "decode", "render_views", "views_json", "views_of"]

@@ -1,0 +1,466 @@
+"""Projections: replay equals the live world, rerun matches, verify catches damage, rebuild is exact."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import sqlalchemy as sa
+
+import domain
+from eventstore import EventStore, NewEvent
+from projections import ProjectionRunner, default_projections
+from projections.episodes import EpisodesProjection, list_episodes, summarize
+from projections.replay import StepNotFound, replay
+from projections.rerun import rerun
+from projections.schema import episode_views, episodes, projection_checkpoints
+from projections.verify import verify
+
+CHAOS = ("none", "low", "medium", "high")
+
+
+def play(store: EventStore, task: str, seed: int, chaos: str, agent: str,
+         durability: str = "step") -> dict:
+    """Run one episode through CompanyEnv; return its id and the live views/actions per step."""
+    from companyos.agents import make_agent
+    from companyos.env import CompanyEnv
+
+    env = CompanyEnv(db=store, durability=durability, agent=agent)
+    bot = make_agent(agent, seed)
+    obs, info = env.reset(seed=seed, options={"task": task, "chaos": chaos})
+    bot.reset(obs)
+    live = {"episode_id": info["episode_id"], "views": [domain.views(env.runtime.state)],
+            "actions": [None], "rewards": [0.0], "messages": [None]}
+    done = False
+    while not done:
+        action = bot.act(obs)
+        obs, reward, terminated, truncated, info = env.step(action)
+        live["views"].append(domain.views(env.runtime.state))
+        live["actions"].append(domain.events.to_json_value(action))
+        live["rewards"].append(reward)
+        live["messages"].append(obs["message"])
+        done = terminated or truncated
+    env.close()
+    return live
+
+
+@pytest.fixture(scope="module")
+def logged(tmp_path_factory):
+    """A store with an episode of every family at every chaos level, expert and random agents."""
+    url = f"sqlite:///{tmp_path_factory.mktemp('proj') / 'store.db'}"
+    store = EventStore.open(url)
+    played = []
+    for i, task in enumerate(domain.TASK_FAMILIES):
+        for j, chaos in enumerate(CHAOS):
+            agent = "expert" if (i + j) % 2 == 0 else "random"
+            played.append({"task": task, "chaos": chaos, "agent": agent,
+                           **play(store, task, 100 + 10 * i + j, chaos, agent)})
+    store.close()
+    return url, played
+
+
+def copy_store(url: str, tmp_path) -> EventStore:
+    """A private copy of the module's store, for tests that damage it."""
+    import shutil
+
+    src = sa.make_url(url).database
+    dst = tmp_path / "copy.db"
+    shutil.copy(src, dst)
+    for suffix in ("-wal", "-shm"):
+        with contextlib.suppress(FileNotFoundError):
+            shutil.copy(src + suffix, str(dst) + suffix)
+    return EventStore.open(f"sqlite:///{dst}")
+
+
+def dump(store: EventStore) -> dict:
+    with store.engine.connect() as conn:
+        return {t.name: sorted(map(tuple, conn.execute(sa.select(t)).all()))
+                for t in (episodes, episode_views)}
+
+
+# -- replay ----------------------------------------------------------------------------------
+
+
+def test_replay_at_every_step_equals_the_live_views(logged):
+    url, played = logged
+    store = EventStore.open(url)
+    chosen = [p for p in played if p["chaos"] in ("medium", "high")][:4]
+    for p in chosen:
+        steps = len(p["views"]) - 1
+        for k in range(steps + 1):
+            r = replay(store, p["episode_id"], k)
+            assert r["step"] == k and r["steps"] == steps
+            for app in ("ticketdesk", "datahub", "approvalflow"):
+                assert r[app] == p["views"][k][app], (p["episode_id"], k, app)
+            assert r["action"] == p["actions"][k]
+            if k:
+                assert r["reward"] == pytest.approx(p["rewards"][k])
+                assert r["result"]["message"] == p["messages"][k]
+        assert replay(store, p["episode_id"])["step"] == steps
+        with pytest.raises(StepNotFound):
+            replay(store, p["episode_id"], steps + 1)
+    store.close()
+
+
+def test_replay_reports_chaos_rewards_and_the_end(logged):
+    url, played = logged
+    store = EventStore.open(url)
+    p = next(p for p in played if p["chaos"] == "high")
+    last = replay(store, p["episode_id"])
+    assert last["ended"]["outcome"] in ("success", "failure", "truncated")
+    assert any(r["rule"] == "step" for r in last["rewards"])
+    struck = [c for k in range(last["steps"] + 1)
+              for c in replay(store, p["episode_id"], k)["chaos"]]
+    assert struck and all(c["cause"] == "chaos" and c["type"] for c in struck)
+    store.close()
+
+
+# -- rerun -----------------------------------------------------------------------------------
+
+
+def test_rerun_matches_every_family_and_chaos_level(logged):
+    url, played = logged
+    store = EventStore.open(url)
+    assert {(p["task"], p["chaos"]) for p in played} == {
+        (t, c) for t in domain.TASK_FAMILIES for c in CHAOS}
+    for p in played:
+        result = rerun(store, p["episode_id"])
+        assert result.match, result.to_json()
+        assert result.rerun_digest == store.stream_digest(p["episode_id"])
+    store.close()
+
+
+def test_rerun_shows_the_first_differing_event(logged, tmp_path):
+    url, played = logged
+    store = copy_store(url, tmp_path)
+    victim = played[3]["episode_id"]
+    with store.engine.begin() as conn:
+        conn.execute(sa.text("UPDATE events SET data = replace(data, :old, :new) "
+                             "WHERE stream_id = :s AND type = 'ActionTaken'"),
+                     {"s": victim, "old": '"step":2', "new": '"step":7'})
+    result = rerun(store, victim)
+    assert not result.match
+    assert result.stored.type == result.rerun.type == "ActionTaken"
+    assert '"step":7' in result.stored.data_json and '"step":2' in result.rerun.data_json
+    store.close()
+
+
+# -- verify ----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def damaged(logged, tmp_path):
+    """A caught-up private copy of the log, ready to be damaged behind the store's back."""
+    url, played = logged
+    store = copy_store(url, tmp_path)
+    ProjectionRunner(store, default_projections()).catch_up()
+    yield store, played
+    store.close()
+
+
+@pytest.fixture(params=[1, 2], ids=["1-process", "2-processes"])
+def workers(request):
+    """verify runs in log order in one process, stream by stream in several."""
+    return request.param
+
+
+def test_verify_passes_on_a_sound_log(damaged, workers):
+    store, played = damaged
+    report = verify(store, workers=workers)
+    assert report.ok, report.problems
+    assert report.streams == len(played)
+    assert report.read_models["episodes"]["rows"] == len(played)
+    assert report.read_models["views"]["differing"] == 0
+
+
+def test_the_views_read_model_equals_the_live_world(damaged):
+    import orjson
+
+    store, played = damaged
+    with store.engine.connect() as conn:
+        rows = {r["episode_id"]: r for r in conn.execute(sa.select(episode_views)).mappings()}
+    for p in played:
+        row = rows[p["episode_id"]]
+        assert orjson.loads(row["views"]) == p["views"][-1]
+        assert row["step"] == len(p["views"]) - 1
+
+
+def _sql(store: EventStore, statement: str, **params) -> None:
+    with store.engine.begin() as conn:
+        conn.execute(sa.text(statement), params)
+
+
+def _position(store: EventStore, stream: str, version: int) -> int:
+    with store.engine.connect() as conn:
+        return conn.execute(sa.text("SELECT position FROM events WHERE stream_id = :s AND "
+                                    "version = :v"), {"s": stream, "v": version}).scalar_one()
+
+
+def test_verify_names_the_episode_whose_event_was_edited(damaged, workers):
+    store, played = damaged
+    victim = played[5]["episode_id"]
+    _sql(store, "UPDATE events SET data = replace(data, :old, :new) "
+                "WHERE stream_id = :s AND version = (SELECT min(version) FROM events WHERE "
+                "stream_id = :s AND type = 'ActionTaken')", s=victim, old='"step":1', new='"step":9')
+    report = verify(store, workers=workers)
+    assert not report.ok
+    assert set(report.problems) == {victim}
+    assert any("digest" in p for p in report.problems[victim])
+
+
+def test_verify_catches_a_deleted_event(damaged, workers):
+    store, played = damaged
+    victim = played[6]["episode_id"]
+    _sql(store, "DELETE FROM events WHERE stream_id = :s AND version = 4", s=victim)
+    report = verify(store, workers=workers)
+    assert set(report.problems) == {victim}
+    assert any("missing" in p for p in report.problems[victim])
+
+
+@pytest.mark.parametrize("how", ["positions", "versions", "data"])
+def test_verify_catches_two_swapped_events(damaged, how, workers):
+    store, played = damaged
+    victim = played[7]["episode_id"]
+    a, b = _position(store, victim, 3), _position(store, victim, 4)
+    if how == "positions":  # the log's order changes; each row keeps its version and digest
+        _sql(store, "UPDATE events SET position = -1 WHERE position = :a", a=a)
+        _sql(store, "UPDATE events SET position = :a WHERE position = :b", a=a, b=b)
+        _sql(store, "UPDATE events SET position = :b WHERE position = -1", b=b)
+    elif how == "versions":
+        _sql(store, "UPDATE events SET version = -1 WHERE position = :a", a=a)
+        _sql(store, "UPDATE events SET version = 3 WHERE position = :b", b=b)
+        _sql(store, "UPDATE events SET version = 4 WHERE position = :a", a=a)
+    else:  # the contents trade places, versions and digests stay
+        _sql(store, "UPDATE events SET type = (SELECT type FROM events WHERE position = :b), "
+                    "data = (SELECT data FROM events WHERE position = :b) "
+                    "WHERE position = :a", a=a, b=b)
+    report = verify(store, workers=workers)
+    assert victim in report.problems and len(report.problems) == 1, report.problems
+
+
+def test_verify_checks_episode_shape_and_known_types(damaged, workers):
+    store, played = damaged
+    ended = played[0]["episode_id"]
+    version = store.stream_version(ended)
+    store.append(ended, [NewEvent("EpisodeEnded", {"outcome": "success", "failure_mode": None,
+                                                   "steps": 1, "total_return": 0.0})], version)
+    store.append("stray", [NewEvent("TicketCommentAdded", {"ticket_id": "T-1", "text": "x",
+                                                           "step": 1})], None)
+    store.append("alien", [NewEvent("EpisodeStarted", played_started(store, played[1])),
+                           NewEvent("Teleported", {}),
+                           NewEvent("TicketCommentAdded", {"ticket_id": "T-1", "text": "x",
+                                                           "step": 1}, schema_version=9)], None)
+    report = verify(store, workers=workers)
+    assert set(report.problems) == {ended, "stray", "alien"}
+    assert any("after EpisodeEnded" in p for p in report.problems[ended])
+    assert any("not EpisodeStarted" in p for p in report.problems["stray"])
+    text = " ".join(report.problems["alien"])
+    assert "unknown event type 'Teleported'" in text and "schema version 9" in text
+
+
+def test_verify_and_the_runner_survive_an_event_that_does_not_decode(damaged, workers):
+    store, played = damaged
+    victim = played[4]["episode_id"]
+    _sql(store, "UPDATE events SET data = '{\"broken' WHERE stream_id = :s AND version = 2", s=victim)
+    runner = ProjectionRunner(store, default_projections())
+    runner.rebuild()
+    report = verify(store, workers=workers)
+    assert set(report.problems) == {victim}
+    assert any("cannot fold" in p for p in report.problems[victim])
+
+
+def played_started(store: EventStore, p: dict) -> dict:
+    return next(store.read_stream(p["episode_id"])).data
+
+
+def test_verify_catches_a_read_model_that_differs_from_its_rebuild(damaged, workers):
+    store, played = damaged
+    a, b = played[2]["episode_id"], played[9]["episode_id"]
+    _sql(store, "UPDATE episodes SET total_return = 999 WHERE episode_id = :s", s=a)
+    _sql(store, "UPDATE episode_views SET views = '{}' WHERE episode_id = :s", s=b)
+    report = verify(store, workers=workers)
+    assert set(report.problems) == {a, b}
+    assert "total_return" in report.problems[a][0]
+    assert "views read model" in report.problems[b][0]
+
+
+# -- the runner ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_rebuild_after_an_interrupted_run_equals_a_clean_build(damaged, workers):
+    store, played = damaged
+    runner = ProjectionRunner(store, default_projections())
+    runner.rebuild(workers=1)
+    clean = dump(store)
+
+    class Crash(Exception):
+        pass
+
+    calls = []
+
+    def crash_after_two(n):
+        calls.append(n)
+        if len(calls) == (2 if workers == 1 else 1):  # a parallel rebuild may report once
+            raise Crash
+
+    runner = ProjectionRunner(store, default_projections())
+    with pytest.raises(Crash):
+        runner.rebuild(progress=crash_after_two, page=97, workers=workers)
+    partial = dump(store)
+    if workers == 1:
+        assert 0 < len(partial["episodes"]) < len(played)
+    ProjectionRunner(store, default_projections()).catch_up(page=113)  # a new process resumes
+    assert dump(store) == clean
+    assert verify(store).ok
+
+
+def test_a_parallel_rebuild_equals_a_single_process_one(damaged):
+    store, played = damaged
+    runner = ProjectionRunner(store, default_projections())
+    runner.rebuild(workers=1)
+    clean = dump(store)
+    seen = []
+    assert runner.rebuild(workers=3, page=64, progress=seen.append) == store.last_position()
+    assert sum(seen) == store.last_position()
+    assert dump(store) == clean
+    with store.engine.connect() as conn:
+        positions = set(conn.execute(sa.select(projection_checkpoints.c.position)).scalars())
+    assert positions == {store.last_position()}
+    assert verify(store).ok
+
+
+def test_a_crash_inside_the_write_transaction_commits_nothing(damaged, monkeypatch):
+    store, _ = damaged
+    runner = ProjectionRunner(store, default_projections())
+    runner.rebuild()
+    clean = dump(store)
+    runner = ProjectionRunner(store, default_projections())
+    import projections.runner as module
+
+    calls = [0]
+    real = module.upsert
+
+    def failing(conn, table, key, rows):
+        calls[0] += 1
+        if calls[0] == 5:
+            raise RuntimeError("disk on fire")
+        real(conn, table, key, rows)
+
+    monkeypatch.setattr(module, "upsert", failing)
+    with pytest.raises(RuntimeError):
+        runner.rebuild(page=101)
+    with store.engine.connect() as conn:
+        checkpoint = conn.execute(sa.select(projection_checkpoints.c.position)).scalars().all()
+    assert max(checkpoint) < store.last_position()
+    monkeypatch.setattr(module, "upsert", real)
+    runner.catch_up(page=101)  # the same runner object carries on
+    assert dump(store) == clean
+
+
+def test_redelivered_events_change_nothing(damaged):
+    store, _ = damaged
+    clean = dump(store)
+    _sql(store, "UPDATE projection_checkpoints SET position = position - 300")
+    assert ProjectionRunner(store, default_projections()).catch_up(page=50) == 300
+    assert dump(store) == clean
+    assert verify(store).ok
+
+
+def test_two_runners_never_interleave(damaged):
+    store, _ = damaged
+    ProjectionRunner(store, default_projections()).rebuild(page=10)
+    clean = dump(store)
+    _sql(store, "DELETE FROM episodes")
+    _sql(store, "DELETE FROM episode_views")
+    _sql(store, "UPDATE projection_checkpoints SET position = 0")
+    slow = ProjectionRunner(store, default_projections())
+    fast = ProjectionRunner(store, default_projections())
+    slow.catch_up(page=40, max_pages=2)
+    fast.catch_up(page=70)
+    slow.catch_up(page=40)  # its checkpoint is stale: the compare-and-set makes it start over
+    assert dump(store) == clean
+
+
+def test_a_new_projection_version_rebuilds_by_itself(damaged):
+    store, _ = damaged
+    clean = dump(store)
+
+    class Newer(EpisodesProjection):
+        version = EpisodesProjection.version + 1
+
+    _sql(store, "UPDATE episodes SET steps = -1")
+    ProjectionRunner(store, [Newer()]).catch_up()
+    assert dump(store)["episodes"] == clean["episodes"]
+
+
+def test_episodes_read_model_lists_and_filters(logged, tmp_path):
+    url, played = logged
+    store = copy_store(url, tmp_path)
+    ProjectionRunner(store, [EpisodesProjection()]).catch_up()
+    with store.engine.connect() as conn:
+        everything = list_episodes(conn, limit=None)
+        experts = list_episodes(conn, agent="expert", limit=None)
+        vendor = list_episodes(conn, task="vendor_onboarding", limit=2)
+        successes = list_episodes(conn, outcome="success", limit=None)
+    assert [r["episode_id"] for r in everything] == [p["episode_id"] for p in reversed(played)]
+    assert {r["episode_id"] for r in experts} == {p["episode_id"] for p in played
+                                                  if p["agent"] == "expert"}
+    assert len(vendor) == 2 and all(r["task"] == "vendor_onboarding" for r in vendor)
+    assert successes and all(r["outcome"] == "success" for r in successes)
+    row = everything[0]
+    stream = list(store.read_stream(row["episode_id"]))
+    ended = stream[-1].data
+    assert row["steps"] == ended["steps"] and row["total_return"] == ended["total_return"]
+    assert row["digest"] == stream[-1].digest and row["events"] == len(stream)
+    assert row["chaos"] == domain.CHAOS_LEVELS[played[-1]["chaos"]]
+    assert row["started_at"] and row["ended_at"] and row["sim_ended_at"] > row["sim_started_at"]
+    assert summarize(row["episode_id"], stream) == row
+    store.close()
+
+
+def test_the_read_model_follows_a_running_episode(sqlite_url):
+    store = EventStore.open(sqlite_url)
+    runner = ProjectionRunner(store, default_projections())
+    from companyos.env import CompanyEnv
+
+    env = CompanyEnv(db=store, agent="noop")
+    obs, info = env.reset(seed=3, options={"task": "expense_report", "chaos": "low"})
+    runner.catch_up()
+    with store.engine.connect() as conn:
+        (row,) = list_episodes(conn, outcome="running")
+    assert row["steps"] == 0 and row["agent"] == "noop"
+    for _ in range(3):
+        env.step({"app": "ticketdesk", "method": "list_tickets", "params": {}})
+        runner.catch_up()
+    with store.engine.connect() as conn:
+        (row,) = list_episodes(conn)
+        (views,) = conn.execute(sa.select(episode_views)).mappings().all()
+    assert row["steps"] == 3 and row["outcome"] is None and views["step"] == 3
+    assert verify(store).ok
+    env.close()
+    store.close()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def empty_url(request, tmp_path):
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'store.db'}"
+    return request.getfixturevalue("fresh_pg_url")
+
+
+def test_projections_on_each_backend(empty_url):
+    store = EventStore.open(empty_url)
+    lives = [play(store, task, 7, "medium", "expert", durability="episode")
+             for task in list(domain.TASK_FAMILIES)[:3]]
+    runner = ProjectionRunner(store, default_projections())
+    runner.catch_up(page=64)
+    clean = dump(store)
+    assert len(clean["episodes"]) == 3
+    assert verify(store).ok
+    runner.rebuild(page=50)
+    assert dump(store) == clean
+    p = lives[1]
+    assert replay(store, p["episode_id"], 2)["datahub"] == p["views"][2]["datahub"]
+    assert rerun(store, p["episode_id"]).match
+    store.close()
