@@ -248,8 +248,8 @@ import sys
 from eventstore import EventStore, NewEvent
 store = EventStore.open(sys.argv[1])
 stream = sys.argv[2]
-store.append(stream, [NewEvent("Made", {"z": 1, "a": {"y": [3, 2], "b": "é"}, "set": sorted({"q", "p", "r"})}),
-                      NewEvent("Done", {"ok": True, "f": 0.1})], None)
+made = {"z": 1, "a": {"y": [3, 2], "b": "é"}, "set": sorted({"q", "p", "r"})}
+store.append(stream, [NewEvent("Made", made), NewEvent("Done", {"ok": True, "f": 0.1})], None)
 print(store.stream_digest(stream))
 """
 

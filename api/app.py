@@ -1,0 +1,329 @@
+"""The FastAPI app: OpenEnv's HTTP/WebSocket/MCP faces plus the episode log and catalogue.
+
+`create_app()` (no arguments) reads its settings from the environment, which is how
+`companyos serve --workers N` builds the same app in every Uvicorn worker process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from http import HTTPStatus
+from typing import Annotated, Any, Literal, TypeVar
+
+import orjson
+from fastapi import Body, FastAPI, Header, Path, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from api import catalog, mcp
+from api.config import ServerConfig
+from api.episodes import EpisodeLog
+from api.guard import BodyTooLarge, Guard, deny_websocket
+from api.models import (
+    ERROR_RESPONSES,
+    EpisodeEvents,
+    EpisodeList,
+    EpisodeSummary,
+    EpisodeViews,
+    ErrorBody,
+    HealthResponse,
+    MetadataResponse,
+    ResetRequest,
+    SchemaResponse,
+    StepRequest,
+    StepResponse,
+    TasksResponse,
+)
+from api.sessions import ApiError, SessionManager, split_session_key
+from api.ws import websocket_app
+from companyos.config import resolve_db
+from eventstore import EventStore
+
+T = TypeVar("T")
+EpisodeId = Annotated[str, Path(max_length=200)]
+Outcome = Literal["success", "failure", "truncated", "running"]
+IDLE_SWEEP_MIN_S = 1.0
+
+
+class JSON(JSONResponse):
+    """orjson-encoded JSON response (FastAPI's default encoder is several times slower)."""
+
+    def render(self, content: Any) -> bytes:
+        return orjson.dumps(content)
+
+
+class CompanyOSApp(FastAPI):
+    """FastAPI, except that `/ws` goes straight to its plain-ASGI handler (auth checked first):
+    the hottest path skips the framework's per-message wrappers."""
+
+    server: Server
+    guard: Guard
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "websocket" and scope["path"] == "/ws":
+            error = self.guard.auth_error(scope)
+            if error is not None:
+                await deny_websocket(scope, receive, send, *error)
+                return
+            await websocket_app(self.server, scope, receive, send)
+            return
+        await super().__call__(scope, receive, send)
+
+
+class Server:
+    """Per-process state shared by the routes: the store, the session cache, the episode log."""
+
+    def __init__(self, config: ServerConfig, store: EventStore) -> None:
+        self.config = config
+        self.store = store
+        self.sessions = SessionManager(store, config.cache_size, config.idle_timeout_s)
+        self.log = EpisodeLog(store)
+        self.ws_sessions = 0
+        inline = config.inline_steps
+        if inline is None:
+            inline = store.engine.dialect.name == "sqlite"
+        self.inline = inline
+        self.executor = ThreadPoolExecutor(max_workers=16, thread_name_prefix="companyos-step")
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """Store work for a WebSocket message. Inline on SQLite: a step is ~0.15 ms of CPU and
+        SQLite takes one writer at a time, so a thread hop would only add GIL and lock hand-offs
+        (measured: slower). In a thread for PostgreSQL, where appends wait on the network."""
+        if self.inline:
+            return fn(*args)
+        return await self.in_thread(fn, *args)
+
+    async def in_thread(self, fn: Callable[..., T], *args: Any) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.executor, partial(fn, *args))
+
+    async def run_step(self, session: Any, action: Any) -> dict[str, Any]:
+        """A WebSocket step (no freshness query: the socket's episode is cached right here)."""
+        return await self.run(self.sessions.step, session, action, False)
+
+    def close(self) -> None:
+        self.executor.shutdown(wait=False)
+
+
+async def _sweep_idle(server: Server) -> None:
+    """Idle sessions leave the cache (never the log)."""
+    interval = max(IDLE_SWEEP_MIN_S, server.config.idle_timeout_s / 4)
+    while True:
+        await asyncio.sleep(interval)
+        server.sessions.evict_idle()
+
+
+def create_app(config: ServerConfig | None = None, store: EventStore | None = None) -> CompanyOSApp:
+    """The server app. Without arguments: settings from COMPANYOS_* variables (see ServerConfig)."""
+    config = config or ServerConfig.from_env()
+    owns_store = store is None
+    store = store or EventStore.open(resolve_db(config.db))
+    server = Server(config, store)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        sweeper = asyncio.create_task(_sweep_idle(server))
+        try:
+            yield
+        finally:
+            sweeper.cancel()
+            server.close()
+            if owns_store:
+                store.close()
+
+    app = CompanyOSApp(title="CompanyOS agent server", version=catalog.version(),
+                  description=catalog.DESCRIPTION + "\n\nOpenEnv-compatible: `/reset`, `/step`, "
+                  "`/state`, `/ws`, `/mcp`. Request bodies are limited to "
+                  f"{config.max_body_bytes} bytes (413 above).",
+                  default_response_class=JSON, lifespan=lifespan)
+    app.state.server = server
+    app.add_middleware(Guard, api_key=config.api_key, max_body_bytes=config.max_body_bytes)
+    _register_errors(app)
+    _register_openenv(app, server)
+    _register_log(app, server)
+    app.server = server
+    app.guard = Guard(None, config.api_key, config.max_body_bytes)
+    return app
+
+
+def _error(exc: ApiError) -> JSON:
+    return JSON(exc.body(), status_code=exc.status)
+
+
+def _register_errors(app: FastAPI) -> None:
+    @app.exception_handler(ApiError)
+    async def api_error(_: Request, exc: ApiError) -> JSON:
+        return _error(exc)
+
+    @app.exception_handler(BodyTooLarge)
+    async def too_large(_: Request, exc: BodyTooLarge) -> JSON:
+        return JSON({"detail": str(exc), "code": "body_too_large"}, status_code=413)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> JSON:
+        code = HTTPStatus(exc.status_code).phrase.lower().replace(" ", "_").replace("-", "_")
+        return JSON({"detail": str(exc.detail), "code": code}, status_code=exc.status_code,
+                    headers=exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_: Request, exc: RequestValidationError) -> JSON:
+        errors = [{"loc": list(e.get("loc", ())), "msg": str(e.get("msg", "")),
+                   "type": str(e.get("type", ""))} for e in exc.errors()]
+        return JSON({"detail": errors}, status_code=422)
+
+
+def _token(header: str | None, body: str | None) -> str | None:
+    return body or header
+
+
+def _register_openenv(app: FastAPI, server: Server) -> None:
+    sessions = server.sessions
+    errors = ERROR_RESPONSES
+
+    @app.get("/health", response_model=HealthResponse, tags=["OpenEnv"])
+    async def health() -> JSON:
+        """Liveness; the one route that needs no API key."""
+        return JSON({"status": "healthy"})
+
+    @app.get("/metadata", response_model=MetadataResponse, tags=["OpenEnv"],
+             responses=errors(401, 403))
+    async def metadata() -> JSON:
+        return JSON(catalog.env_metadata())
+
+    @app.get("/schema", response_model=SchemaResponse, tags=["OpenEnv"],
+             responses=errors(401, 403))
+    async def schema() -> JSON:
+        """JSON schemas of action, observation and state."""
+        return JSON(catalog.schemas())
+
+    @app.post("/reset", response_model=StepResponse, tags=["OpenEnv"],
+              responses=errors(400, 401, 403, 409, 413))
+    def reset(request: Annotated[ResetRequest | None, Body()] = None) -> JSON:
+        """Start an episode. `metadata` carries `episode_id` and `episode_token`: send the token
+        with every step (header `X-Episode-Token` or body `episode_token`)."""
+        options = request.model_dump(exclude_none=True) if request is not None else {}
+        _, _, payload = sessions.start(options)
+        return JSON(payload)
+
+    @app.post("/step", response_model=StepResponse, tags=["OpenEnv"],
+              responses=errors(400, 401, 403, 404, 409, 413))
+    def step(request: StepRequest,
+             x_episode_token: Annotated[str | None, Header()] = None) -> JSON:
+        """One action. A bad action (unknown tool, wrong params) is not an HTTP error: it is
+        rejected in the episode with a penalty, and the observation says why. 409: another step
+        on this episode is running, or the episode has finished."""
+        session = sessions.get(request.episode_id, _token(x_episode_token, request.episode_token))
+        return JSON(sessions.step(session, request.action))
+
+    @app.get("/state", tags=["OpenEnv"], responses={200: {"model": dict[str, Any]},
+                                                    **errors(400, 401, 403, 404)})
+    def state(episode_id: Annotated[str, Query(max_length=128)],
+              episode_token: Annotated[str | None, Query(max_length=200)] = None,
+              x_episode_token: Annotated[str | None, Header()] = None) -> JSON:
+        """The episode's id, step count, task, seed, chaos, outcome, ..."""
+        session = sessions.get(episode_id, _token(x_episode_token, episode_token))
+        return JSON(sessions.state(session))
+
+    @app.post("/mcp", tags=["MCP"], responses={200: {"description": "a JSON-RPC 2.0 response"},
+                                               202: {"description": "notification accepted"},
+                                               **errors(401, 403, 404, 413)},
+              openapi_extra={"requestBody": {"required": True, "content": {
+                  "application/json": {"schema": {"type": "object"}}}}})
+    async def mcp_post(request: Request) -> Response:
+        """MCP (streamable HTTP, JSON responses) and OpenEnv's JSON-RPC: initialize, tools/list,
+        tools/call, ping, openenv/session/create|close. Headers: Mcp-Session-Id, or
+        X-Episode-Id + X-Episode-Token."""
+        body = await request.body()
+        headers = request.headers
+        return await server.in_thread(_mcp_http, server, body, headers.get("mcp-session-id"),
+                                headers.get("x-episode-id"), headers.get("x-episode-token"),
+                                dict(request.query_params))
+
+    @app.get("/mcp", tags=["MCP"], include_in_schema=False)
+    async def mcp_get() -> JSON:
+        return JSON({"detail": "no server-to-client stream here: POST JSON-RPC messages",
+                     "code": "method_not_allowed"}, status_code=405,
+                    headers={"Allow": "POST, DELETE"})
+
+    @app.delete("/mcp", tags=["MCP"], include_in_schema=False)
+    def mcp_delete(mcp_session_id: Annotated[str | None, Header()] = None) -> Response:
+        """Ends an MCP session: the episode leaves the cache; the log keeps it."""
+        if mcp_session_id:
+            sessions.forget(split_session_key(mcp_session_id)[0])
+        return Response(status_code=204)
+
+
+def _mcp_http(server: Server, body: bytes, session_key: str | None, episode_id: str | None,
+              token: str | None, query: dict[str, str]) -> Response:
+    try:
+        message = orjson.loads(body) if body else None
+    except orjson.JSONDecodeError:
+        return JSON(mcp.error(mcp.PARSE_ERROR, "Parse error: the body is not JSON"))
+    if message is None:
+        return JSON(mcp.error(mcp.INVALID_REQUEST, "empty request"))
+    ctx = mcp.McpContext(session_key=session_key, episode_id=episode_id, episode_token=token,
+                         query=query)
+    reply = mcp.handle(server.sessions, message, ctx)
+    if reply.body is None:
+        return Response(status_code=reply.status)
+    headers = {"Mcp-Session-Id": reply.session_key} if reply.session_key else None
+    error = reply.body.get("error")
+    status = 200
+    if session_key and error and error.get("data", {}).get("code") == "episode_not_found":
+        status = 404  # MCP: an unknown session id is a 404, and the client re-initializes
+    return JSON(reply.body, status_code=status, headers=headers)
+
+
+def _register_log(app: FastAPI, server: Server) -> None:
+    log = server.log
+    errors = ERROR_RESPONSES
+
+    @app.get("/tasks", response_model=TasksResponse, tags=["Catalogue"],
+             responses=errors(401, 403))
+    async def tasks() -> JSON:
+        """Task families, chaos levels, reward profiles and the failure-mode taxonomy."""
+        return JSON(catalog.tasks())
+
+    @app.get("/tools", tags=["Catalogue"], responses={200: {"model": list[dict[str, Any]]},
+                                                      **errors(401, 403)})
+    async def tools() -> JSON:
+        """The tools in OpenAI function-calling format."""
+        return JSON(catalog.openai_tools())
+
+    @app.get("/episodes", response_model=EpisodeList, tags=["Episode log"],
+             responses=errors(401, 403))
+    def list_episodes(task: Annotated[str | None, Query(max_length=100)] = None,
+                      agent: Annotated[str | None, Query(max_length=200)] = None,
+                      outcome: Annotated[Outcome | None, Query()] = None,
+                      limit: Annotated[int, Query(ge=1, le=500)] = 50,
+                      offset: Annotated[int, Query(ge=0, le=10**9)] = 0) -> JSON:
+        """Logged episodes, newest first (`outcome=running` for unfinished ones)."""
+        return JSON(log.list(task=task, agent=agent, outcome=outcome, limit=limit, offset=offset))
+
+    @app.get("/episodes/{episode_id}", response_model=EpisodeSummary, tags=["Episode log"],
+             responses=errors(401, 403, 404))
+    def get_episode(episode_id: EpisodeId) -> JSON:
+        return JSON(log.get(episode_id))
+
+    @app.get("/episodes/{episode_id}/events", response_model=EpisodeEvents,
+             tags=["Episode log"], responses=errors(401, 403, 404))
+    def episode_events(episode_id: EpisodeId,
+                       from_version: Annotated[int, Query(ge=0, le=10**9)] = 0,
+                       limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> JSON:
+        """The episode's events in stream order (secrets removed from their meta)."""
+        return JSON(log.events(episode_id, from_version, limit))
+
+    @app.get("/episodes/{episode_id}/views", response_model=EpisodeViews, tags=["Episode log"],
+             responses=errors(401, 403, 404))
+    def episode_views(episode_id: EpisodeId,
+                      step: Annotated[int | None, Query(ge=0, le=10**6)] = None) -> JSON:
+        """Time travel: the three apps' views after step K (default: the last), from the log."""
+        return JSON(log.views(episode_id, step))
+
+
+__all__ = ["ErrorBody", "Server", "create_app"]

@@ -1,0 +1,156 @@
+"""What the server says about the environment: tools (OpenAI and MCP shapes), tasks, schemas.
+
+All of it is derived from the domain's catalogue at import time, so the HTTP, WebSocket and MCP
+faces can never disagree with the tools the environment actually accepts.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from importlib import metadata as importlib_metadata
+from typing import Any
+
+import domain
+
+NAME = "companyos"
+DESCRIPTION = ("CompanyOS: an event-sourced RL environment in which an agent completes messy "
+               "enterprise workflows across TicketDesk, DataHub and ApprovalFlow while the apps "
+               "misbehave (missing fields, stale data, out-of-office approvers, rejections).")
+
+
+@cache
+def version() -> str:
+    try:
+        return importlib_metadata.version("companyos")
+    except importlib_metadata.PackageNotFoundError:  # pragma: no cover - always installed
+        return "0.0.0"
+
+
+@cache
+def _by_name() -> dict[str, tuple[str, str]]:
+    names: dict[str, tuple[str, str]] = {}
+    for tool in domain.TOOLS:
+        names[f"{tool.app}.{tool.method}"] = (tool.app, tool.method)
+        names[f"{tool.app}_{tool.method}"] = (tool.app, tool.method)
+    return names
+
+
+def action_from_tool_call(name: Any, arguments: Any) -> dict[str, Any]:
+    """An MCP / function call -> the environment's action. Unknown names still become actions
+    (`app.method` or `app_method` split at the first separator), so the environment rejects them
+    with its penalty and explains why, exactly as for a bad action sent to /step."""
+    if not isinstance(name, str):
+        return {"app": name, "method": None, "params": arguments}
+    known = _by_name().get(name)
+    if known is not None:
+        app, method = known
+    else:
+        app, sep, method = name.partition(".")
+        if not sep:
+            app, _, method = name.partition("_")
+    return {"app": app, "method": method, "params": {} if arguments is None else arguments}
+
+
+@cache
+def openai_tools() -> list[dict[str, Any]]:
+    """Tools in OpenAI function-calling format (names `app_method`: dots are not allowed there)."""
+    return [{"type": "function",
+             "function": {"name": f"{t.app}_{t.method}", "description": t.description,
+                          "parameters": t.parameters}}
+            for t in domain.TOOLS]
+
+
+@cache
+def mcp_tools() -> list[dict[str, Any]]:
+    """Tools as MCP `tools/list` returns them; `tools/call` also accepts `app.method` names."""
+    return [{"name": f"{t.app}_{t.method}", "title": f"{t.app}.{t.method}",
+             "description": t.description, "inputSchema": t.parameters}
+            for t in domain.TOOLS]
+
+
+@cache
+def tasks() -> dict[str, Any]:
+    return {
+        "tasks": [{"name": f.name, "description": f.description}
+                  for f in domain.TASK_FAMILIES.values()],
+        "chaos_levels": dict(domain.CHAOS_LEVELS),
+        "reward_profiles": list(domain.REWARD_PROFILES),
+        "failure_modes": dict(domain.FAILURE_MODES),
+    }
+
+
+@cache
+def action_schema() -> dict[str, Any]:
+    apps = sorted({t.app for t in domain.TOOLS})
+    variants = [{"title": f"{t.app}.{t.method}", "description": t.description,
+                 "type": "object",
+                 "properties": {"app": {"const": t.app}, "method": {"const": t.method},
+                                "params": t.parameters},
+                 "required": ["app", "method"]}
+                for t in domain.TOOLS]
+    return {
+        "title": "Action",
+        "description": "One tool call. An unknown tool or bad params is not an HTTP error: the "
+                       "environment rejects the action with a penalty and says why.",
+        "type": "object",
+        "properties": {"app": {"type": "string", "enum": apps},
+                       "method": {"type": "string"},
+                       "params": {"type": "object"}},
+        "required": ["app", "method"],
+        "anyOf": variants,
+    }
+
+
+_OBSERVATION_SCHEMA: dict[str, Any] = {
+    "title": "Observation",
+    "description": "What the agent sees after reset or a step: the goal, the step clock, the "
+                   "tool's result with its warnings, a message, the tool names, and (when the "
+                   "episode was reset with text=true) a text rendering for LLMs.",
+    "type": "object",
+    "properties": {"tools": {"type": "array", "items": {"type": "string"}},
+                   "text": {"type": "string"}},
+    "additionalProperties": True,
+}
+
+_STATE_SCHEMA: dict[str, Any] = {
+    "title": "State",
+    "type": "object",
+    "properties": {
+        "episode_id": {"type": ["string", "null"]},
+        "step_count": {"type": "integer", "minimum": 0},
+        "task": {"type": "string"}, "seed": {"type": "integer"}, "chaos": {"type": "number"},
+        "reward_profile": {"type": "string"}, "max_steps": {"type": "integer"},
+        "done": {"type": "boolean"}, "total_return": {"type": "number"},
+        "outcome": {"type": ["string", "null"]}, "failure_mode": {"type": ["string", "null"]},
+        "agent": {"type": ["string", "null"]},
+    },
+    "required": ["episode_id", "step_count"],
+    "additionalProperties": True,
+}
+
+
+@cache
+def schemas() -> dict[str, Any]:
+    """GET /schema: OpenEnv's combined schemas of action, observation and state."""
+    return {"action": action_schema(), "observation": _OBSERVATION_SCHEMA,
+            "reset_observation": _OBSERVATION_SCHEMA, "state": _STATE_SCHEMA}
+
+
+@cache
+def readme() -> str:
+    lines = [f"# {NAME}", "", DESCRIPTION, "",
+             "Reset with `{\"seed\", \"task\", \"chaos\", \"reward_profile\", \"max_steps\"}`; "
+             "act with `{\"app\": ..., \"method\": ..., \"params\": {...}}`. A bad action is "
+             "rejected with a penalty and the observation says why.", "", "## Tasks", ""]
+    lines += [f"- `{f.name}`: {f.description}" for f in domain.TASK_FAMILIES.values()]
+    lines += ["", f"Chaos levels: {', '.join(domain.CHAOS_LEVELS)} (or a number in [0, 1]).",
+              "", "## Tools", ""]
+    lines += [f"- `{t.app}.{t.method}`: {t.description}" for t in domain.TOOLS]
+    return "\n".join(lines) + "\n"
+
+
+@cache
+def env_metadata() -> dict[str, Any]:
+    """GET /metadata, in OpenEnv's EnvironmentMetadata shape."""
+    return {"name": NAME, "description": DESCRIPTION, "version": version(),
+            "readme_content": readme(), "author": "CompanyOS", "documentation_url": None}

@@ -1,0 +1,100 @@
+"""The episode log over HTTP: listing (the `episodes` read model), one episode, its events, and
+its app views at any step (time travel through `projections.replay`)."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import orjson
+import sqlalchemy as sa
+
+from api.sessions import EPISODE_ID_RE, ApiError, public_meta
+from eventstore import EventStore
+from projections.episodes import EpisodesProjection
+from projections.replay import EpisodeNotFound, StepNotFound, replay
+from projections.runner import ProjectionRunner
+from projections.schema import episodes as episodes_table
+
+OUTCOMES = ("success", "failure", "truncated", "running")
+_HIDDEN_COLUMNS = ("first_position", "last_position")
+
+
+class EpisodeLog:
+    """Read side of the server. The list comes from the `episodes` read model, caught up before
+    each query (so it is never behind the log); single episodes are folded from their stream."""
+
+    def __init__(self, store: EventStore) -> None:
+        self.store = store
+        self._projection = EpisodesProjection()
+        self._runner = ProjectionRunner(store, [self._projection])
+        self._catch_up_lock = threading.Lock()
+
+    def list(self, *, task: str | None = None, agent: str | None = None,
+             outcome: str | None = None, limit: int = 50, offset: int = 0) -> dict[str, Any]:
+        with self._catch_up_lock:
+            self._runner.catch_up()
+        table = episodes_table
+        where = []
+        if task:
+            where.append(table.c.task == task)
+        if agent:
+            where.append(table.c.agent == agent)
+        if outcome == "running":
+            where.append(table.c.outcome.is_(None))
+        elif outcome:
+            where.append(table.c.outcome == outcome)
+        columns = [c for c in table.c if c.name not in _HIDDEN_COLUMNS]
+        query = (sa.select(*columns).where(*where)
+                 .order_by(table.c.first_position.desc()).limit(limit).offset(offset))
+        count = sa.select(sa.func.count()).select_from(table).where(*where)
+        with self.store.engine.connect() as conn:
+            rows = [{str(k): v for k, v in row.items()} for row in conn.execute(query).mappings()]
+            total = conn.execute(count).scalar_one()
+        next_offset = offset + len(rows) if offset + len(rows) < total else None
+        return {"episodes": rows, "total": total, "limit": limit, "offset": offset,
+                "next_offset": next_offset}
+
+    def _records(self, episode_id: str) -> list:
+        if not EPISODE_ID_RE.match(episode_id):
+            raise ApiError(404, "episode_not_found", f"no episode {episode_id!r}")
+        records = list(self.store.read_stream(episode_id))
+        if not records:
+            raise ApiError(404, "episode_not_found", f"no episode {episode_id!r}")
+        return records
+
+    def get(self, episode_id: str) -> dict[str, Any]:
+        records = self._records(episode_id)
+        state = None
+        for record in records:
+            state = self._projection.evolve(state, record)
+        if state is None:
+            raise ApiError(404, "episode_not_found", f"{episode_id!r} is not an episode stream")
+        row = self._projection.row(episode_id, state, records[-1].version)
+        for column in _HIDDEN_COLUMNS:
+            row.pop(column, None)
+        started = orjson.loads(records[0].data_json)
+        row["goal"] = started.get("goal")
+        return row
+
+    def events(self, episode_id: str, from_version: int = 0, limit: int = 100) -> dict[str, Any]:
+        records = self._records(episode_id)
+        page = records[from_version:from_version + limit]
+        events = [{"version": r.version, "position": r.position, "type": r.type,
+                   "schema_version": r.schema_version, "data": orjson.loads(r.data_json),
+                   "meta": public_meta(orjson.loads(r.meta_json)), "digest": r.digest}
+                  for r in page]
+        end = from_version + len(page)
+        return {"episode_id": episode_id, "events": events, "from_version": from_version,
+                "next_from_version": end if end < len(records) else None,
+                "total": len(records)}
+
+    def views(self, episode_id: str, step: int | None = None) -> dict[str, Any]:
+        if not EPISODE_ID_RE.match(episode_id):
+            raise ApiError(404, "episode_not_found", f"no episode {episode_id!r}")
+        try:
+            return replay(self.store, episode_id, step)
+        except EpisodeNotFound as exc:
+            raise ApiError(404, "episode_not_found", str(exc)) from None
+        except StepNotFound as exc:
+            raise ApiError(404, "step_not_found", str(exc)) from None

@@ -1,0 +1,117 @@
+"""The gate in front of every route: API-key auth and the request-size limit, as plain ASGI.
+
+Plain ASGI rather than a Starlette BaseHTTPMiddleware: it costs a header scan per request, not
+an extra task and body copy, and it covers WebSocket handshakes too.
+"""
+
+from __future__ import annotations
+
+import hmac
+from typing import Any
+
+import orjson
+
+OPEN_PATHS = frozenset({"/health"})
+
+
+def _json(status: int, code: str, message: str, extra_headers: list | None = None) -> tuple:
+    body = orjson.dumps({"detail": message, "code": code})
+    headers = [(b"content-type", b"application/json"),
+               (b"content-length", str(len(body)).encode())] + (extra_headers or [])
+    return status, headers, body
+
+
+class Guard:
+    """401 without the API key (403 with a wrong one), 413 for a body over `max_body_bytes`."""
+
+    def __init__(self, app: Any, api_key: str | None, max_body_bytes: int) -> None:
+        self.app = app
+        self.api_key = api_key.encode() if api_key else None
+        self.max_body_bytes = max_body_bytes
+
+    def auth_error(self, scope: dict) -> tuple | None:
+        if self.api_key is None or scope.get("path") in OPEN_PATHS:
+            return None
+        for name, value in scope.get("headers", ()):
+            if name == b"authorization":
+                scheme, _, key = value.partition(b" ")
+                if scheme.lower() == b"bearer" and hmac.compare_digest(key.strip(), self.api_key):
+                    return None
+                return _json(403, "forbidden", "wrong API key",
+                             [(b"www-authenticate", b'Bearer error="invalid_token"')])
+        return _json(401, "unauthorized",
+                     "this server needs an API key: send the header Authorization: Bearer <key>",
+                     [(b"www-authenticate", b"Bearer")])
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        kind = scope["type"]
+        if kind == "http":
+            error = self.auth_error(scope) or self._size_error(scope)
+            if error is not None:
+                await _send_http(send, *error)
+                return
+            await self.app(scope, self._limited(receive, send), send)
+        elif kind == "websocket":
+            error = self.auth_error(scope)
+            if error is not None:
+                await deny_websocket(scope, receive, send, *error)
+                return
+            await self.app(scope, receive, send)
+        else:
+            await self.app(scope, receive, send)
+
+    def _size_error(self, scope: dict) -> tuple | None:
+        for name, value in scope.get("headers", ()):
+            if name == b"content-length":
+                try:
+                    too_big = int(value) > self.max_body_bytes
+                except ValueError:
+                    return _json(400, "bad_request", "Content-Length is not a number")
+                if too_big:
+                    return self._too_big()
+        return None
+
+    def _too_big(self) -> tuple:
+        return _json(413, "body_too_large",
+                     f"request body over the {self.max_body_bytes}-byte limit")
+
+    def _limited(self, receive: Any, send: Any) -> Any:
+        """Count streamed (chunked) bodies too; past the limit the request reads as cut off."""
+        seen = 0
+        limit = self.max_body_bytes
+
+        async def wrapped() -> dict:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > limit:
+                    raise BodyTooLarge(limit)
+            return message
+
+        return wrapped
+
+
+class BodyTooLarge(Exception):
+    """A streamed body grew past the limit; the app's handler turns it into a 413."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"request body over the {limit}-byte limit")
+
+
+async def _send_http(send: Any, status: int, headers: list, body: bytes) -> None:
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def deny_websocket(scope: dict, receive: Any, send: Any, status: int, headers: list,
+                          body: bytes) -> None:
+    """Refuse a WebSocket handshake with an HTTP response where the server supports it."""
+    message = await receive()
+    if message["type"] != "websocket.connect":
+        return
+    if "websocket.http.response" in scope.get("extensions", {}):
+        await send({"type": "websocket.http.response.start", "status": status, "headers": headers})
+        await send({"type": "websocket.http.response.body", "body": body})
+    else:
+        await send({"type": "websocket.close", "code": 1008, "reason": body.decode()[:120]})

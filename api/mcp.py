@@ -1,0 +1,210 @@
+"""MCP over JSON-RPC 2.0: `initialize`, `tools/list`, `tools/call` (one step of an episode), `ping`,
+plus OpenEnv's `openenv/session/create|close`.
+
+An MCP session is an episode. `initialize` starts one (options from the URL query, e.g.
+`/mcp?task=expense_report&seed=7&chaos=low`) or binds to an existing one (headers
+`X-Episode-Id` + `X-Episode-Token`), and answers with `Mcp-Session-Id: <episode_id>.<token>`.
+Since the token is inside the session id, any worker process can serve the session from the log.
+Plain JSON-RPC callers can instead pass `episode_id` + `episode_token` (or OpenEnv's
+`session_id`) in the `tools/call` params.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from api import catalog
+from api.sessions import ApiError, Session, SessionManager, split_session_key
+
+PROTOCOL_VERSIONS = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
+LATEST_PROTOCOL = PROTOCOL_VERSIONS[-1]
+
+PARSE_ERROR = -32700
+INVALID_REQUEST = -32600
+METHOD_NOT_FOUND = -32601
+INVALID_PARAMS = -32602
+SERVER_ERROR = -32000
+
+_INT_OPTIONS = ("seed", "max_steps")
+
+
+@dataclass(slots=True)
+class McpContext:
+    """Where a JSON-RPC message came from: HTTP headers and query, or a WebSocket session."""
+
+    session_key: str | None = None  # Mcp-Session-Id
+    episode_id: str | None = None  # X-Episode-Id
+    episode_token: str | None = None  # X-Episode-Token
+    query: dict[str, str] | None = None  # reset options for `initialize`
+    bound: Session | None = None  # the WebSocket connection's episode
+
+
+@dataclass(slots=True)
+class McpReply:
+    body: dict[str, Any] | None  # None for a notification (HTTP 202, no body)
+    session_key: str | None = None  # a new Mcp-Session-Id to announce
+    status: int = 200
+
+
+def error(code: int, message: str, request_id: Any = None, data: Any = None) -> dict[str, Any]:
+    err: dict[str, Any] = {"code": code, "message": message}
+    if data is not None:
+        err["data"] = data
+    return {"jsonrpc": "2.0", "id": request_id, "error": err}
+
+
+def _result(request_id: Any, result: Any) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": request_id, "result": result}
+
+
+def _api_error(exc: ApiError, request_id: Any) -> dict[str, Any]:
+    code = INVALID_PARAMS if exc.status in (400, 404, 422) else SERVER_ERROR
+    return error(code, exc.message, request_id, {"status": exc.status, "code": exc.code})
+
+
+def handle(manager: SessionManager, message: Any, ctx: McpContext) -> McpReply:
+    """Answer one JSON-RPC message. Never raises for anything a client can send."""
+    if not isinstance(message, dict):
+        if isinstance(message, list):
+            return McpReply(error(INVALID_REQUEST, "JSON-RPC batches are not supported; send one "
+                                  "request per message"))
+        return McpReply(error(INVALID_REQUEST, "a JSON-RPC request must be a JSON object"))
+    request_id = message.get("id")
+    if request_id is not None and (isinstance(request_id, bool)
+                                   or not isinstance(request_id, str | int)):
+        return McpReply(error(INVALID_REQUEST, "id must be a string, an integer or null"))
+    method = message.get("method")
+    if message.get("jsonrpc") != "2.0" or not isinstance(method, str):
+        return McpReply(error(INVALID_REQUEST, 'Invalid Request: need "jsonrpc": "2.0" and a '
+                              'string "method"', request_id))
+    params = message.get("params", {})
+    if params is None:
+        params = {}
+    if not isinstance(params, dict):
+        return McpReply(error(INVALID_PARAMS, "params must be an object", request_id))
+    if "id" not in message:  # a notification: acknowledged, never answered
+        return McpReply(None, status=202)
+    try:
+        return _dispatch(manager, method, params, ctx, request_id)
+    except ApiError as exc:
+        return McpReply(_api_error(exc, request_id))
+
+
+def _dispatch(manager: SessionManager, method: str, params: dict, ctx: McpContext,
+              request_id: Any) -> McpReply:
+    if method == "initialize":
+        return _initialize(manager, params, ctx, request_id)
+    if method == "ping":
+        return McpReply(_result(request_id, {}))
+    if method == "tools/list":
+        return McpReply(_result(request_id, {"tools": catalog.mcp_tools()}))
+    if method == "tools/call":
+        return McpReply(_result(request_id, _call(manager, params, ctx)))
+    if method == "openenv/session/create":
+        options = {k: v for k, v in params.items() if k != "session_id"}
+        _, token, payload = manager.start(options)
+        meta = payload["metadata"]
+        return McpReply(_result(request_id, {"session_id": meta["session_id"],
+                                             "episode_id": meta["episode_id"],
+                                             "episode_token": token}))
+    if method == "openenv/session/close":
+        key = params.get("session_id")
+        if not isinstance(key, str):
+            return McpReply(error(INVALID_PARAMS, "'session_id' is required", request_id))
+        session = _session_for(manager, key, None)
+        manager.forget(session.episode_id)
+        return McpReply(_result(request_id, {"session_id": key, "closed": True}))
+    return McpReply(error(METHOD_NOT_FOUND, f"Method not found: {method}", request_id))
+
+
+def _initialize(manager: SessionManager, params: dict, ctx: McpContext,
+                request_id: Any) -> McpReply:
+    wanted = params.get("protocolVersion")
+    version = wanted if wanted in PROTOCOL_VERSIONS else LATEST_PROTOCOL
+    if ctx.bound is not None:
+        session, key = ctx.bound, None
+    elif ctx.episode_id is not None:
+        session = manager.get(ctx.episode_id, ctx.episode_token)
+        key = f"{session.episode_id}.{ctx.episode_token}"
+    else:
+        options: dict[str, Any] = dict(ctx.query or {})
+        for name in _INT_OPTIONS:
+            if name in options:
+                try:
+                    options[name] = int(options[name])
+                except ValueError:
+                    raise ApiError(400, "invalid_reset", f"{name} must be an integer") from None
+        if "text" in options:
+            options["text"] = options["text"].lower() in ("1", "true", "yes")
+        session, _, payload = manager.start(options)
+        key = payload["metadata"]["session_id"]
+    goal = _goal(manager, session)
+    instructions = ("You are working in CompanyOS, a company's TicketDesk, DataHub and "
+                    "ApprovalFlow. Each tool call is one step of the episode; the result tells "
+                    "you what happened, the reward and whether the episode is over."
+                    + (f"\n\nGoal: {goal}" if goal else ""))
+    result = {"protocolVersion": version,
+              "capabilities": {"tools": {"listChanged": False}},
+              "serverInfo": {"name": catalog.NAME, "version": catalog.version()},
+              "instructions": instructions}
+    return McpReply(_result(request_id, result), session_key=key)
+
+
+def _goal(manager: SessionManager, session: Session) -> str | None:
+    runtime = session.runtime
+    return runtime.state.goal if runtime is not None else None
+
+
+def _session_for(manager: SessionManager, key: str, token: str | None) -> Session:
+    episode_id, key_token = split_session_key(key)
+    return manager.get(episode_id, token or key_token)
+
+
+def _call(manager: SessionManager, params: dict, ctx: McpContext) -> dict[str, Any]:
+    name = params.get("name")
+    if not isinstance(name, str) or not name:
+        raise ApiError(400, "invalid_params", "tools/call needs params.name, the tool's name")
+    arguments = params.get("arguments", {})
+    if arguments is None:
+        arguments = {}
+    if not isinstance(arguments, dict):
+        raise ApiError(400, "invalid_params", "params.arguments must be an object")
+    token = params.get("episode_token")
+    if token is not None and not isinstance(token, str):
+        raise ApiError(400, "invalid_params", "episode_token must be a string")
+    explicit = params.get("episode_id") or params.get("session_id")
+    if explicit is not None:
+        if not isinstance(explicit, str):
+            raise ApiError(400, "invalid_params", "episode_id must be a string")
+        session = _session_for(manager, explicit, token)
+    elif ctx.bound is not None:
+        session = ctx.bound
+    elif ctx.session_key is not None:
+        session = _session_for(manager, ctx.session_key, token or ctx.episode_token)
+    elif ctx.episode_id is not None:
+        session = manager.get(ctx.episode_id, token or ctx.episode_token)
+    else:
+        raise ApiError(400, "no_episode",
+                       "tools/call acts within an episode: call initialize first (the "
+                       "Mcp-Session-Id it returns names the episode), or pass episode_id and "
+                       "episode_token in params (or the X-Episode-Id / X-Episode-Token headers)")
+    action = catalog.action_from_tool_call(name, arguments)
+    payload = manager.step(session, action, check_fresh=ctx.bound is None)
+    return tool_result(payload)
+
+
+def tool_result(payload: dict[str, Any]) -> dict[str, Any]:
+    """A step as an MCP CallToolResult: text for the model, the full step as structured content;
+    a rejected action is a tool error (`isError`) so the model sees what went wrong."""
+    observation = payload["observation"]
+    text = observation["text"]  # Observation renders it on first access
+    meta = payload["metadata"]
+    status = f"reward {payload['reward']:+g}" if payload["reward"] is not None else "reward -"
+    status += " · episode over" if payload["done"] else f" · step {meta['step']}"
+    if meta.get("outcome"):
+        status += f" · outcome {meta['outcome']}"
+    return {"content": [{"type": "text", "text": f"{text}\n\n[{status}]"}],
+            "structuredContent": {"observation": dict(observation), "reward": payload["reward"],
+                                  "done": payload["done"], "metadata": meta},
+            "isError": bool(meta.get("rejected"))}

@@ -1,0 +1,171 @@
+"""Pydantic models of the HTTP boundary: request validation and the OpenAPI document.
+
+Responses are built as plain dicts and encoded with orjson; these response models only
+document them (and schemathesis checks that the documents hold).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class ErrorBody(BaseModel):
+    detail: str = Field(description="what went wrong, in words")
+    code: str = Field(description="a stable machine-readable reason")
+
+
+_ERROR_TEXT = {
+    400: "Bad request: a value the environment cannot use (with the reason)",
+    401: "Missing API key or episode token",
+    403: "Wrong API key or episode token",
+    404: "No such episode (or step)",
+    409: "Another step on this episode is running, the episode has finished, or the id exists",
+    413: "Request body over the size limit",
+}
+
+
+def ERROR_RESPONSES(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses` entries for the given error statuses, all shaped like ErrorBody."""
+    return {code: {"model": ErrorBody, "description": _ERROR_TEXT[code]} for code in codes}
+
+
+class ResetRequest(BaseModel):
+    """POST /reset (and the WebSocket reset `data`). Every field is optional."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={
+        "examples": [{"seed": 42, "task": "expense_report", "chaos": "medium"}, {}]})
+
+    seed: int | None = Field(default=None, ge=0, le=2**63 - 1,
+                             description="seed of the instance (random when omitted)")
+    episode_id: str | None = Field(default=None, max_length=128,
+                                   description="id for the new episode (a fresh uuid when omitted)")
+    task: str | None = Field(default=None, max_length=100, description="task family; see /tasks")
+    chaos: str | float | None = Field(default=None,
+                                      description="none, low, medium, high, or a number in [0, 1]")
+    reward_profile: str | None = Field(default=None, max_length=100,
+                                       description="default or sparse")
+    max_steps: int | None = Field(default=None, ge=1, le=10_000, description="step budget")
+    agent: str | None = Field(default=None, min_length=1, max_length=100,
+                              description="who is playing, recorded in the log for analytics")
+    text: bool | None = Field(default=None,
+                              description="include a text rendering of each observation for LLMs")
+
+
+class StepRequest(BaseModel):
+    """POST /step: the action and the episode it belongs to."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{
+        "episode_id": "0f4c...", "episode_token": "...",
+        "action": {"app": "ticketdesk", "method": "get_ticket", "params": {"ticket_id": "T-101"}}}]})
+
+    action: dict[str, Any] = Field(description='{"app": ..., "method": ..., "params": {...}}')
+    episode_id: str = Field(max_length=128, description="from the reset's metadata")
+    episode_token: str | None = Field(default=None, max_length=200,
+                                      description="from the reset's metadata (or the "
+                                                  "X-Episode-Token header)")
+    timeout_s: float | None = Field(default=None, gt=0, description="accepted for OpenEnv "
+                                    "compatibility; steps take milliseconds")
+    request_id: str | None = Field(default=None, max_length=255,
+                                   description="accepted for OpenEnv compatibility")
+
+
+class StepResponse(BaseModel):
+    """OpenEnv's reset/step response."""
+
+    observation: dict[str, Any]
+    reward: float | None = None
+    done: bool = False
+    metadata: dict[str, Any] | None = Field(
+        default=None, description="episode_id, step, outcome, failure_mode, rejected; after a "
+                                  "reset also episode_token and session_id")
+
+
+class HealthResponse(BaseModel):
+    status: str = "healthy"
+
+
+class MetadataResponse(BaseModel):
+    name: str
+    description: str
+    version: str | None = None
+    readme_content: str | None = None
+    author: str | None = None
+    documentation_url: str | None = None
+
+
+class SchemaResponse(BaseModel):
+    action: dict[str, Any]
+    observation: dict[str, Any]
+    state: dict[str, Any]
+    reset_observation: dict[str, Any] | None = None
+
+
+class TaskInfo(BaseModel):
+    name: str
+    description: str
+
+
+class TasksResponse(BaseModel):
+    tasks: list[TaskInfo]
+    chaos_levels: dict[str, float]
+    reward_profiles: list[str]
+    failure_modes: dict[str, str]
+
+
+class EpisodeSummary(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    episode_id: str
+    task: str
+    seed: int
+    chaos: float
+    agent: str | None = None
+    reward_profile: str
+    max_steps: int | None = None
+    started_at: str | None = None
+    ended_at: str | None = None
+    steps: int
+    total_return: float
+    outcome: str | None = None
+    failure_mode: str | None = None
+    events: int
+    digest: str
+
+
+class EpisodeList(BaseModel):
+    episodes: list[EpisodeSummary]
+    total: int
+    limit: int
+    offset: int
+    next_offset: int | None = None
+
+
+class StoredEvent(BaseModel):
+    version: int
+    position: int
+    type: str
+    schema_version: int
+    data: dict[str, Any]
+    meta: dict[str, Any]
+    digest: str
+
+
+class EpisodeEvents(BaseModel):
+    episode_id: str
+    events: list[StoredEvent]
+    from_version: int
+    next_from_version: int | None = None
+    total: int
+
+
+class EpisodeViews(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    episode_id: str
+    step: int
+    steps: int
+    ticketdesk: Any = None
+    datahub: Any = None
+    approvalflow: Any = None

@@ -1,0 +1,313 @@
+"""Sessions that live in the log: a cache of running episodes in front of their event streams.
+
+A session *is* an episode stream. The server keeps recently used episodes in memory, but the log
+holds the truth: a step for an episode that is not cached (another worker started it, the
+server restarted, the cache let it go) loads it from its stream and continues exactly where the
+log says. Nothing but the log is needed to check an episode's token either: its sha256 lives in
+the `EpisodeStarted` envelope's meta (never in a digest), so any process can verify it.
+
+Concurrency: one step at a time per episode. A second step that arrives while one is running
+gets 409 instead of queueing (the agent sent two actions for one observation). Across processes
+the store's optimistic concurrency does the same: a stale expected version is a 409 too, and the
+cached copy is dropped so the next step reloads.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+import secrets
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from typing import Any
+
+import domain
+from companyos.env import episode_state, spec_from_options
+from companyos.runtime import EpisodeNotFound, EpisodeRuntime
+from eventstore import ConcurrencyError, EventStore
+
+EPISODE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
+RESET_FIELDS = ("seed", "episode_id", "task", "chaos", "reward_profile", "max_steps", "agent", "text")
+MAX_SEED = 2**63 - 1
+TOKEN_META_KEY = "token_sha256"
+_HIDDEN_META = frozenset({TOKEN_META_KEY})
+
+
+class ApiError(Exception):
+    """A request the server refuses, with its HTTP status and a stable machine-readable code."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+
+    def body(self) -> dict[str, Any]:
+        return {"detail": self.message, "code": self.code}
+
+
+def hash_token(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def public_meta(meta: dict[str, Any]) -> dict[str, Any]:
+    """An envelope's meta without secrets (the token hash), for the episode log endpoints."""
+    if not _HIDDEN_META.intersection(meta):
+        return meta
+    return {k: v for k, v in meta.items() if k not in _HIDDEN_META}
+
+
+def check_episode_id(episode_id: Any) -> str:
+    if not isinstance(episode_id, str) or not EPISODE_ID_RE.match(episode_id):
+        raise ApiError(400, "invalid_episode_id",
+                       "episode_id must be 1-128 characters of letters, digits, '_', '.', ':' "
+                       "or '-', starting with a letter or digit")
+    return episode_id
+
+
+def split_session_key(key: str) -> tuple[str, str | None]:
+    """`<episode_id>.<token>` (an MCP session id) -> (episode_id, token); a bare id has no token.
+
+    Tokens are URL-safe base64 (no '.'), so the last '.' separates them even when the id has dots.
+    """
+    episode_id, dot, token = key.rpartition(".")
+    if dot and episode_id and token and "." not in token and len(token) >= 20:
+        return episode_id, token
+    return key, None
+
+
+class Session:
+    """One cached running episode; `lock` admits one step at a time."""
+
+    __slots__ = ("episode_id", "runtime", "lock", "last_used", "attached", "token_hash", "text")
+
+    def __init__(self, runtime: EpisodeRuntime) -> None:
+        self.episode_id = runtime.episode_id
+        self.runtime: EpisodeRuntime | None = runtime
+        self.lock = threading.Lock()
+        self.last_used = time.monotonic()
+        self.attached = 0  # WebSocket connections bound to it: such a session stays cached
+        meta = runtime.start_meta or {}
+        self.token_hash: str | None = meta.get(TOKEN_META_KEY)
+        self.text = bool(meta.get("text", False))
+
+
+class SessionManager:
+    """Starts, finds and steps episodes for every face of the server (HTTP, WebSocket, MCP)."""
+
+    def __init__(self, store: EventStore, cache_size: int, idle_timeout_s: float) -> None:
+        self.store = store
+        self.cache_size = cache_size
+        self.idle_timeout_s = idle_timeout_s
+        self._cache: OrderedDict[str, Session] = OrderedDict()
+        self._mutex = threading.Lock()
+
+    # -- the cache -----------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self._cache)
+
+    def cached(self, episode_id: str) -> Session | None:
+        return self._cache.get(episode_id)
+
+    def _insert(self, session: Session) -> Session:
+        with self._mutex:
+            existing = self._cache.get(session.episode_id)
+            if existing is not None:
+                self._cache.move_to_end(session.episode_id)
+                return existing
+            self._cache[session.episode_id] = session
+            if len(self._cache) > self.cache_size:
+                self._trim()
+            return session
+
+    def _trim(self) -> None:
+        """Drop least recently used sessions that no socket holds and no step is using."""
+        excess = len(self._cache) - self.cache_size
+        for episode_id in list(self._cache):
+            if excess <= 0:
+                break
+            session = self._cache[episode_id]
+            if session.attached or session.lock.locked():
+                continue
+            del self._cache[episode_id]
+            excess -= 1
+
+    def evict_idle(self, now: float | None = None) -> int:
+        """Let idle sessions leave the cache (their streams stay in the log); returns how many."""
+        deadline = (time.monotonic() if now is None else now) - self.idle_timeout_s
+        with self._mutex:
+            idle = [eid for eid, s in self._cache.items()
+                    if s.last_used < deadline and not s.attached and not s.lock.locked()]
+            for episode_id in idle:
+                del self._cache[episode_id]
+        return len(idle)
+
+    def forget(self, episode_id: str) -> bool:
+        """Drop an episode from the cache (MCP session DELETE); the log keeps it."""
+        with self._mutex:
+            session = self._cache.get(episode_id)
+            if session is None or session.attached or session.lock.locked():
+                return False
+            del self._cache[episode_id]
+            return True
+
+    def attach(self, session: Session) -> None:
+        with self._mutex:
+            session.attached += 1
+
+    def detach(self, session: Session) -> None:
+        with self._mutex:
+            session.attached = max(0, session.attached - 1)
+            session.last_used = time.monotonic()
+
+    # -- starting and finding episodes ---------------------------------------------------------
+
+    def start(self, options: dict[str, Any]) -> tuple[Session, str, dict[str, Any]]:
+        """Start a new episode from reset options; returns (session, token, reset payload)."""
+        opts = dict(options)
+        unknown = sorted(set(opts) - set(RESET_FIELDS))
+        if unknown:
+            raise ApiError(400, "invalid_reset", f"unknown reset fields {unknown}; "
+                           f"known: {', '.join(RESET_FIELDS)}")
+        seed = opts.pop("seed", None)
+        if seed is None:
+            seed = secrets.randbelow(2**31)
+        elif isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
+            raise ApiError(400, "invalid_reset", "seed must be a non-negative integer")
+        episode_id = opts.pop("episode_id", None)
+        episode_id = uuid.uuid4().hex if episode_id is None else check_episode_id(episode_id)
+        text = opts.pop("text", False)
+        if not isinstance(text, bool):
+            raise ApiError(400, "invalid_reset", "text must be true or false")
+        agent = opts.pop("agent", None)
+        if agent is not None and (not isinstance(agent, str) or not 0 < len(agent) <= 100):
+            raise ApiError(400, "invalid_reset", "agent must be a string of 1-100 characters")
+        for key in ("task", "reward_profile"):
+            if opts.get(key) is not None and not isinstance(opts[key], str):
+                raise ApiError(400, "invalid_reset", f"{key} must be a string")
+        if opts.get("chaos") is None:
+            opts.pop("chaos", None)
+        try:
+            spec = spec_from_options(seed, opts)
+        except (ValueError, TypeError) as exc:
+            raise ApiError(400, "invalid_reset", str(exc)) from None
+        token = secrets.token_urlsafe(24)
+        meta: dict[str, Any] = {TOKEN_META_KEY: hash_token(token), "agent": agent or "api"}
+        if text:
+            meta["text"] = True
+        try:
+            runtime, info = EpisodeRuntime.start(self.store, spec, episode_id=episode_id,
+                                                 durability="step", meta=meta)
+        except ConcurrencyError:
+            raise ApiError(409, "episode_exists",
+                           f"episode {episode_id!r} already exists; omit episode_id for a fresh "
+                           "one, or act on it with its token") from None
+        session = self._insert(Session(runtime))
+        payload = self._payload(session, runtime, info, reward=None)
+        payload["metadata"]["episode_token"] = token
+        payload["metadata"]["session_id"] = f"{episode_id}.{token}"
+        return session, token, payload
+
+    def get(self, episode_id: Any, token: str | None) -> Session:
+        """The episode's session, loaded from the log when not cached, after checking its token."""
+        episode_id = check_episode_id(episode_id)
+        session = self._cache.get(episode_id)
+        if session is None:
+            try:
+                runtime = EpisodeRuntime.load(self.store, episode_id)
+            except EpisodeNotFound:
+                raise ApiError(404, "episode_not_found", f"no episode {episode_id!r}") from None
+            session = self._insert(Session(runtime))
+        else:
+            with self._mutex:
+                if episode_id in self._cache:
+                    self._cache.move_to_end(episode_id)
+        self.check_token(session, token)
+        return session
+
+    @staticmethod
+    def check_token(session: Session, token: str | None) -> None:
+        if session.token_hash is None:
+            raise ApiError(403, "no_token", f"episode {session.episode_id!r} was not started by "
+                           "this server and has no token; it can be read but not acted on")
+        if not token:
+            raise ApiError(401, "token_required",
+                           "acting on an episode needs its token: the X-Episode-Token header or "
+                           "the episode_token field (returned by reset)")
+        if not isinstance(token, str) or not hmac.compare_digest(hash_token(token),
+                                                                 session.token_hash):
+            raise ApiError(403, "wrong_token", "the episode token does not match this episode")
+
+    # -- stepping ------------------------------------------------------------------------------
+
+    def step(self, session: Session, action: Any, check_fresh: bool = True) -> dict[str, Any]:
+        """One step, logged before it returns. `check_fresh` compares the cached copy with the
+        log first (one indexed read), so HTTP steps can hop between worker processes."""
+        if not session.lock.acquire(blocking=False):
+            raise ApiError(409, "step_in_progress",
+                           "another step on this episode is still running; one step at a time")
+        try:
+            runtime = session.runtime
+            if runtime is None or (check_fresh and self._stale(runtime)):
+                runtime = session.runtime = self._reload(session.episode_id)
+            if runtime.state.done:
+                raise _finished(session.episode_id)
+            try:
+                info = runtime.step(action)
+            except domain.EpisodeFinished:
+                raise _finished(session.episode_id) from None
+            except ConcurrencyError:
+                session.runtime = None  # its state ran ahead of the log: reload next time
+                raise ApiError(409, "conflict", "another step on this episode was logged first "
+                               "(by another process); this action was not applied") from None
+            except BaseException:
+                session.runtime = None
+                raise
+            session.last_used = time.monotonic()
+            return self._payload(session, runtime, info, reward=info.reward)
+        finally:
+            session.lock.release()
+
+    def state(self, session: Session) -> dict[str, Any]:
+        runtime = session.runtime or self._reload(session.episode_id)
+        return episode_state(runtime)
+
+    def _stale(self, runtime: EpisodeRuntime) -> bool:
+        # state.version counts the events folded so far: the log's last version is one less.
+        return self.store.stream_version(runtime.episode_id) != runtime.state.version - 1
+
+    def _reload(self, episode_id: str) -> EpisodeRuntime:
+        try:
+            return EpisodeRuntime.load(self.store, episode_id)
+        except EpisodeNotFound:
+            raise ApiError(404, "episode_not_found", f"no episode {episode_id!r}") from None
+
+    @staticmethod
+    def _payload(session: Session, runtime: EpisodeRuntime, info: Any,
+                 reward: float | None) -> dict[str, Any]:
+        """OpenEnv's step/reset shape: observation, reward, done, metadata."""
+        observation = runtime.observe(info)
+        if session.text:
+            observation = observation.with_text()
+        state = runtime.state
+        return {
+            "observation": observation,
+            "reward": reward,
+            "done": bool(state.done),
+            "metadata": {
+                "episode_id": session.episode_id,
+                "step": state.step,
+                "outcome": info.outcome,
+                "failure_mode": info.failure_mode,
+                "rejected": info.rejected,
+            },
+        }
+
+
+def _finished(episode_id: str) -> ApiError:
+    return ApiError(409, "episode_finished",
+                    f"episode {episode_id!r} has finished; reset to start a new one")

@@ -1,0 +1,69 @@
+"""`companyos serve`: the agent server (OpenEnv HTTP + WebSocket + MCP) on Uvicorn.
+
+The app is handed to Uvicorn as an import string with a factory (`api.app:create_app`), not
+imported here: companyos/ sits below api/ in the layers, and an import string is also what
+Uvicorn needs to start several worker processes. Settings travel to the workers as COMPANYOS_*
+environment variables, which `api.config.ServerConfig.from_env` reads.
+"""
+
+from __future__ import annotations
+
+import os
+
+import typer
+
+from companyos.commands.options import DbOption
+from companyos.config import resolve_db
+
+APP_FACTORY = "api.app:create_app"
+DEFAULT_MAX_BODY = 256 * 1024
+
+
+def register(app: typer.Typer) -> None:
+    app.command("serve")(serve)
+
+
+def serve(
+    host: str = typer.Option("127.0.0.1", "--host", help="Interface to listen on."),
+    port: int = typer.Option(8000, "--port", min=0, max=65535, help="TCP port."),
+    db: str | None = DbOption,
+    workers: int = typer.Option(1, "--workers", min=1, max=64,
+                                help="Worker processes; any of them can serve any episode."),
+    max_sessions: int = typer.Option(1024, "--max-sessions", min=1,
+                                     help="Concurrent WebSocket sessions per worker; one more "
+                                          "gets a CAPACITY_REACHED frame."),
+    cache_size: int = typer.Option(4096, "--cache-size", min=1,
+                                   help="Running episodes kept in memory per worker."),
+    idle_timeout: float = typer.Option(300.0, "--idle-timeout", min=0.001,
+                                       help="Seconds before an idle episode leaves the cache "
+                                            "(never the log)."),
+    max_body: int = typer.Option(DEFAULT_MAX_BODY, "--max-body", min=1024,
+                                 help="Largest request body / WebSocket message in bytes."),
+    log_level: str = typer.Option("warning", "--log-level", help="Uvicorn log level."),
+) -> None:
+    """Serve environments to agents: OpenEnv HTTP/WebSocket, MCP, and the episode log.
+
+    Set COMPANYOS_API_KEY to require `Authorization: Bearer <key>` on every route but /health.
+    """
+    import uvicorn
+
+    url = resolve_db(db)
+    _open_store_once(url)  # create / migrate before the workers race to do it
+    os.environ.update({
+        "COMPANYOS_DB": url,
+        "COMPANYOS_MAX_SESSIONS": str(max_sessions),
+        "COMPANYOS_CACHE_SIZE": str(max(cache_size, max_sessions)),
+        "COMPANYOS_IDLE_TIMEOUT": str(idle_timeout),
+        "COMPANYOS_MAX_BODY": str(max_body),
+    })
+    auth = "API key required" if os.environ.get("COMPANYOS_API_KEY") else "no API key"
+    typer.echo(f"companyos serve: http://{host}:{port} ({workers} worker(s), store {url}, {auth})")
+    uvicorn.run(APP_FACTORY, factory=True, host=host, port=port, workers=workers,
+                log_level=log_level, ws_max_size=max_body, ws_ping_interval=20.0,
+                ws_ping_timeout=20.0, backlog=4096, timeout_keep_alive=30)
+
+
+def _open_store_once(url: str) -> None:
+    from eventstore import EventStore
+
+    EventStore.open(url).close()

@@ -1,0 +1,459 @@
+"""The agent server in-process (Starlette TestClient): OpenEnv HTTP and WebSocket, MCP, sessions
+that live in the log (restart, any worker, 409), access rules, bad inputs, the episode log."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from fastapi.testclient import TestClient
+from starlette.testclient import WebSocketDenialResponse
+
+from api.app import create_app
+from api.config import ServerConfig
+from companyos.env import CompanyEnv
+from eventstore import EventStore
+
+ACTIONS = [
+    {"app": "ticketdesk", "method": "list_tickets", "params": {}},
+    {"app": "datahub", "method": "list_metrics", "params": {}},
+    {"app": "approvalflow", "method": "list_approval_types", "params": {}},
+    {"app": "crm", "method": "lookup", "params": {}},  # unknown app: rejected, penalised
+    {"app": "ticketdesk", "method": "get_ticket", "params": {"ticket_id": 7}},  # ill-typed
+    {"app": "approvalflow", "method": "list_approvals", "params": {}},
+    {"app": "ticketdesk", "method": "search_tickets", "params": {"query": "renew"}},
+]
+RESET = {"seed": 11, "task": "expense_report", "chaos": "high"}
+
+
+def client(url: str, **config) -> TestClient:
+    return TestClient(create_app(ServerConfig(db=url, **config)))
+
+
+def reset(c: TestClient, **body) -> tuple[str, str, dict]:
+    r = c.post("/reset", json=body or RESET)
+    assert r.status_code == 200, r.text
+    meta = r.json()["metadata"]
+    return meta["episode_id"], meta["episode_token"], r.json()
+
+
+def step(c: TestClient, episode_id: str, token: str | None, action: dict) -> object:
+    headers = {"X-Episode-Token": token} if token else {}
+    return c.post("/step", json={"episode_id": episode_id, "action": action}, headers=headers)
+
+
+def digest_uninterrupted(tmp_path, actions: list[dict], options: dict = RESET) -> str:
+    """The same episode run in-process by CompanyEnv, start to end."""
+    opts = {k: v for k, v in options.items() if k != "seed"}
+    with CompanyEnv(f"sqlite:///{tmp_path / 'reference.db'}") as env:
+        env.reset(seed=options["seed"], options=opts)
+        for action in actions:
+            env.step(action)
+        episode_id = env.state["episode_id"]
+        return env.store.stream_digest(episode_id)
+
+
+def stream_digest(url: str, episode_id: str) -> str:
+    with EventStore.open(url) as store:
+        return store.stream_digest(episode_id)
+
+
+# -- OpenEnv HTTP -------------------------------------------------------------------------------
+
+
+def test_info_endpoints(sqlite_url):
+    with client(sqlite_url) as c:
+        assert c.get("/health").json() == {"status": "healthy"}
+        meta = c.get("/metadata").json()
+        assert meta["name"] == "companyos" and meta["description"] and meta["version"]
+        assert "expense_report" in meta["readme_content"]
+        schema = c.get("/schema").json()
+        assert {"action", "observation", "state"} <= set(schema)
+        assert schema["action"]["properties"]["app"]["enum"]
+        assert c.get("/openapi.json").json()["info"]["version"] == meta["version"]
+        tasks = c.get("/tasks").json()
+        assert {t["name"] for t in tasks["tasks"]} >= {"vendor_onboarding", "handbook_update"}
+        assert "medium" in tasks["chaos_levels"] and "sparse" in tasks["reward_profiles"]
+        tools = c.get("/tools").json()
+        names = {t["function"]["name"] for t in tools}
+        assert "ticketdesk_get_ticket" in names and all(t["type"] == "function" for t in tools)
+        assert all("." not in n for n in names)  # valid OpenAI function names
+
+
+def test_reset_step_state(sqlite_url):
+    with client(sqlite_url) as c:
+        episode_id, token, first = reset(c)
+        assert first["done"] is False and first["reward"] is None
+        assert first["observation"]["goal"] and first["metadata"]["session_id"].startswith(episode_id)
+        r = step(c, episode_id, token, ACTIONS[0])
+        assert r.status_code == 200
+        body = r.json()
+        assert set(body) == {"observation", "reward", "done", "metadata"}
+        assert body["metadata"]["step"] == 1 and body["metadata"]["rejected"] is None
+        # the token may also travel in the body
+        r = c.post("/step", json={"episode_id": episode_id, "episode_token": token,
+                                  "action": ACTIONS[1]})
+        assert r.status_code == 200
+        state = c.get("/state", params={"episode_id": episode_id},
+                      headers={"X-Episode-Token": token}).json()
+        assert state["episode_id"] == episode_id and state["step_count"] == 2
+        assert state["task"] == "expense_report" and state["seed"] == 11
+
+
+def test_unknown_tool_is_a_rejection_not_an_http_error(sqlite_url):
+    with client(sqlite_url) as c:
+        episode_id, token, _ = reset(c)
+        r = step(c, episode_id, token, {"app": "ticketdesk", "method": "delete_everything"})
+        assert r.status_code == 200
+        body = r.json()
+        assert body["metadata"]["rejected"] == "unknown_tool"
+        assert body["reward"] < 0
+        assert "delete_everything" in body["observation"]["message"]
+
+
+def test_text_rendering_on_request(sqlite_url):
+    with client(sqlite_url) as c:
+        _, _, plain = reset(c)
+        assert "text" not in plain["observation"]
+        episode_id, token, rich = reset(c, seed=3, text=True)
+        assert "GOAL" in rich["observation"]["text"].upper()
+        assert "text" in step(c, episode_id, token, ACTIONS[0]).json()["observation"]
+
+
+# -- sessions in the log ----------------------------------------------------------------------
+
+
+def test_restart_continues_with_the_same_digest(sqlite_url, tmp_path):
+    with client(sqlite_url) as c:
+        episode_id, token, _ = reset(c)
+        for action in ACTIONS[:3]:
+            assert step(c, episode_id, token, action).status_code == 200
+    with client(sqlite_url) as c:  # a new server process: nothing cached
+        assert c.app.server.sessions.cached(episode_id) is None
+        for action in ACTIONS[3:]:
+            assert step(c, episode_id, token, action).status_code == 200
+        assert c.get("/state", params={"episode_id": episode_id, "episode_token": token}
+                     ).json()["step_count"] == len(ACTIONS)
+    assert stream_digest(sqlite_url, episode_id) == digest_uninterrupted(tmp_path, ACTIONS)
+
+
+def test_any_worker_serves_any_episode(sqlite_url, tmp_path):
+    """Two server processes on one store, steps alternating between them (a load balancer)."""
+    with client(sqlite_url) as a, client(sqlite_url) as b:
+        episode_id, token, _ = reset(a)
+        for i, action in enumerate(ACTIONS):
+            r = step((a, b)[i % 2], episode_id, token, action)
+            assert r.status_code == 200, r.text
+            assert r.json()["metadata"]["step"] == i + 1
+    assert stream_digest(sqlite_url, episode_id) == digest_uninterrupted(tmp_path, ACTIONS)
+
+
+def test_idle_sessions_leave_the_cache_not_the_log(sqlite_url):
+    with client(sqlite_url, idle_timeout_s=60) as c:
+        sessions = c.app.server.sessions
+        episode_id, token, _ = reset(c)
+        assert sessions.cached(episode_id) is not None
+        assert sessions.evict_idle(now=10**9) == 1
+        assert sessions.cached(episode_id) is None
+        r = step(c, episode_id, token, ACTIONS[0])
+        assert r.status_code == 200 and r.json()["metadata"]["step"] == 1
+
+
+def test_cache_size_is_bounded(sqlite_url):
+    with client(sqlite_url, cache_size=2) as c:
+        ids = [reset(c, seed=i)[:2] for i in range(4)]
+        assert len(c.app.server.sessions) == 2
+        for episode_id, token in ids:  # evicted ones come back from the log
+            assert step(c, episode_id, token, ACTIONS[0]).status_code == 200
+
+
+def test_concurrent_step_on_one_episode_is_a_409(sqlite_url):
+    with client(sqlite_url) as c:
+        episode_id, token, _ = reset(c)
+        session = c.app.server.sessions.cached(episode_id)
+        with session.lock:  # a step is running
+            r = step(c, episode_id, token, ACTIONS[0])
+        assert r.status_code == 409 and r.json()["code"] == "step_in_progress"
+        assert step(c, episode_id, token, ACTIONS[0]).status_code == 200
+
+
+def test_step_race_one_wins_per_version(sqlite_url):
+    """Many simultaneous steps: each is applied or refused with 409, never lost or doubled."""
+    with client(sqlite_url) as c:
+        episode_id, token, _ = reset(c, seed=5, max_steps=500)
+        barrier = threading.Barrier(8)
+
+        def go(i: int) -> int:
+            barrier.wait()
+            return step(c, episode_id, token, ACTIONS[i % 3]).status_code
+
+        with ThreadPoolExecutor(8) as pool:
+            codes = list(pool.map(go, range(8)))
+        assert set(codes) <= {200, 409} and 200 in codes
+        state = c.get("/state", params={"episode_id": episode_id, "episode_token": token}).json()
+        assert state["step_count"] == codes.count(200)
+
+
+def test_conflict_with_another_process_is_a_409_then_recovers(sqlite_url):
+    """A socket's cached episode went stale because another process stepped it: 409, reload."""
+    with client(sqlite_url) as a, client(sqlite_url) as b, a.websocket_connect("/ws") as ws:
+        ws.send_json({"type": "reset", "data": RESET})
+        meta = ws.receive_json()["data"]["metadata"]
+        assert step(b, meta["episode_id"], meta["episode_token"], ACTIONS[0]).status_code == 200
+        ws.send_json({"type": "step", "data": ACTIONS[1]})
+        reply = ws.receive_json()
+        assert reply["type"] == "error" and reply["data"]["status"] == 409
+        ws.send_json({"type": "step", "data": ACTIONS[1]})
+        reply = ws.receive_json()
+        assert reply["type"] == "observation" and reply["data"]["metadata"]["step"] == 2
+
+
+# -- access ----------------------------------------------------------------------------------
+
+
+def test_episode_token_rules(sqlite_url):
+    with client(sqlite_url) as c:
+        episode_id, token, _ = reset(c)
+        _, other_token, _ = reset(c, seed=2)
+        r = step(c, episode_id, None, ACTIONS[0])
+        assert r.status_code == 401 and "token" in r.json()["detail"]
+        r = step(c, episode_id, other_token, ACTIONS[0])
+        assert r.status_code == 403 and r.json()["code"] == "wrong_token"
+        assert c.get("/state", params={"episode_id": episode_id}).status_code == 401
+
+
+def test_episode_logged_elsewhere_cannot_be_acted_on(sqlite_url):
+    with CompanyEnv(sqlite_url) as env:
+        env.reset(seed=1, options={"task": "handbook_update"})
+        episode_id = env.state["episode_id"]
+    with client(sqlite_url) as c:
+        r = step(c, episode_id, "x" * 32, ACTIONS[0])
+        assert r.status_code == 403 and r.json()["code"] == "no_token"
+        assert c.get(f"/episodes/{episode_id}").status_code == 200  # but it can be read
+
+
+def test_api_key(sqlite_url):
+    with client(sqlite_url, api_key="sekret") as c:
+        assert c.get("/health").status_code == 200
+        r = c.get("/tasks")
+        assert r.status_code == 401 and "Authorization" in r.json()["detail"]
+        assert c.get("/tasks", headers={"Authorization": "Bearer nope"}).status_code == 403
+        auth = {"Authorization": "Bearer sekret"}
+        assert c.get("/tasks", headers=auth).status_code == 200
+        assert c.post("/reset", json=RESET).status_code == 401
+        assert c.post("/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "ping"}).status_code == 401
+        with pytest.raises(WebSocketDenialResponse) as denied, c.websocket_connect("/ws"):
+            pass
+        assert denied.value.status_code == 401 and "API key" in denied.value.json()["detail"]
+        with c.websocket_connect("/ws", headers=auth) as ws:
+            ws.send_json({"type": "reset", "data": RESET})
+            assert ws.receive_json()["type"] == "observation"
+
+
+# -- bad input -------------------------------------------------------------------------------
+
+
+def test_bad_inputs_are_4xx_with_a_message(sqlite_url):
+    with client(sqlite_url, max_body_bytes=4096) as c:
+        episode_id, token, _ = reset(c)
+        auth = {"X-Episode-Token": token}
+        cases = [
+            c.post("/reset", content=b"{not json", headers={"content-type": "application/json"}),
+            c.post("/reset", json={"seed": "eleven"}),
+            c.post("/reset", json={"seed": -1}),
+            c.post("/reset", json={"task": "world_domination"}),
+            c.post("/reset", json={"chaos": "apocalyptic"}),
+            c.post("/reset", json={"reward_profile": "lavish"}),
+            c.post("/reset", json={"max_steps": 0}),
+            c.post("/reset", json={"colour": "blue"}),
+            c.post("/reset", json={"episode_id": "no spaces/slashes"}),
+            c.post("/reset", json={"episode_id": episode_id}),  # exists
+            c.post("/step", json={"episode_id": episode_id, "action": "list_tickets"}, headers=auth),
+            c.post("/step", json={"episode_id": episode_id}, headers=auth),
+            c.post("/step", json={"action": ACTIONS[0]}, headers=auth),
+            c.post("/step", json=[1, 2], headers=auth),
+            c.post("/step", json={"episode_id": "nope", "action": ACTIONS[0]}, headers=auth),
+            c.post("/step", json={"episode_id": episode_id, "action": {"params": "x" * 5000}},
+                   headers=auth),
+            c.get("/state"),
+            c.get("/episodes/nope"),
+            c.get(f"/episodes/{episode_id}/views", params={"step": 999}),
+            c.get("/episodes", params={"limit": 0}),
+            c.get("/episodes", params={"outcome": "meh"}),
+        ]
+        for r in cases:
+            assert 400 <= r.status_code < 500, (r.request.url, r.status_code, r.text)
+            assert r.json()["detail"], r.text
+        assert cases[3].status_code == 400 and "world_domination" in cases[3].json()["detail"]
+        assert cases[9].status_code == 409
+        assert cases[14].status_code == 404
+        assert cases[15].status_code == 413
+
+
+def test_finished_episode_is_a_409(sqlite_url):
+    with client(sqlite_url) as c:
+        episode_id, token, _ = reset(c, seed=4, max_steps=1)
+        assert step(c, episode_id, token, ACTIONS[0]).json()["done"] is True
+        r = step(c, episode_id, token, ACTIONS[0])
+        assert r.status_code == 409 and r.json()["code"] == "episode_finished"
+
+
+# -- WebSocket -------------------------------------------------------------------------------
+
+
+def test_websocket_protocol(sqlite_url):
+    with client(sqlite_url) as c, c.websocket_connect("/ws") as ws:
+        ws.send_json({"type": "step", "data": ACTIONS[0]})
+        assert ws.receive_json()["data"]["code"] == "EXECUTION_ERROR"  # no reset yet
+        ws.send_json({"type": "state"})
+        assert ws.receive_json() == {"type": "state", "data": {"episode_id": None, "step_count": 0}}
+        ws.send_json({"type": "reset", "data": RESET})
+        first = ws.receive_json()
+        assert first["type"] == "observation" and first["data"]["metadata"]["episode_token"]
+        ws.send_json({"type": "step", "data": ACTIONS[0]})
+        reply = ws.receive_json()
+        assert reply["type"] == "observation" and reply["data"]["metadata"]["step"] == 1
+        ws.send_json({"type": "step", "data": {"app": "nope", "method": "x"}})
+        assert ws.receive_json()["data"]["metadata"]["rejected"] == "unknown_tool"
+        ws.send_json({"type": "state"})
+        state = ws.receive_json()
+        assert state["type"] == "state" and state["data"]["step_count"] == 2
+        ws.send_text("{nope")
+        assert ws.receive_json()["data"]["code"] == "INVALID_JSON"
+        ws.send_json({"type": "dance"})
+        assert ws.receive_json()["data"]["code"] == "UNKNOWN_TYPE"
+        ws.send_json({"type": "step", "data": "list_tickets"})
+        assert ws.receive_json()["data"]["code"] == "VALIDATION_ERROR"
+        ws.send_json({"type": "reset", "data": {"task": "nope"}})
+        assert ws.receive_json()["data"]["code"] == "VALIDATION_ERROR"
+        ws.send_json({"type": "step", "data": {"type": "list_tools"}})  # OpenEnv MCP-style
+        assert len(ws.receive_json()["data"]["observation"]["tools"]) >= 14
+        ws.send_json({"type": "mcp", "data": {"jsonrpc": "2.0", "id": 3, "method": "tools/call",
+                                              "params": {"name": "datahub_list_metrics"}}})
+        reply = ws.receive_json()
+        assert reply["type"] == "mcp"
+        assert reply["data"]["result"]["structuredContent"]["metadata"]["step"] == 3
+        ws.send_json({"type": "close"})
+
+
+def test_websocket_resume_after_restart(sqlite_url, tmp_path):
+    with client(sqlite_url) as c, c.websocket_connect("/ws") as ws:
+        ws.send_json({"type": "reset", "data": RESET})
+        key = ws.receive_json()["data"]["metadata"]["session_id"]
+        for action in ACTIONS[:2]:
+            ws.send_json({"type": "step", "data": action})
+            ws.receive_json()
+    with client(sqlite_url) as c:
+        with c.websocket_connect(f"/ws?session_id={key}") as ws:
+            for action in ACTIONS[2:]:
+                ws.send_json({"type": "step", "data": action})
+                assert ws.receive_json()["type"] == "observation"
+        with c.websocket_connect(f"/ws?session_id={key.rpartition('.')[0]}") as ws:
+            assert ws.receive_json()["data"]["code"] == "SESSION_ERROR"  # no token
+    episode_id = key.rpartition(".")[0]
+    assert stream_digest(sqlite_url, episode_id) == digest_uninterrupted(tmp_path, ACTIONS)
+
+
+def test_websocket_capacity(sqlite_url):
+    with client(sqlite_url, max_sessions=1) as c, c.websocket_connect("/ws") as first:
+        with c.websocket_connect("/ws") as second:
+            error = second.receive_json()
+            assert error["type"] == "error" and error["data"]["code"] == "CAPACITY_REACHED"
+        first.send_json({"type": "reset", "data": RESET})
+        assert first.receive_json()["type"] == "observation"
+
+
+# -- MCP -------------------------------------------------------------------------------------
+
+
+def rpc(c: TestClient, method: str, params: dict | None = None, headers: dict | None = None,
+        path: str = "/mcp", id_: int | None = 1):
+    message = {"jsonrpc": "2.0", "method": method, "params": params or {}}
+    if id_ is not None:
+        message["id"] = id_
+    return c.post(path, json=message, headers=headers or {})
+
+
+def test_mcp_session_flow(sqlite_url):
+    with client(sqlite_url) as c:
+        r = rpc(c, "initialize", {"protocolVersion": "2025-06-18", "capabilities": {},
+                                  "clientInfo": {"name": "t", "version": "0"}},
+                path="/mcp?task=bug_escalation&seed=9&chaos=low")
+        assert r.status_code == 200
+        result = r.json()["result"]
+        assert result["protocolVersion"] == "2025-06-18" and "tools" in result["capabilities"]
+        assert "Goal" in result["instructions"]
+        session = {"Mcp-Session-Id": r.headers["mcp-session-id"]}
+        assert rpc(c, "notifications/initialized", headers=session, id_=None).status_code == 202
+        tools = rpc(c, "tools/list", headers=session).json()["result"]["tools"]
+        assert {"name", "description", "inputSchema"} <= set(tools[0])
+        r = rpc(c, "tools/call", {"name": "ticketdesk_list_tickets", "arguments": {}},
+                headers=session).json()["result"]
+        assert r["isError"] is False and r["content"][0]["type"] == "text"
+        assert r["structuredContent"]["metadata"]["step"] == 1
+        r = rpc(c, "tools/call", {"name": "ticketdesk.frobnicate"}, headers=session).json()
+        assert r["result"]["isError"] is True and r["result"]["structuredContent"]["reward"] < 0
+        episode_id = session["Mcp-Session-Id"].rpartition(".")[0]
+        state = c.get(f"/episodes/{episode_id}").json()
+        assert state["task"] == "bug_escalation" and state["steps"] == 2
+        bad = {"Mcp-Session-Id": f"{episode_id}.{'x' * 32}"}
+        assert rpc(c, "tools/call", {"name": "datahub_list_metrics"}, headers=bad
+                   ).json()["error"]["data"]["status"] == 403
+        assert rpc(c, "tools/call", {"name": "datahub_list_metrics"},
+                   headers={"Mcp-Session-Id": f"gone.{'x' * 32}"}).status_code == 404
+
+
+def test_mcp_plain_json_rpc(sqlite_url):
+    with client(sqlite_url) as c:
+        episode_id, token, _ = reset(c)
+        r = rpc(c, "tools/call", {"name": "datahub.list_metrics", "episode_id": episode_id,
+                                  "episode_token": token}).json()
+        assert r["result"]["structuredContent"]["metadata"]["episode_id"] == episode_id
+        headers = {"X-Episode-Id": episode_id, "X-Episode-Token": token}
+        assert "result" in rpc(c, "tools/call", {"name": "ticketdesk_list_tickets"},
+                               headers=headers).json()
+        assert rpc(c, "tools/call", {"name": "ticketdesk_list_tickets"}).json()["error"]
+        assert rpc(c, "nope/nothing").json()["error"]["code"] == -32601
+        assert rpc(c, "ping").json()["result"] == {}
+        for body in (b"{", b"[]", b"{}", b'{"jsonrpc": "1.0", "method": "x", "id": 1}', b"7"):
+            r = c.post("/mcp", content=body, headers={"content-type": "application/json"})
+            assert r.status_code == 200 and r.json()["jsonrpc"] == "2.0" and r.json()["error"]
+        created = rpc(c, "openenv/session/create", {"seed": 3}).json()["result"]
+        r = rpc(c, "tools/call", {"name": "datahub_list_metrics",
+                                  "session_id": created["session_id"]}).json()
+        assert r["result"]["structuredContent"]["metadata"]["episode_id"] == created["episode_id"]
+
+
+# -- the episode log -------------------------------------------------------------------------
+
+
+def test_episode_log(sqlite_url):
+    with client(sqlite_url) as c:
+        episode_id, token, _ = reset(c, seed=21, task="license_renewal", agent="tester")
+        for action in ACTIONS[:3]:
+            step(c, episode_id, token, action)
+        for seed in range(3):
+            reset(c, seed=seed, task="handbook_update")
+        listing = c.get("/episodes", params={"limit": 2}).json()
+        assert listing["total"] == 4 and len(listing["episodes"]) == 2 and listing["next_offset"] == 2
+        page2 = c.get("/episodes", params={"limit": 2, "offset": 2}).json()
+        assert page2["next_offset"] is None
+        assert episode_id in {e["episode_id"] for e in page2["episodes"]}  # newest first
+        only = c.get("/episodes", params={"agent": "tester"}).json()["episodes"]
+        assert [e["episode_id"] for e in only] == [episode_id] and only[0]["steps"] == 3
+        assert c.get("/episodes", params={"task": "handbook_update"}).json()["total"] == 3
+        assert c.get("/episodes", params={"outcome": "running"}).json()["total"] == 4
+        summary = c.get(f"/episodes/{episode_id}").json()
+        assert summary["task"] == "license_renewal" and summary["steps"] == 3 and summary["digest"]
+        events = c.get(f"/episodes/{episode_id}/events", params={"limit": 5}).json()
+        assert [e["version"] for e in events["events"]] == [0, 1, 2, 3, 4]
+        assert events["events"][0]["type"] == "EpisodeStarted"
+        assert "token_sha256" not in events["events"][0]["meta"]
+        rest = c.get(f"/episodes/{episode_id}/events",
+                     params={"from_version": events["next_from_version"], "limit": 1000}).json()
+        assert rest["next_from_version"] is None
+        assert events["total"] == 5 + len(rest["events"])
+        views = c.get(f"/episodes/{episode_id}/views", params={"step": 1}).json()
+        assert views["step"] == 1 and {"ticketdesk", "datahub", "approvalflow"} <= set(views)
+        assert c.get(f"/episodes/{episode_id}/views").json()["step"] == 3

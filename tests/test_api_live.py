@@ -1,0 +1,154 @@
+"""The agent server on a real loopback socket (Uvicorn in a thread), driven by the clients users
+have: openenv's GenericEnvClient, `openenv validate`'s runtime checks, the MCP Python SDK, and
+256 concurrent WebSocket sessions. Traffic goes to 127.0.0.1 only."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import threading
+import time
+
+import httpx
+import orjson
+import pytest
+import uvicorn
+
+from api.app import create_app
+from api.config import ServerConfig
+
+openenv_core = pytest.importorskip("openenv.core", reason="needs the openenv package")
+
+ACTION = {"app": "ticketdesk", "method": "list_tickets", "params": {}}
+
+
+@contextlib.contextmanager
+def live_server(url: str, **config):
+    """Uvicorn on a free loopback port in a background thread; yields the base URL."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    app = create_app(ServerConfig(db=url, **config))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", ws="websockets-sansio",
+                                           lifespan="on", backlog=1024))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("server did not start")
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+        sock.close()
+
+
+def test_generic_env_client_end_to_end(sqlite_url):
+    from openenv.core import GenericEnvClient
+
+    with live_server(sqlite_url) as base, GenericEnvClient(base_url=base).sync() as env:
+        result = env.reset(seed=7, task="vendor_onboarding", chaos="low")
+        assert result.done is False and result.observation["goal"]
+        episode_id = result.metadata["episode_id"]
+        assert result.metadata["episode_token"]
+        result = env.step(ACTION)
+        assert result.done is False and isinstance(result.reward, float)
+        assert result.observation["result"] is not None
+        result = env.step({"app": "nowhere", "method": "nothing"})
+        assert result.metadata["rejected"] == "unknown_tool"
+        state = env.state()
+        assert state["episode_id"] == episode_id and state["step_count"] == 2
+        with pytest.raises(RuntimeError, match="task"):
+            env.reset(task="no_such_task")
+
+
+def test_generic_env_client_with_api_key(sqlite_url):
+    from openenv.core import GenericEnvClient
+
+    with live_server(sqlite_url, api_key="k3y") as base:
+        headers = {"Authorization": "Bearer k3y"}
+        with GenericEnvClient(base_url=base, headers=headers).sync() as env:
+            assert env.reset(seed=1).observation["goal"]
+            assert env.step(ACTION).metadata["step"] == 1
+        with pytest.raises(ConnectionError), GenericEnvClient(base_url=base).sync() as env:
+            env.reset(seed=1)
+
+
+def test_openenv_validate_passes(sqlite_url):
+    from openenv.cli._validation import validate_running_environment
+
+    with live_server(sqlite_url) as base:
+        report = validate_running_environment(base)
+    failed = [c for c in report["criteria"] if not c["passed"]]
+    assert report["passed"], failed
+    assert report["mode"] == "simulation"
+
+
+def test_mcp_sdk_client(sqlite_url):
+    mcp = pytest.importorskip("mcp")
+    try:
+        from mcp.client.streamable_http import streamable_http_client
+    except ImportError:  # mcp < 1.24
+        from mcp.client.streamable_http import streamablehttp_client as streamable_http_client
+
+    async def session(base: str) -> tuple[list[str], object, str | None]:
+        url = f"{base}/mcp?task=license_renewal&seed=4&chaos=none"
+        async with streamable_http_client(url) as (read, write, get_session_id), \
+                mcp.ClientSession(read, write) as client:
+            init = await client.initialize()
+            assert "Goal" in (init.instructions or "")
+            tools = await client.list_tools()
+            result = await client.call_tool("datahub_list_metrics", {})
+            return [t.name for t in tools.tools], result, get_session_id()
+
+    with live_server(sqlite_url) as base:
+        names, result, session_id = asyncio.run(session(base))
+        episode_id = session_id.rpartition(".")[0]
+        summary = httpx.get(f"{base}/episodes/{episode_id}").json()
+    assert "ticketdesk_update_ticket" in names
+    assert result.isError is False and result.content[0].type == "text"
+    assert result.structuredContent["metadata"]["step"] == 1
+    assert summary["task"] == "license_renewal" and summary["steps"] == 1
+
+
+def test_restart_the_real_server_and_continue(sqlite_url):
+    with live_server(sqlite_url) as base:
+        first = httpx.post(f"{base}/reset", json={"seed": 2, "task": "expense_report"}).json()
+    meta = first["metadata"]
+    body = {"episode_id": meta["episode_id"], "episode_token": meta["episode_token"],
+            "action": ACTION}
+    with live_server(sqlite_url) as base:
+        r = httpx.post(f"{base}/step", json=body)
+        assert r.status_code == 200 and r.json()["metadata"]["step"] == 1
+
+
+def test_256_concurrent_websocket_sessions(sqlite_url):
+    from websockets.asyncio.client import connect
+
+    sessions = 256
+
+    async def one(base: str, i: int, ready: asyncio.Barrier) -> int:
+        async with connect(f"{base.replace('http', 'ws')}/ws", ping_interval=None,
+                           open_timeout=60) as ws:
+            await ready.wait()  # all sockets open at once
+            await ws.send(orjson.dumps({"type": "reset", "data": {"seed": i}}).decode())
+            assert orjson.loads(await ws.recv())["type"] == "observation"
+            for _ in range(2):
+                await ws.send(orjson.dumps({"type": "step", "data": ACTION}).decode())
+                reply = orjson.loads(await ws.recv())
+                assert reply["type"] == "observation", reply
+            return reply["data"]["metadata"]["step"]
+
+    async def main(base: str) -> list[int]:
+        ready = asyncio.Barrier(sessions)
+        return await asyncio.gather(*(one(base, i, ready) for i in range(sessions)))
+
+    with live_server(sqlite_url, max_sessions=300) as base:
+        steps = asyncio.run(main(base))
+        listing = httpx.get(f"{base}/episodes", params={"limit": 1}).json()
+    assert steps == [2] * sessions
+    assert listing["total"] == sessions
