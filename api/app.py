@@ -21,6 +21,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api import catalog, mcp
+from api.analytics_routes import analytics_router
 from api.config import ServerConfig
 from api.episodes import EpisodeLog
 from api.guard import BodyTooLarge, Guard, deny_websocket
@@ -146,6 +147,8 @@ def create_app(config: ServerConfig | None = None, store: EventStore | None = No
     _register_errors(app)
     _register_openenv(app, server)
     _register_log(app, server)
+    store_url = store.engine.url.render_as_string(hide_password=False)
+    app.include_router(analytics_router(store_url))
     app.server = server
     app.guard = Guard(None, config.api_key, config.max_body_bytes)
     return app

@@ -34,7 +34,7 @@ def _register_commands() -> None:
 
 
 # Modules under companyos/commands/ whose `register(app)` adds commands to `companyos`.
-COMMAND_MODULES: tuple[str, ...] = ("run", "projections", "serve")
+COMMAND_MODULES: tuple[str, ...] = ("run", "projections", "serve", "analytics")
 
 
 def main() -> None:

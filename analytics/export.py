@@ -1,0 +1,63 @@
+"""Parquet export of the warehouse, partitioned by task family, for Spark, Trino or another DuckDB.
+
+Layout: DIR/<table>/task=<family>/data_0.parquet (Hive partitioning), plus DIR/_companyos_export.json
+describing what was exported up to which store position. A re-export replaces the tables it
+wrote before; it refuses to touch a directory it did not create.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+import uuid
+from pathlib import Path
+
+from analytics.warehouse import Warehouse
+
+MARKER = "_companyos_export.json"
+
+# Every exported table gets a `task` column to partition on (events and rewards through their episode).
+_TABLES = {
+    "episodes": "SELECT *, coalesce(task, '(unknown)') AS task_family FROM episodes",
+    "steps": "SELECT *, coalesce(task, '(unknown)') AS task_family FROM steps",
+    "rewards": "SELECT r.*, coalesce(e.task, '(unknown)') AS task_family FROM rewards r "
+               "LEFT JOIN episodes e ON e.episode_id = r.episode_id",
+    "events": "SELECT v.*, coalesce(e.task, '(none)') AS task_family FROM events v "
+              "LEFT JOIN episodes e ON e.episode_id = v.stream_id",
+}
+
+
+def export(wh: Warehouse, target: str | Path, tables: tuple[str, ...] = tuple(_TABLES)) -> dict:
+    """Write each table as Parquet partitioned by task family; returns the manifest."""
+    root = Path(target)
+    root.mkdir(parents=True, exist_ok=True)
+    marker = root / MARKER
+    existing = [t for t in tables if (root / t).exists()]
+    if existing and not marker.exists():
+        raise FileExistsError(f"{root} already holds {', '.join(existing)} that companyos did not export; "
+                              "choose an empty directory")
+    manifest = {"position": wh.checkpoint, "exported_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "partitioning": "hive: task_family", "tables": {}}
+    for table in tables:
+        staging = root / f".{table}.{uuid.uuid4().hex[:8]}.tmp"
+        sql = _TABLES[table]
+        wh.con.execute(f"COPY ({sql}) TO '{_quote(staging)}' "
+                       "(FORMAT parquet, PARTITION_BY (task_family), COMPRESSION zstd)")
+        rows = wh.con.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+        final = root / table
+        if final.exists():
+            trash = root / f".{table}.{uuid.uuid4().hex[:8]}.old"
+            final.rename(trash)
+            staging.rename(final)
+            shutil.rmtree(trash)
+        else:
+            staging.rename(final)
+        manifest["tables"][table] = {"rows": rows, "path": table}
+    marker.write_text(json.dumps(manifest, indent=2))
+    return manifest
+
+
+def _quote(path: Path) -> str:
+    """A path as a SQL string literal (COPY's target cannot be a bound parameter)."""
+    return str(path).replace("'", "''")

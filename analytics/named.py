@@ -1,0 +1,193 @@
+"""The registry of named queries: parse `analytics/queries/*.sql`, check and bind their parameters.
+
+Values arrive as text (CLI `--param k=v`, HTTP query strings) or as JSON values; they are converted
+to each parameter's declared type and bound by DuckDB, so nothing from a caller is ever spliced
+into SQL.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from functools import cache
+from importlib.resources import files
+from typing import Any
+
+_PARAM = re.compile(r"^param\s+(?P<name>[a-z_][a-z0-9_]*)\s+(?P<type>[A-Z]+)"
+                    r"(?:\s*=\s*(?P<default>'[^']*'|[^:]+?))?\s*:\s*(?P<doc>.*)$")
+TYPES = ("VARCHAR", "INTEGER", "DOUBLE", "BOOLEAN", "CHAOS")
+MAX_TEXT = 1000
+
+
+class QueryError(ValueError):
+    """A named query was asked for wrongly: unknown name, unknown or ill-typed parameter."""
+
+
+class UnknownQuery(QueryError):
+    """No named query has that name."""
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    type: str
+    default: Any
+    required: bool
+    doc: str
+
+    def describe(self) -> str:
+        default = "required" if self.required else f"default {self.default!r}"
+        return f"{self.name} ({self.type.lower()}, {default}): {self.doc}"
+
+
+@dataclass(frozen=True)
+class NamedQuery:
+    name: str
+    description: str
+    sql: str
+    params: tuple[Param, ...] = field(default_factory=tuple)
+
+    def bind(self, values: dict[str, Any] | None) -> dict[str, Any]:
+        """Every declared parameter with a typed value; raises QueryError naming what is wrong."""
+        values = dict(values or {})
+        known = {p.name: p for p in self.params}
+        unknown = sorted(set(values) - set(known))
+        if unknown:
+            raise QueryError(f"query {self.name!r} has no parameter {', '.join(map(repr, unknown))}; "
+                             f"it takes: {self.signature()}")
+        bound = {}
+        for p in self.params:
+            if p.name in values and values[p.name] is not None:
+                bound[p.name] = convert(self.name, p, values[p.name])
+            elif p.required:
+                raise QueryError(f"query {self.name!r} needs parameter {p.name!r} ({p.type.lower()})")
+            else:
+                bound[p.name] = p.default
+        return bound
+
+    def signature(self) -> str:
+        return ", ".join(p.describe() for p in self.params) or "no parameters"
+
+
+def convert(query: str, p: Param, value: Any) -> Any:
+    """A caller's value as the parameter's type (text from a command line or URL, or JSON)."""
+
+    def bad(why: str) -> QueryError:
+        return QueryError(f"query {query!r}: parameter {p.name!r} must be {why}, got {value!r}")
+
+    text = value.strip() if isinstance(value, str) else None
+    if p.type == "VARCHAR":
+        if not isinstance(value, str):
+            raise bad("text")
+        if len(value) > MAX_TEXT:
+            raise bad(f"at most {MAX_TEXT} characters")
+        return value
+    if p.type == "BOOLEAN":
+        if isinstance(value, bool):
+            return value
+        if text is not None and text.lower() in ("true", "1", "yes", "false", "0", "no"):
+            return text.lower() in ("true", "1", "yes")
+        raise bad("true or false")
+    if p.type == "INTEGER":
+        if isinstance(value, bool):
+            raise bad("an integer")
+        if isinstance(value, int):
+            number = value
+        elif text is not None and re.fullmatch(r"[+-]?\d{1,12}", text):
+            number = int(text)
+        else:
+            raise bad("an integer")
+        if abs(number) > 2**31 - 1:
+            raise bad("a 32-bit integer")
+        return number
+    if p.type == "CHAOS":
+        from domain.chaos import parse_chaos
+
+        try:
+            return parse_chaos(value)
+        except ValueError as exc:
+            raise QueryError(f"query {query!r}: parameter {p.name!r}: {exc}") from None
+    # DOUBLE
+    if isinstance(value, bool):
+        raise bad("a number")
+    try:
+        number = float(text if text is not None else value)
+    except (TypeError, ValueError):
+        raise bad("a number") from None
+    if not math.isfinite(number):
+        raise bad("a finite number")
+    return number
+
+
+def _default(query: str, type_: str, raw: str | None) -> tuple[Any, bool]:
+    if raw is None:
+        return None, True
+    raw = raw.strip()
+    if raw.upper() == "NULL":
+        return None, False
+    if raw.startswith("'"):
+        return raw[1:-1], False
+    p = Param("default", type_, None, False, "")
+    return convert(query, p, raw), False
+
+
+def parse(name: str, text: str) -> NamedQuery:
+    """A NamedQuery from a .sql file's text: leading `--` lines are the description and params."""
+    description: list[str] = []
+    params: list[Param] = []
+    body: list[str] = []
+    header = True
+    for line in text.splitlines():
+        stripped = line.strip()
+        if header and stripped.startswith("--"):
+            comment = stripped[2:].strip()
+            if comment.startswith("param "):
+                m = _PARAM.match(comment)
+                if not m or m["type"] not in TYPES:
+                    raise ValueError(f"{name}.sql: bad parameter line {comment!r}")
+                default, required = _default(name, m["type"], m["default"])
+                params.append(Param(m["name"], m["type"], default, required, m["doc"].strip()))
+            elif comment:
+                description.append(comment)
+            continue
+        header = False
+        body.append(line)
+    sql = "\n".join(body).strip().rstrip(";")
+    for p in params:
+        if f"${p.name}" not in sql:
+            raise ValueError(f"{name}.sql declares parameter {p.name!r} but never uses ${p.name}")
+    undeclared = set(re.findall(r"\$([a-z_][a-z0-9_]*)", sql)) - {p.name for p in params}
+    if undeclared:
+        raise ValueError(f"{name}.sql uses undeclared parameters {sorted(undeclared)}")
+    return NamedQuery(name, " ".join(description), sql, tuple(params))
+
+
+@cache
+def registry() -> dict[str, NamedQuery]:
+    """Every named query shipped in analytics/queries/, by name."""
+    folder = files("analytics.queries")
+    found = {}
+    for entry in sorted(folder.iterdir(), key=lambda e: e.name):
+        if entry.name.endswith(".sql"):
+            name = entry.name[:-4]
+            found[name] = parse(name, entry.read_text(encoding="utf-8"))
+    return found
+
+
+def get(name: str) -> NamedQuery:
+    queries = registry()
+    if name not in queries:
+        raise UnknownQuery(f"no named query {name!r}; known queries: {', '.join(queries)}")
+    return queries[name]
+
+
+def parse_assignments(pairs: list[str] | None) -> dict[str, str]:
+    """`["k=v", ...]` from the command line as a dict; a bad pair is a QueryError."""
+    out: dict[str, str] = {}
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise QueryError(f"--param takes NAME=VALUE, got {pair!r}")
+        out[key.strip()] = value
+    return out

@@ -1,0 +1,25 @@
+-- The most common action sequences leading into each failure mode: the last k tools up to the decisive step (the first mistake, else the last step).
+-- param agent VARCHAR = NULL: only episodes of this agent
+-- param task VARCHAR = NULL: only this task family
+-- param k INTEGER = 3: tools per sequence (1 to 5)
+-- param top INTEGER = 5: sequences per failure mode
+WITH failed AS (
+    SELECT failure_mode,
+           array_to_string(lead_in[greatest(len(lead_in) - least(greatest($k, 1), 5) + 1, 1):], ' > ')
+               AS sequence
+    FROM episodes
+    WHERE outcome IS NOT NULL AND outcome <> 'success'
+      AND ($agent IS NULL OR agent = $agent)
+      AND ($task IS NULL OR task = $task)
+),
+counted AS (
+    SELECT coalesce(failure_mode, '(none recorded)') AS failure_mode,
+           CASE WHEN sequence = '' THEN '(no actions)' ELSE sequence END AS sequence,
+           count(*) AS episodes
+    FROM failed GROUP BY ALL
+)
+SELECT failure_mode, sequence, episodes,
+       round(episodes / sum(episodes) OVER (PARTITION BY failure_mode), 4) AS share_of_mode
+FROM counted
+QUALIFY row_number() OVER (PARTITION BY failure_mode ORDER BY episodes DESC, sequence) <= $top
+ORDER BY sum(episodes) OVER (PARTITION BY failure_mode) DESC, failure_mode, episodes DESC, sequence

@@ -1,0 +1,24 @@
+-- Which chaos trap hurts: success rate of finished episodes in which each chaos mechanism fired, against those in which it did not.
+-- param agent VARCHAR = NULL: only episodes of this agent
+-- param task VARCHAR = NULL: only this task family
+WITH e AS (
+    SELECT chaos_mechanisms, outcome = 'success' AS ok
+    FROM episodes
+    WHERE outcome IS NOT NULL
+      AND ($agent IS NULL OR agent = $agent)
+      AND ($task IS NULL OR task = $task)
+),
+total AS (SELECT count(*) AS n, count(*) FILTER (WHERE ok) AS s FROM e),
+fired AS (SELECT unnest(chaos_mechanisms) AS mechanism, ok FROM e)
+SELECT f.mechanism,
+       count(*) AS episodes_with,
+       round(count(*) FILTER (WHERE f.ok) / count(*), 4) AS success_rate_with,
+       any_value(t.n) - count(*) AS episodes_without,
+       round((any_value(t.s) - count(*) FILTER (WHERE f.ok)) / nullif(any_value(t.n) - count(*), 0), 4)
+           AS success_rate_without,
+       round(count(*) FILTER (WHERE f.ok) / count(*)
+             - (any_value(t.s) - count(*) FILTER (WHERE f.ok)) / nullif(any_value(t.n) - count(*), 0), 4)
+           AS success_rate_delta
+FROM fired f CROSS JOIN total t
+GROUP BY f.mechanism
+ORDER BY success_rate_delta NULLS LAST, f.mechanism

@@ -1,0 +1,18 @@
+-- Where the return comes from: grants and value per reward rule, per episode on average.
+-- param agent VARCHAR = NULL: only episodes of this agent
+-- param task VARCHAR = NULL: only this task family
+WITH e AS (
+    SELECT episode_id FROM episodes
+    WHERE ($agent IS NULL OR agent = $agent) AND ($task IS NULL OR task = $task)
+),
+n AS (SELECT count(*) AS episodes FROM e)
+SELECT r.rule,
+       sum(r.grants) AS grants,
+       count(*) AS episodes_granted,
+       round(count(*) / any_value(n.episodes), 4) AS share_of_episodes,
+       round(sum(r.total), 3) AS total_value,
+       round(sum(r.total) / any_value(n.episodes), 4) AS mean_value_per_episode
+FROM rewards r SEMI JOIN e ON e.episode_id = r.episode_id
+CROSS JOIN n
+GROUP BY r.rule
+ORDER BY abs(sum(r.total)) DESC, r.rule

@@ -1,0 +1,15 @@
+-- Success rate per task family and chaos level, over finished episodes.
+-- param agent VARCHAR = NULL: only episodes of this agent
+-- param task VARCHAR = NULL: only this task family
+SELECT task,
+       chaos,
+       count(*) AS episodes,
+       count(*) FILTER (WHERE outcome = 'success') AS successes,
+       round(count(*) FILTER (WHERE outcome = 'success') / count(*), 4) AS success_rate,
+       round(avg(total_return), 3) AS mean_return
+FROM episodes
+WHERE outcome IS NOT NULL
+  AND ($agent IS NULL OR agent = $agent)
+  AND ($task IS NULL OR task = $task)
+GROUP BY task, chaos
+ORDER BY task, chaos

@@ -1,0 +1,311 @@
+"""The failure-mode report: a handful of named queries rendered as text, Markdown or self-contained HTML.
+
+The HTML carries its charts as inline SVG generated here (no scripts, no CDN, no network), so the
+file can be mailed, archived or opened offline and still reads at a glance.
+"""
+
+from __future__ import annotations
+
+import html
+import time
+from typing import Any
+
+from analytics.service import rows_of, run_named
+from analytics.warehouse import Warehouse
+
+PALETTE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7",
+           "#9c755f", "#bab0ac")
+
+_SUMMARY = """
+SELECT count(*) AS episodes,
+       count(*) FILTER (WHERE outcome IS NOT NULL) AS finished,
+       count(*) FILTER (WHERE outcome IS NULL) AS running,
+       count(*) FILTER (WHERE outcome = 'success') AS successes,
+       round(count(*) FILTER (WHERE outcome = 'success')
+             / nullif(count(*) FILTER (WHERE outcome IS NOT NULL), 0), 4) AS success_rate,
+       round(avg(total_return) FILTER (WHERE outcome IS NOT NULL), 3) AS mean_return,
+       round(avg(steps) FILTER (WHERE outcome IS NOT NULL), 2) AS mean_steps,
+       count(DISTINCT agent) AS agents,
+       count(DISTINCT task) AS tasks
+FROM episodes
+WHERE ($agent IS NULL OR agent = $agent) AND ($task IS NULL OR task = $task)
+"""
+
+_BY_CHAOS = """
+SELECT chaos, count(*) AS episodes,
+       round(count(*) FILTER (WHERE outcome = 'success') / count(*), 4) AS success_rate
+FROM episodes
+WHERE outcome IS NOT NULL AND ($agent IS NULL OR agent = $agent) AND ($task IS NULL OR task = $task)
+GROUP BY chaos ORDER BY chaos
+"""
+
+
+def build(wh: Warehouse, agent: str | None = None, task: str | None = None) -> dict[str, Any]:
+    """Every section of the report as rows (JSON-able)."""
+    started = time.perf_counter()
+    f = {"agent": agent, "task": task}
+    summary = rows_of(wh.con.execute(_SUMMARY, f))[0]
+    data = {
+        "filters": {k: v for k, v in f.items() if v is not None},
+        "summary": summary,
+        "success_by_chaos": rows_of(wh.con.execute(_BY_CHAOS, f)),
+        "success_by_task_and_chaos": run_named(wh, "success_by_task_and_chaos", f),
+        "failure_modes": run_named(wh, "failure_modes", {**f, "examples": 3}),
+        "first_mistake_step": run_named(wh, "first_mistake_step", f),
+        "chaos_impact": run_named(wh, "chaos_impact", f),
+        "compare_agents": run_named(wh, "compare_agents", {"task": task}) if agent is None else [],
+        "tool_error_rates": run_named(wh, "tool_error_rates", {**f, "min_calls": 1})[:12],
+    }
+    data["seconds"] = round(time.perf_counter() - started, 3)
+    return data
+
+
+# -- text / markdown -------------------------------------------------------------------------------
+
+SECTIONS = (
+    ("success_by_chaos", "Success by chaos level"),
+    ("success_by_task_and_chaos", "Success by task and chaos level"),
+    ("failure_modes", "Failure modes (share of non-successful episodes)"),
+    ("first_mistake_step", "Step of the first mistake"),
+    ("chaos_impact", "Chaos impact (success with and without each mechanism)"),
+    ("compare_agents", "Agents compared"),
+    ("tool_error_rates", "Tool error rates"),
+)
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, list):
+        return ", ".join(map(str, value))
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+def _title(data: dict[str, Any]) -> str:
+    filters = ", ".join(f"{k}={v}" for k, v in data["filters"].items())
+    return "CompanyOS failure-mode report" + (f" ({filters})" if filters else "")
+
+
+def _summary_line(s: dict[str, Any]) -> str:
+    rate = "n/a" if s["success_rate"] is None else f"{100 * s['success_rate']:.1f}%"
+    return (f"{s['episodes']} episodes ({s['finished']} finished, {s['running']} running), "
+            f"success {rate}, mean return {s['mean_return']}, mean steps {s['mean_steps']}, "
+            f"{s['agents']} agent(s), {s['tasks']} task(s)")
+
+
+def to_markdown(data: dict[str, Any]) -> str:
+    out = [f"# {_title(data)}", "", _summary_line(data["summary"]), ""]
+    for key, title in SECTIONS:
+        rows = data[key]
+        if not rows:
+            continue
+        out += [f"## {title}", ""]
+        cols = list(rows[0])
+        out.append("| " + " | ".join(cols) + " |")
+        out.append("|" + "|".join("---" for _ in cols) + "|")
+        for r in rows:
+            out.append("| " + " | ".join(_cell(r[c]).replace("|", "\\|") for c in cols) + " |")
+        out.append("")
+    return "\n".join(out)
+
+
+# -- SVG charts ------------------------------------------------------------------------------------
+
+def _esc(text: Any) -> str:
+    return html.escape(str(text), quote=True)
+
+
+def _nice_ceiling(value: float) -> float:
+    """A round axis maximum at or above `value` (for fractions: 5%, 10%, 20%, 25%, 50%, 100%)."""
+    for step in (0.05, 0.1, 0.2, 0.25, 0.5, 1.0):
+        if value <= step:
+            return step
+    return 1.0
+
+
+def bar_chart(labels: list[str], values: list[float], *, title: str, percent: bool = True,
+              width: int = 560, color: str = PALETTE[0], notes: list[str] | None = None,
+              zoom: bool = False) -> str:
+    """Vertical bars with value labels; values are fractions when `percent`.
+
+    `zoom` scales the axis to the largest bar (for distributions) instead of 0-100%.
+    """
+    height, top, bottom, left = 250, 40, 40, 44
+    inner_w, inner_h = width - left - 10, height - top - bottom
+    peak = max(values + [1e-9])
+    top_value = (_nice_ceiling(peak) if zoom else 1.0) if percent else peak
+    n = max(len(values), 1)
+    slot = inner_w / n
+    bar = min(56.0, slot * 0.7)
+    labelled = slot >= 34
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" '
+             f'aria-label="{_esc(title)}" font-family="sans-serif" font-size="11">',
+             f'<text x="{left}" y="16" font-size="13" font-weight="bold">{_esc(title)}</text>']
+    for i in range(5):
+        y = top + inner_h * i / 4
+        v = top_value * (1 - i / 4)
+        label = (f"{100 * v:.1f}%" if top_value < 0.2 else f"{100 * v:.0f}%") if percent else f"{v:.3g}"
+        parts.append(f'<line x1="{left}" x2="{width - 10}" y1="{y:.1f}" y2="{y:.1f}" stroke="#e5e5e5"/>')
+        parts.append(f'<text x="{left - 4}" y="{y + 4:.1f}" text-anchor="end" fill="#666">{label}</text>')
+    for i, (label, value) in enumerate(zip(labels, values, strict=True)):
+        h = 0 if top_value <= 0 else inner_h * max(value, 0) / top_value
+        x = left + slot * i + (slot - bar) / 2
+        y = top + inner_h - h
+        shown = f"{100 * value:.1f}%" if percent else f"{value:g}"
+        tip = f"{label}: {shown}" + (f" ({notes[i]})" if notes else "")
+        parts.append(f'<rect x="{x:.1f}" y="{y:.1f}" width="{bar:.1f}" height="{h:.1f}" fill="{color}">'
+                     f'<title>{_esc(tip)}</title></rect>')
+        if labelled:
+            parts.append(f'<text x="{x + bar / 2:.1f}" y="{y - 3:.1f}" text-anchor="middle">'
+                         f'{_esc(shown)}</text>')
+        if labelled or i % max(1, round(28 / slot)) == 0:
+            parts.append(f'<text x="{x + bar / 2:.1f}" y="{top + inner_h + 14:.1f}" text-anchor="middle" '
+                         f'fill="#333">{_esc(label)}</text>')
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def hbar_chart(labels: list[str], values: list[float], *, title: str, width: int = 560,
+               notes: list[str] | None = None) -> str:
+    """Horizontal bars (fractions), longest first: reads like a ranked list."""
+    row, top, label_w = 22, 28, 190
+    height = top + row * len(values) + 10
+    inner_w = width - label_w - 60
+    peak = max(values + [1e-9])
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" '
+             f'aria-label="{_esc(title)}" font-family="sans-serif" font-size="11">',
+             f'<text x="0" y="16" font-size="13" font-weight="bold">{_esc(title)}</text>']
+    for i, (label, value) in enumerate(zip(labels, values, strict=True)):
+        y = top + row * i
+        w = inner_w * value / peak
+        note = f" ({notes[i]})" if notes else ""
+        parts.append(f'<text x="{label_w - 6}" y="{y + 14}" text-anchor="end">{_esc(label)}</text>')
+        parts.append(f'<rect x="{label_w}" y="{y + 3}" width="{w:.1f}" height="{row - 6}" '
+                     f'fill="{PALETTE[i % len(PALETTE)]}"><title>{_esc(label)}: {100 * value:.1f}%'
+                     f'{_esc(note)}</title></rect>')
+        parts.append(f'<text x="{label_w + w + 4:.1f}" y="{y + 14}">{100 * value:.1f}%</text>')
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def grouped_bar_chart(groups: list[str], series: dict[str, list[float | None]], *, title: str,
+                      width: int = 720) -> str:
+    """Bars per group (e.g. chaos level) for each series (e.g. task), fractions, with a legend."""
+    height, top, bottom, left = 270, 30, 62, 44
+    inner_w, inner_h = width - left - 10, height - top - bottom
+    names = list(series)
+    slot = inner_w / max(len(groups), 1)
+    bar = min(22.0, slot * 0.8 / max(len(names), 1))
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" '
+             f'aria-label="{_esc(title)}" font-family="sans-serif" font-size="11">',
+             f'<text x="{left}" y="16" font-size="13" font-weight="bold">{_esc(title)}</text>']
+    for i in range(5):
+        y = top + inner_h * i / 4
+        parts.append(f'<line x1="{left}" x2="{width - 10}" y1="{y:.1f}" y2="{y:.1f}" stroke="#e5e5e5"/>')
+        parts.append(f'<text x="{left - 4}" y="{y + 4:.1f}" text-anchor="end" fill="#666">'
+                     f'{100 * (1 - i / 4):.0f}%</text>')
+    for g, group in enumerate(groups):
+        x0 = left + slot * g + (slot - bar * len(names)) / 2
+        for s, name in enumerate(names):
+            value = series[name][g]
+            if value is None:
+                continue
+            h = inner_h * max(value, 0)
+            x = x0 + bar * s
+            parts.append(f'<rect x="{x:.1f}" y="{top + inner_h - h:.1f}" width="{bar - 1:.1f}" '
+                         f'height="{h:.1f}" fill="{PALETTE[s % len(PALETTE)]}"><title>{_esc(name)} @ '
+                         f'{_esc(group)}: {100 * value:.1f}%</title></rect>')
+        parts.append(f'<text x="{left + slot * g + slot / 2:.1f}" y="{top + inner_h + 14:.1f}" '
+                     f'text-anchor="middle" fill="#333">{_esc(group)}</text>')
+    lx, ly = left, height - 26
+    for s, name in enumerate(names):
+        parts.append(f'<rect x="{lx}" y="{ly}" width="10" height="10" fill="{PALETTE[s % len(PALETTE)]}"/>')
+        parts.append(f'<text x="{lx + 14}" y="{ly + 9}">{_esc(name)}</text>')
+        lx += 24 + 7 * len(name)
+        if lx > width - 120:
+            lx, ly = left, ly + 14
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def _chaos_label(value: float | None) -> str:
+    if value is None:
+        return "?"
+    names = {0.0: "none", 0.25: "low", 0.5: "medium", 0.8: "high"}
+    name = names.get(round(value, 6))
+    return f"{name} ({value:g})" if name else f"{value:g}"
+
+
+def charts(data: dict[str, Any]) -> list[str]:
+    """The report's SVG charts: success by chaos, failure modes, first-mistake distribution."""
+    out = []
+    by_chaos = data["success_by_chaos"]
+    if by_chaos:
+        out.append(bar_chart([_chaos_label(r["chaos"]) for r in by_chaos],
+                             [r["success_rate"] for r in by_chaos], title="Success rate by chaos level",
+                             notes=[f"{r['episodes']} episodes" for r in by_chaos]))
+    cells = data["success_by_task_and_chaos"]
+    if cells:
+        levels = sorted({r["chaos"] for r in cells})
+        tasks = sorted({r["task"] for r in cells if r["task"] is not None})
+        rate = {(r["task"], r["chaos"]): r["success_rate"] for r in cells}
+        out.append(grouped_bar_chart([_chaos_label(c) for c in levels],
+                                     {t: [rate.get((t, c)) for c in levels] for t in tasks},
+                                     title="Success rate by task and chaos level"))
+    modes = data["failure_modes"]
+    if modes:
+        out.append(hbar_chart([r["failure_mode"] for r in modes], [r["share"] for r in modes],
+                              title="Failure modes (share of non-successful episodes)",
+                              notes=[f"{r['episodes']} episodes" for r in modes]))
+    first = data["first_mistake_step"]
+    if first:
+        first = first[:40]
+        out.append(bar_chart([str(r["first_mistake_step"]) for r in first], [r["share"] for r in first],
+                             title="Step of the first mistake (share of episodes with a mistake)",
+                             color=PALETTE[2], zoom=True,
+                             notes=[f"{r['episodes']} episodes, mostly {r['most_common_mode']}"
+                                    for r in first]))
+    agents = data["compare_agents"]
+    if len(agents) > 1:
+        out.append(bar_chart([r["agent"] for r in agents], [r["success_rate"] for r in agents],
+                             title="Success rate by agent", color=PALETTE[4]))
+    return out
+
+
+_CSS = """
+body{font-family:system-ui,sans-serif;margin:2rem auto;max-width:980px;color:#222;padding:0 1rem}
+h1{font-size:1.5rem}h2{font-size:1.1rem;margin-top:2rem;border-bottom:1px solid #ddd}
+table{border-collapse:collapse;font-size:.85rem;margin:.5rem 0}
+td,th{border:1px solid #ddd;padding:3px 8px;text-align:left}th{background:#f5f5f5}
+.charts{display:flex;flex-wrap:wrap;gap:1.5rem}
+.summary{font-size:1rem;background:#f7f7f7;padding:.6rem 1rem;border-radius:6px}
+.kpi{display:inline-block;margin-right:2rem}.kpi b{display:block;font-size:1.4rem}
+"""
+
+
+def to_html(data: dict[str, Any]) -> str:
+    s = data["summary"]
+    rate = "n/a" if s["success_rate"] is None else f"{100 * s['success_rate']:.1f}%"
+    top_mode = data["failure_modes"][0]["failure_mode"] if data["failure_modes"] else "none"
+    kpis = [("episodes", s["episodes"]), ("success rate", rate), ("mean return", s["mean_return"]),
+            ("mean steps", s["mean_steps"]), ("top failure mode", top_mode)]
+    body = [f"<h1>{_esc(_title(data))}</h1>",
+            '<div class="summary">' + "".join(f'<span class="kpi">{_esc(k)}<b>{_esc(v)}</b></span>'
+                                              for k, v in kpis) + "</div>",
+            '<div class="charts">' + "".join(charts(data)) + "</div>"]
+    for key, title in SECTIONS:
+        rows = data[key]
+        if not rows:
+            continue
+        cols = list(rows[0])
+        head = "".join(f"<th>{_esc(c)}</th>" for c in cols)
+        body.append(f"<h2>{_esc(title)}</h2><table><tr>{head}</tr>")
+        for r in rows:
+            body.append("<tr>" + "".join(f"<td>{_esc(_cell(r[c]))}</td>" for c in cols) + "</tr>")
+        body.append("</table>")
+    body.append(f"<p style='color:#888;font-size:.8rem'>{s['running']} episode(s) still running are counted "
+                "in totals but not in rates. Generated by companyos analytics report.</p>")
+    return ("<!doctype html><html><head><meta charset='utf-8'><title>" + _esc(_title(data)) +
+            f"</title><style>{_CSS}</style></head><body>" + "".join(body) + "</body></html>")

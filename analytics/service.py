@@ -1,0 +1,80 @@
+"""What the CLI and the HTTP API call: sync what is new, then answer a named question or ad-hoc SQL.
+
+Answers are never stale because every entry point syncs first. DuckDB lets one process hold the
+warehouse file at a time, so each call opens it, works and closes it; within a process a lock
+serialises calls (the HTTP server runs handlers on threads).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from pathlib import Path
+from typing import Any
+
+from analytics import named
+from analytics.named import QueryError
+from analytics.sync import SyncResult, sync, warehouse_path
+from analytics.warehouse import Warehouse, WarehouseError
+
+_LOCK = threading.Lock()
+
+__all__ = ["QueryError", "WarehouseError", "answer", "describe", "run_named", "run_sql", "rows_of"]
+
+
+def describe() -> list[dict[str, Any]]:
+    """Every named query with its description and parameters (for `query --list` and the API)."""
+    return [{"name": q.name, "description": q.description,
+             "params": [{"name": p.name, "type": p.type.lower(), "required": p.required,
+                         "default": p.default, "description": p.doc} for p in q.params]}
+            for q in named.registry().values()]
+
+
+def rows_of(cursor) -> list[dict[str, Any]]:
+    """A DuckDB result as JSON-able row objects (non-finite floats become null)."""
+    names = [d[0] for d in cursor.description]
+    return [{k: _clean(v) for k, v in zip(names, row, strict=True)} for row in cursor.fetchall()]
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, list):
+        return [_clean(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    return value
+
+
+def run_named(warehouse: Warehouse, name: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Rows of the named query over an open warehouse; QueryError for a bad name or parameter."""
+    query = named.get(name)
+    bound = query.bind(params)
+    return rows_of(warehouse.con.execute(query.sql, bound))
+
+
+def run_sql(warehouse: Warehouse, sql: str) -> tuple[list[str], list[tuple]]:
+    """Ad-hoc SQL for the local command line (never exposed over the network)."""
+    cursor = warehouse.con.execute(sql)
+    if cursor.description is None:
+        return [], []
+    return [d[0] for d in cursor.description], cursor.fetchall()
+
+
+def answer(db_url: str, name: str, params: dict[str, Any] | None = None,
+           warehouse: str | Path | None = None) -> list[dict[str, Any]]:
+    """Sync the warehouse with the store, then answer the named query: what `GET /analytics/{name}` runs.
+
+    Raises QueryError (the caller's mistake: HTTP 400/404) before touching the warehouse, and
+    WarehouseError when the warehouse is busy or belongs to another store (HTTP 503/409).
+    """
+    query = named.get(name)
+    bound = query.bind(params)
+    with _LOCK, Warehouse(warehouse_path(db_url, warehouse)) as wh:
+        sync(db_url, wh)
+        return rows_of(wh.con.execute(query.sql, bound))
+
+
+def sync_only(db_url: str, warehouse: str | Path | None = None, **kwargs: Any) -> SyncResult:
+    with _LOCK:
+        return sync(db_url, warehouse, **kwargs)

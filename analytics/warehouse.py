@@ -1,0 +1,200 @@
+"""The DuckDB warehouse: one file beside the store, holding events and the tables derived from them.
+
+Tables (see docs/analytics.md for every column):
+
+- `events`    one row per stored event: position, stream_id, version, type, schema_version,
+              data (JSON text), meta (JSON text). The store's integrity fields (event_id, the
+              per-event digest) stay in the store; each episode's head digest is in `episodes`.
+- `episodes`  one row per episode stream (a stream whose first event is `EpisodeStarted`).
+- `steps`     one row per agent action (`ActionTaken`).
+- `sync_state` key/value bookkeeping: the checkpoint, the store it belongs to, the derivation
+              version. It is written in the same transaction as the rows it describes.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import duckdb
+
+from eventstore.engine import normalise_url
+
+# Bump when the derived tables' definition changes: a warehouse built by older code is rebuilt.
+DERIVE_VERSION = 1
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS sync_state (key VARCHAR PRIMARY KEY, value VARCHAR NOT NULL);
+CREATE TABLE IF NOT EXISTS events (
+    position BIGINT NOT NULL,
+    stream_id VARCHAR NOT NULL,
+    version INTEGER NOT NULL,
+    type VARCHAR NOT NULL,
+    schema_version INTEGER NOT NULL,
+    data VARCHAR NOT NULL {zstd}, -- JSON text
+    meta VARCHAR NOT NULL {zstd}  -- JSON text
+);
+CREATE TABLE IF NOT EXISTS episodes (
+    episode_id VARCHAR NOT NULL,
+    task VARCHAR,
+    seed BIGINT,
+    chaos DOUBLE,
+    agent VARCHAR,
+    reward_profile VARCHAR,
+    max_steps INTEGER,
+    outcome VARCHAR,              -- success | failure | truncated | NULL while running
+    failure_mode VARCHAR,         -- exactly one for every finished non-success
+    steps INTEGER,                -- agent actions taken
+    total_return DOUBLE,          -- EpisodeEnded.total_return, or the rewards so far while running
+    reward_sum DOUBLE,            -- sum of RewardGranted values (equals total_return when ended)
+    first_mistake_step INTEGER,   -- step of the first MistakeRecorded
+    first_mistake_mode VARCHAR,
+    mistakes INTEGER,
+    first_rejection_step INTEGER, -- step of the first ActionRejected
+    rejected_actions INTEGER,
+    chaos_events INTEGER,         -- events with cause = "chaos"
+    chaos_mechanisms VARCHAR[],   -- distinct mechanisms that fired, sorted
+    lead_in VARCHAR[],            -- tools of the last (up to 5) steps up to the decisive step
+    started_at VARCHAR,           -- wall clock of EpisodeStarted (envelope meta)
+    first_position BIGINT NOT NULL,
+    last_position BIGINT NOT NULL,
+    event_count INTEGER NOT NULL,
+    last_version INTEGER NOT NULL,
+    digest VARCHAR                -- the stream's head digest (equals `companyos run --json`)
+);
+CREATE TABLE IF NOT EXISTS steps (
+    episode_id VARCHAR NOT NULL,
+    task VARCHAR,                 -- the episode's task, agent and chaos level, repeated here so
+    agent VARCHAR,                -- per-step questions filter without a join
+    chaos DOUBLE,
+    step INTEGER,                 -- ActionTaken.step
+    position BIGINT NOT NULL,     -- of the ActionTaken event
+    version INTEGER NOT NULL,
+    app VARCHAR,
+    method VARCHAR,
+    tool VARCHAR,                 -- "app.method", or "(malformed)" when the action was not one
+    accepted BOOLEAN NOT NULL,
+    reject_code VARCHAR,
+    reject_reason VARCHAR {zstd},
+    reject_cause VARCHAR,         -- rules | chaos
+    reward DOUBLE NOT NULL,       -- sum of the rewards granted in this step
+    mistake VARCHAR,              -- failure mode of the (first) MistakeRecorded in this step
+    chaos_events INTEGER NOT NULL,
+    chaos_now VARCHAR[],          -- chaos mechanisms that fired during this step
+    chaos_active VARCHAR[],       -- chaos mechanisms that had fired in the episode up to this step
+    terminal BOOLEAN NOT NULL     -- the episode ended in this step
+);
+CREATE TABLE IF NOT EXISTS rewards (
+    episode_id VARCHAR NOT NULL,
+    rule VARCHAR,
+    grants INTEGER NOT NULL,      -- RewardGranted events of this rule in the episode
+    total DOUBLE,                 -- their summed value
+    first_step INTEGER            -- step of the first grant (NULL: granted at reset)
+);
+"""
+
+
+class WarehouseError(RuntimeError):
+    """The warehouse cannot be used as asked (busy, built from another store, ...)."""
+
+
+def default_path(db_url: str) -> Path:
+    """The warehouse file beside a SQLite store (x/companyos.db -> x/companyos.duckdb), else ./."""
+    parsed = normalise_url(db_url)
+    if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
+        return Path(parsed.database).with_suffix(".duckdb")
+    name = (parsed.database or "companyos").replace(os.sep, "_")
+    return Path(f"{name}.duckdb")
+
+
+def store_label(db_url: str) -> str:
+    """The store's URL without its password: what the warehouse remembers it was built from."""
+    return normalise_url(db_url).render_as_string(hide_password=True)
+
+
+class Warehouse:
+    """An open DuckDB warehouse file. Open it, use it, close it: DuckDB allows one writer process."""
+
+    def __init__(self, path: str | os.PathLike, read_only: bool = False, memory_limit: str = "3GB",
+                 threads: int | None = None, wait: float = 30.0) -> None:
+        self.path = Path(path)
+        self.read_only = read_only
+        if read_only and not self.path.exists():
+            raise WarehouseError(f"no warehouse at {self.path}; run `companyos analytics sync` first")
+        if not read_only:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        config = {"memory_limit": memory_limit}
+        if threads:
+            config["threads"] = str(threads)
+        self.con = _connect(self.path, read_only, config, wait)
+        self.con.execute("SET enable_progress_bar = false")
+        if not read_only:
+            self._create()
+
+    def _create(self) -> None:
+        """Create missing tables; long JSON text is zstd-compressed where this DuckDB supports choosing.
+
+        DuckDB's default string compression analysis costs more than reading the store; zstd is
+        about twice as fast to write and half the size, and only the rare raw-event scan reads it.
+        """
+        try:
+            self.con.execute(SCHEMA.replace("{zstd}", "USING COMPRESSION zstd"))
+        except (duckdb.BinderException, duckdb.ParserException, duckdb.NotImplementedException):
+            self.con.execute(SCHEMA.replace("{zstd}", ""))
+
+    def close(self) -> None:
+        self.con.close()
+
+    def __enter__(self) -> Warehouse:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- bookkeeping ---------------------------------------------------------------------------
+
+    def state(self) -> dict[str, str]:
+        try:
+            return dict(self.con.execute("SELECT key, value FROM sync_state").fetchall())
+        except duckdb.CatalogException:
+            return {}
+
+    @property
+    def checkpoint(self) -> int:
+        return int(self.state().get("position", 0))
+
+    def set_state(self, **values: object) -> None:
+        """Upsert bookkeeping values; call inside the transaction that wrote the rows they describe."""
+        self.con.executemany(
+            "INSERT OR REPLACE INTO sync_state VALUES (?, ?)", [(k, str(v)) for k, v in values.items()])
+
+    def reset(self) -> None:
+        """Forget everything: the next sync reads the store from position 0."""
+        self.con.execute("BEGIN")
+        for table in ("events", "episodes", "steps", "rewards", "sync_state"):
+            self.con.execute(f"DELETE FROM {table}")
+        self.con.execute("COMMIT")
+        self.con.execute("CHECKPOINT")
+
+    def counts(self) -> dict[str, int]:
+        return {t: self.con.execute(f"SELECT count(*) FROM {t}").fetchone()[0]
+                for t in ("events", "episodes", "steps", "rewards")}
+
+
+def _connect(path: Path, read_only: bool, config: dict, wait: float) -> duckdb.DuckDBPyConnection:
+    """Connect, waiting a while if another process holds the file (DuckDB allows one writer)."""
+    deadline = time.monotonic() + wait
+    delay = 0.05
+    while True:
+        try:
+            return duckdb.connect(str(path), read_only=read_only, config=config)
+        except duckdb.IOException as exc:
+            if "lock" not in str(exc).lower():
+                raise
+            if time.monotonic() >= deadline:
+                raise WarehouseError(
+                    f"the warehouse {path} is in use by another process (DuckDB allows one writer); "
+                    "try again when it is done") from exc
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0)

@@ -1,0 +1,294 @@
+"""`companyos analytics ...`: the DuckDB warehouse from the command line.
+
+Every command first syncs what is new in the store, so an answer is never stale. The work lives
+in `analytics/`; this module parses options, draws a progress bar (only on a terminal) and prints.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from companyos.commands.options import DbOption
+from companyos.config import resolve_db
+
+analytics_app = typer.Typer(help="Failure-mode analytics: a DuckDB warehouse fed from the store.",
+                            no_args_is_help=True)
+
+WarehouseOption = typer.Option(None, "--warehouse", help="DuckDB file of the warehouse (default: beside "
+                               "a SQLite store, x/companyos.db -> x/companyos.duckdb).")
+FormatOption = typer.Option("table", "--format", "-f", help="table, json (a list of row objects) or csv.")
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(analytics_app, name="analytics")
+
+
+def _fail(message: str, code: int = 1) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def _open_synced(db: str | None, warehouse: Path | None, quiet: bool = False):
+    """Sync, then hand back the open warehouse (the caller closes it)."""
+    from analytics.sync import warehouse_path
+    from analytics.warehouse import Warehouse, WarehouseError
+
+    url = resolve_db(db)
+    try:
+        wh = Warehouse(warehouse_path(url, warehouse))
+    except WarehouseError as exc:
+        _fail(str(exc))
+    try:
+        _run_sync(url, wh, quiet)
+    except WarehouseError as exc:
+        wh.close()
+        _fail(str(exc))
+    except BaseException:
+        wh.close()
+        raise
+    return wh
+
+
+def _run_sync(url: str, wh, quiet: bool, **kwargs: Any):
+    from analytics.sync import sync
+
+    if quiet or not sys.stderr.isatty():
+        return sync(url, wh, **kwargs)
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    console = Console(stderr=True)
+    with Progress(TextColumn("syncing events"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                  console=console, transient=True) as bar:
+        job = bar.add_task("sync", total=None)
+        return sync(url, wh, progress=lambda done, total: bar.update(job, completed=done, total=total),
+                    **kwargs)
+
+
+@analytics_app.command("sync")
+def sync_command(
+    db: str | None = DbOption,
+    warehouse: Path | None = WarehouseOption,
+    rebuild: bool = typer.Option(False, "--rebuild", help="Forget the warehouse and read the store "
+                                 "from the start."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
+) -> None:
+    """Bring the warehouse up to date with the store (incremental, resumable)."""
+    from analytics.sync import warehouse_path
+    from analytics.warehouse import Warehouse, WarehouseError
+
+    url = resolve_db(db)
+    try:
+        with Warehouse(warehouse_path(url, warehouse)) as wh:
+            if rebuild:
+                wh.reset()
+            result = _run_sync(url, wh, as_json)
+            counts = wh.counts()
+    except WarehouseError as exc:
+        _fail(str(exc))
+    document = {"events_synced": result.events, "episodes_written": result.episodes,
+                "batches": result.batches, "seconds": round(result.seconds, 3),
+                "events_per_s": round(result.events_per_s), "checkpoint": result.checkpoint,
+                "reader": result.source, "warehouse": str(warehouse_path(url, warehouse)), "tables": counts}
+    if as_json:
+        _print_json(document)
+        return
+    typer.echo(f"synced {result.events} events in {result.seconds:.2f}s ({result.events_per_s:,.0f} "
+               f"events/s, reader {result.source}); checkpoint {result.checkpoint}")
+    typer.echo("warehouse " + document["warehouse"] + ": " +
+               ", ".join(f"{n} {t}" for t, n in counts.items()))
+
+
+@analytics_app.command("query")
+def query_command(
+    name: str | None = typer.Argument(None, help="A named query; omit it to list them."),
+    param: list[str] | None = typer.Option(None, "--param", "-p", help="NAME=VALUE, repeatable."),
+    fmt: str = FormatOption,
+    db: str | None = DbOption,
+    warehouse: Path | None = WarehouseOption,
+) -> None:
+    """Answer a named question (see `companyos analytics query` for the list)."""
+    from analytics import named, service
+
+    if name is None:
+        _print_catalogue(service.describe(), fmt)
+        return
+    _check_format(fmt)
+    try:
+        query = named.get(name)
+        bound = query.bind(named.parse_assignments(param))
+    except named.QueryError as exc:
+        _fail(str(exc), 2)
+    wh = _open_synced(db, warehouse, quiet=fmt != "table")
+    try:
+        cursor = wh.con.execute(query.sql, bound)
+        names = [d[0] for d in cursor.description]
+        rows = cursor.fetchall()
+    finally:
+        wh.close()
+    _print_rows(names, rows, fmt, title=f"{name}: {query.description}")
+
+
+@analytics_app.command("sql")
+def sql_command(
+    statement: str = typer.Argument(..., help="SQL over events, episodes, steps and rewards."),
+    fmt: str = FormatOption,
+    db: str | None = DbOption,
+    warehouse: Path | None = WarehouseOption,
+) -> None:
+    """Ad-hoc SQL against the warehouse (local only: the HTTP API runs named queries only)."""
+    import duckdb
+
+    from analytics.service import run_sql
+
+    _check_format(fmt)
+    wh = _open_synced(db, warehouse, quiet=fmt != "table")
+    try:
+        names, rows = run_sql(wh, statement)
+    except duckdb.Error as exc:
+        _fail(str(exc).strip(), 2)
+    finally:
+        wh.close()
+    _print_rows(names, rows, fmt)
+
+
+@analytics_app.command("report")
+def report_command(
+    agent: str | None = typer.Option(None, "--agent", help="Only this agent's episodes."),
+    task: str | None = typer.Option(None, "--task", help="Only this task family."),
+    markdown: bool = typer.Option(False, "--markdown", help="Print the report as Markdown."),
+    html: Path | None = typer.Option(None, "--html", help="Write a self-contained HTML report with charts."),
+    db: str | None = DbOption,
+    warehouse: Path | None = WarehouseOption,
+) -> None:
+    """The failure-mode report: success by chaos, failure modes, first mistakes, agents, tools."""
+    from analytics import report
+
+    if markdown and html:
+        _fail("choose one of --markdown and --html", 2)
+    wh = _open_synced(db, warehouse, quiet=markdown)
+    try:
+        data = report.build(wh, agent=agent, task=task)
+    finally:
+        wh.close()
+    if html:
+        html.parent.mkdir(parents=True, exist_ok=True)
+        html.write_text(report.to_html(data), encoding="utf-8")
+        typer.echo(f"wrote {html} ({data['summary']['episodes']} episodes, {data['seconds']:.2f}s)")
+        return
+    if markdown:
+        sys.stdout.write(report.to_markdown(data) + "\n")
+        return
+    _print_report(data)
+
+
+@analytics_app.command("export")
+def export_command(
+    directory: Path = typer.Argument(..., help="Target directory (created if missing)."),
+    db: str | None = DbOption,
+    warehouse: Path | None = WarehouseOption,
+) -> None:
+    """Write the warehouse as Parquet partitioned by task family (Spark, Trino, another DuckDB)."""
+    from analytics.export import export
+
+    wh = _open_synced(db, warehouse)
+    try:
+        manifest = export(wh, directory)
+    except FileExistsError as exc:
+        _fail(str(exc), 2)
+    finally:
+        wh.close()
+    typer.echo(f"exported to {directory} (store position {manifest['position']}): " +
+               ", ".join(f"{t} {m['rows']} rows" for t, m in manifest["tables"].items()))
+
+
+# -- printing ------------------------------------------------------------------------------------
+
+
+def _check_format(fmt: str) -> None:
+    if fmt not in ("table", "json", "csv"):
+        _fail(f"--format must be table, json or csv, not {fmt!r}", 2)
+
+
+def _print_json(value: Any) -> None:
+    import orjson
+
+    sys.stdout.write(orjson.dumps(value, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS,
+                                  default=str).decode() + "\n")
+
+
+def _print_rows(names: list[str], rows: list[tuple], fmt: str, title: str | None = None) -> None:
+    if fmt == "json":
+        from analytics.service import _clean
+
+        _print_json([{k: _clean(v) for k, v in zip(names, row, strict=True)} for row in rows])
+        return
+    if fmt == "csv":
+        import csv
+
+        writer = csv.writer(sys.stdout, lineterminator="\n")
+        writer.writerow(names)
+        for row in rows:
+            writer.writerow(["" if v is None else ";".join(map(str, v)) if isinstance(v, list) else v
+                             for v in row])
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left")
+    for n in names:
+        table.add_column(n, overflow="fold")
+    for row in rows:
+        table.add_row(*[_text(v) for v in row])
+    Console().print(table)
+    if not rows:
+        typer.echo("(no rows)")
+
+
+def _text(value: Any, short: bool = False) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, list):
+        items = [str(v) for v in value]
+        if short:  # episode ids in a terminal report: enough to grep for, not a wall of hex
+            items = [v if len(v) <= 14 else v[:12] + "…" for v in items]
+        return ", ".join(items)
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+def _print_catalogue(queries: list[dict], fmt: str) -> None:
+    if fmt == "json":
+        _print_json(queries)
+        return
+    for q in queries:
+        typer.echo(f"{q['name']}\n    {q['description']}")
+        for p in q["params"]:
+            default = "required" if p["required"] else f"default {p['default']}"
+            typer.echo(f"    --param {p['name']}=<{p['type']}>  ({default}) {p['description']}")
+
+
+def _print_report(data: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from analytics.report import SECTIONS, _summary_line, _title
+
+    console = Console()
+    console.print(f"[bold]{_title(data)}[/bold]")
+    console.print(_summary_line(data["summary"]))
+    for key, title in SECTIONS:
+        rows = data[key]
+        if not rows:
+            continue
+        table = Table(title=title, title_justify="left")
+        for c in rows[0]:
+            table.add_column(c, overflow="fold")
+        for r in rows:
+            table.add_row(*[_text(v, short=True) for v in r.values()])
+        console.print(table)

@@ -1,0 +1,332 @@
+"""The DuckDB warehouse: counts against an independent tally, incremental and interrupted syncs."""
+
+from __future__ import annotations
+
+import collections
+import os
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+
+import duckdb
+import pytest
+
+from analytics import service, synthetic
+from analytics.named import QueryError, UnknownQuery
+from analytics.sync import sync
+from analytics.warehouse import Warehouse, WarehouseError
+from eventstore import EventStore
+
+TABLES = {
+    "events": "SELECT position, stream_id, version, type, schema_version, data, meta FROM events "
+              "ORDER BY position",
+    "episodes": "SELECT * EXCLUDE (lead_in, chaos_mechanisms), lead_in::VARCHAR, chaos_mechanisms::VARCHAR "
+                "FROM episodes ORDER BY episode_id",
+    "steps": "SELECT * EXCLUDE (chaos_now, chaos_active), chaos_now::VARCHAR, chaos_active::VARCHAR "
+             "FROM steps ORDER BY position",
+    "rewards": "SELECT * FROM rewards ORDER BY episode_id, rule",
+}
+
+
+def fill(url: str, start: int, count: int, open_every: int = 0, seed: int = 0) -> dict[str, list]:
+    """Append synthetic episodes; every `open_every`-th is written half now, half later.
+
+    Returns the unwritten halves (stream id -> (version, events)) to finish with `finish`.
+    """
+    pending: dict[str, list] = {}
+    store = EventStore.open(url)
+    try:
+        for ep in synthetic.episodes(count, seed=seed, start=start):
+            events = ep.events
+            if open_every and ep.seed % open_every == 0:
+                cut = len(events) // 2
+                store.append(ep.episode_id, events[:cut], None)
+                pending[ep.episode_id] = [cut - 1, events[cut:]]
+            else:
+                # a few appends per episode, like per-step durability
+                head = None
+                for i in range(0, len(events), 7):
+                    head = store.append(ep.episode_id, events[i:i + 7], head)[-1].version
+    finally:
+        store.close()
+    return pending
+
+
+def finish(url: str, pending: dict[str, list]) -> None:
+    store = EventStore.open(url)
+    try:
+        for stream, (version, events) in pending.items():
+            store.append(stream, events, version)
+    finally:
+        store.close()
+
+
+def tally(url: str) -> dict:
+    """What the warehouse must say, counted straight from the store in Python."""
+    store = EventStore.open(url)
+    episodes: dict[str, dict] = {}
+    actions = rejected = 0
+    rule_totals: collections.Counter = collections.Counter()
+    try:
+        for r in store.read_all():
+            if r.type == "EpisodeStarted":
+                d = r.data
+                episodes[r.stream_id] = {"task": d["task"], "chaos": d["chaos"], "agent": r.meta.get("agent"),
+                                         "outcome": None, "failure_mode": None, "steps": 0,
+                                         "first_mistake": None, "events": 0, "chaos_events": 0}
+            ep = episodes.get(r.stream_id)
+            if ep is None:
+                continue
+            ep["events"] += 1
+            d = r.data
+            if r.type == "ActionTaken":
+                ep["steps"] += 1
+                actions += 1
+            elif r.type == "ActionRejected":
+                rejected += 1
+            elif r.type == "RewardGranted":
+                rule_totals[d["rule"]] += d["value"]
+            elif r.type == "MistakeRecorded" and ep["first_mistake"] is None:
+                ep["first_mistake"] = d["step"]
+            elif r.type == "EpisodeEnded":
+                ep["outcome"], ep["failure_mode"], ep["steps"] = d["outcome"], d["failure_mode"], d["steps"]
+            if d.get("cause") == "chaos":
+                ep["chaos_events"] += 1
+    finally:
+        store.close()
+    return {"episodes": episodes, "actions": actions, "rejected": rejected, "rules": rule_totals}
+
+
+def dump(path) -> dict[str, list]:
+    con = duckdb.connect(str(path), read_only=True)
+    try:
+        return {name: con.execute(sql).fetchall() for name, sql in TABLES.items()}
+    finally:
+        con.close()
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory):
+    """One filled store per module; each test works on its own copy."""
+    path = tmp_path_factory.mktemp("template") / "store.db"
+    url = f"sqlite:///{path}"
+    pending = fill(url, 0, 1500, open_every=7)
+    con = sqlite3.connect(path)
+    con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    con.close()
+    return path, pending
+
+
+@pytest.fixture
+def filled(template, tmp_path):
+    path, pending = template
+    copy = tmp_path / "store.db"
+    shutil.copyfile(path, copy)
+    return f"sqlite:///{copy}", {k: list(v) for k, v in pending.items()}
+
+
+def test_counts_agree_with_an_independent_tally(filled, tmp_path):
+    url, pending = filled
+    finish(url, pending)
+    wh_path = tmp_path / "w.duckdb"
+    result = sync(url, wh_path, batch_events=6_007)  # odd size: episodes straddle batches
+    assert result.batches > 3
+    expected = tally(url)
+    with Warehouse(wh_path) as wh:
+        con = wh.con
+        assert con.execute("SELECT count(*) FROM events").fetchone()[0] == result.events
+        rows = {r[0]: r[1:] for r in con.execute(
+            "SELECT episode_id, task, chaos, agent, outcome, failure_mode, steps, first_mistake_step, "
+            "event_count, chaos_events FROM episodes").fetchall()}
+        assert set(rows) == set(expected["episodes"])
+        for eid, e in expected["episodes"].items():
+            assert rows[eid] == (e["task"], e["chaos"], e["agent"], e["outcome"], e["failure_mode"],
+                                 e["steps"], e["first_mistake"], e["events"], e["chaos_events"]), eid
+        steps, not_accepted = con.execute(
+            "SELECT count(*), count(*) FILTER (WHERE NOT accepted) FROM steps").fetchone()
+        assert steps == expected["actions"]
+        assert not_accepted == expected["rejected"]  # synthetic steps reject at most once
+        rules = dict(con.execute("SELECT rule, sum(total) FROM rewards GROUP BY rule").fetchall())
+        assert rules.keys() == expected["rules"].keys()
+        for rule, total in expected["rules"].items():
+            assert rules[rule] == pytest.approx(total, abs=1e-6)
+        outcomes = collections.Counter(e["outcome"] for e in expected["episodes"].values())
+        by_query = {r["failure_mode"]: r["episodes"] for r in service.run_named(wh, "failure_modes", {})}
+        assert sum(by_query.values()) == outcomes["failure"] + outcomes["truncated"]
+
+
+def test_failure_mode_shares_sum_to_one(filled, tmp_path):
+    url, pending = filled
+    finish(url, pending)
+    with Warehouse(tmp_path / "w.duckdb") as wh:
+        sync(url, wh)
+        for params in ({}, {"agent": "random"}, {"task": "expense_report", "chaos": "medium"}):
+            rows = service.run_named(wh, "failure_modes", params)
+            assert rows
+            assert sum(r["share"] for r in rows) == pytest.approx(1.0, abs=1e-4)
+            assert all(len(r["example_episode_ids"]) <= 3 for r in rows)
+        # every finished non-success has exactly one failure mode
+        assert wh.con.execute("SELECT count(*) FROM episodes WHERE outcome IN ('failure', 'truncated') "
+                              "AND failure_mode IS NULL").fetchone()[0] == 0
+
+
+def test_incremental_sync_equals_fresh_full_sync(filled, tmp_path):
+    url, pending = filled
+    live = tmp_path / "live.duckdb"
+    first = sync(url, live, batch_events=5_003)
+    assert first.events > 0
+    # more runs: new episodes, and the open ones finish (an episode spanning two syncs)
+    finish(url, pending)
+    more = fill(url, 1500, 300, open_every=5)
+    sync(url, live, batch_events=5_003)
+    finish(url, more)
+    again = sync(url, live, batch_events=5_003)
+    assert again.events == sum(len(v[1]) for v in more.values())
+    assert sync(url, live).events == 0  # idempotent: nothing new, nothing moves
+    fresh = tmp_path / "fresh.duckdb"
+    sync(url, fresh, batch_events=1_000_000)
+    assert dump(live) == dump(fresh)
+
+
+def test_sync_interrupted_after_a_batch_loses_and_doubles_nothing(filled, tmp_path):
+    url, pending = filled
+    finish(url, pending)
+    path = tmp_path / "w.duckdb"
+    seen = []
+
+    def boom(checkpoint: int) -> None:
+        seen.append(checkpoint)
+        if len(seen) == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        sync(url, path, batch_events=4_001, after_batch=boom)
+    with Warehouse(path) as wh:
+        assert wh.checkpoint == seen[1]
+        assert wh.counts()["events"] == seen[1]  # SQLite positions are dense
+    sync(url, path, batch_events=4_001)
+    fresh = tmp_path / "fresh.duckdb"
+    sync(url, fresh)
+    assert dump(path) == dump(fresh)
+
+
+_KILLER = textwrap.dedent("""
+    import os, signal, sys
+    import analytics.derive as derive
+    from analytics.sync import sync
+    url, path, where = sys.argv[1], sys.argv[2], sys.argv[3]
+    calls = []
+    if where == "inside":
+        real = derive.derive_batch
+        def dying(con, lo):
+            calls.append(lo)
+            if len(calls) == 3:
+                real(con, lo)  # rows written, transaction still open
+                os.kill(os.getpid(), signal.SIGKILL)
+            return real(con, lo)
+        import analytics.sync as s
+        s.derive_batch = dying
+        sync(url, path, batch_events=3_001)
+    else:
+        def after(checkpoint):
+            calls.append(checkpoint)
+            if len(calls) == 3:
+                os.kill(os.getpid(), signal.SIGKILL)
+        sync(url, path, batch_events=3_001, after_batch=after)
+""")
+
+
+@pytest.mark.parametrize("where", ["between", "inside"])
+def test_sync_killed_by_sigkill_resumes_exactly(filled, tmp_path, where):
+    url, pending = filled
+    finish(url, pending)
+    path = tmp_path / "w.duckdb"
+    proc = subprocess.run([sys.executable, "-c", _KILLER, url, str(path), where], capture_output=True,
+                          timeout=120, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()[-2000:]
+    with Warehouse(path) as wh:
+        checkpoint = wh.checkpoint
+        events = wh.counts()["events"]
+    assert events == checkpoint  # rows and checkpoint committed together, or neither
+    assert checkpoint > 0
+    sync(url, path)
+    fresh = tmp_path / "fresh.duckdb"
+    sync(url, fresh)
+    assert dump(path) == dump(fresh)
+
+
+def test_bad_query_names_and_parameters_give_clear_errors(filled, tmp_path):
+    url, _ = filled
+    with Warehouse(tmp_path / "w.duckdb") as wh:
+        sync(url, wh)
+        with pytest.raises(UnknownQuery, match="no named query 'nope'; known queries: .*failure_modes"):
+            service.run_named(wh, "nope", {})
+        with pytest.raises(QueryError, match="has no parameter 'colour'"):
+            service.run_named(wh, "failure_modes", {"colour": "red"})
+        with pytest.raises(QueryError, match="'examples' must be an integer, got 'many'"):
+            service.run_named(wh, "failure_modes", {"examples": "many"})
+        with pytest.raises(QueryError, match="unknown chaos level 'wild'"):
+            service.run_named(wh, "first_mistake_step", {"chaos": "wild"})
+        with pytest.raises(QueryError, match="must be an integer"):
+            service.run_named(wh, "pass_at_k", {"k": "1; DROP TABLE episodes"})
+        # a value that looks like SQL is only ever a bound value
+        assert service.run_named(wh, "compare_agents", {"task": "x' OR '1'='1"}) == []
+        assert wh.counts()["episodes"] > 0
+
+
+def test_every_named_query_runs_and_returns_row_objects(filled, tmp_path):
+    url, pending = filled
+    finish(url, pending)
+    with Warehouse(tmp_path / "w.duckdb") as wh:
+        sync(url, wh)
+        for entry in service.describe():
+            rows = service.run_named(wh, entry["name"], {})
+            assert isinstance(rows, list) and rows, entry["name"]
+            assert all(isinstance(r, dict) for r in rows)
+        success = service.run_named(wh, "success_by_task_and_chaos", {})
+        assert {"task", "chaos", "episodes", "successes", "success_rate"} <= set(success[0])
+        finished = wh.con.execute("SELECT count(*) FROM episodes WHERE outcome IS NOT NULL").fetchone()[0]
+        assert sum(r["episodes"] for r in success) == finished
+        passk = service.run_named(wh, "pass_at_k", {"k": 2})
+        for r in passk:
+            assert 0.0 <= r["pass_hat_k"] <= 1.0
+        by_task = collections.defaultdict(dict)
+        for r in passk:
+            by_task[(r["agent"], r["task"])][r["k"]] = r["pass_hat_k"]
+        assert all(v[1] >= v.get(2, 0) - 1e-9 for v in by_task.values())  # pass^k falls with k
+
+
+def test_warehouse_refuses_another_store(filled, tmp_path):
+    url, _ = filled
+    path = tmp_path / "w.duckdb"
+    sync(url, path)
+    other = f"sqlite:///{tmp_path / 'other.db'}"
+    fill(other, 5000, 5, seed=9)
+    with pytest.raises(WarehouseError, match="built from another store"):
+        sync(other, path)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def any_store(request, tmp_path):
+    """An empty store on each backend (PostgreSQL: a fresh database, when configured)."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'store.db'}"
+    return request.getfixturevalue("fresh_pg_url")
+
+
+def test_every_reader_gives_the_same_warehouse(any_store, tmp_path):
+    pending = fill(any_store, 0, 150, open_every=4)
+    live = tmp_path / "live.duckdb"
+    sync(any_store, live, batch_events=997)
+    finish(any_store, pending)
+    sync(any_store, live, batch_events=997)
+    expected = tally(any_store)
+    with Warehouse(live) as wh:
+        assert wh.counts()["episodes"] == len(expected["episodes"])
+        assert wh.counts()["steps"] == expected["actions"]
+    slow = tmp_path / "slow.duckdb"
+    sync(any_store, slow, prefer="store")  # EventStore.read_all: the reference reader
+    assert dump(live) == dump(slow)
