@@ -13,13 +13,14 @@ Commit order and positions:
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Sequence
 from functools import cache
 from typing import Any
 
 import sqlalchemy as sa
+
+from eventstore import ids
 
 _COLUMNS = "position, stream_id, version, event_id, type, schema_version, data, meta, digest"
 
@@ -70,6 +71,10 @@ class Backend:
             raw.close()
 
 
+# A new stream (expected_version None) skips the head query: inserting its version 0 collides
+# with the unique (stream_id, version) key when the stream already exists.
+
+
 class SqliteBackend(Backend):
     """SQLite takes one writer at a time, so each store keeps one write connection behind a lock."""
 
@@ -79,17 +84,18 @@ class SqliteBackend(Backend):
         super().__init__(engine)
         self._lock = threading.Lock()
         self._writer = None
-        self._writer_pid = -1
+        self._writer_generation = -1
 
     def _write_connection(self):
-        if self._writer is None or self._writer_pid != os.getpid():
+        # A connection inherited through fork belongs to the parent: open our own.
+        if self._writer is None or self._writer_generation != ids.fork_generation:
             self._writer = self.engine.raw_connection()
-            self._writer_pid = os.getpid()
+            self._writer_generation = ids.fork_generation
         return self._writer
 
     def close(self) -> None:
         with self._lock:
-            if self._writer is not None and self._writer_pid == os.getpid():
+            if self._writer is not None and self._writer_generation == ids.fork_generation:
                 self._writer.close()
             self._writer = None
 
@@ -100,7 +106,7 @@ class SqliteBackend(Backend):
             cur.execute("BEGIN IMMEDIATE")
             try:
                 head = cached_head
-                if head is None or head[0] != expected_version:
+                if expected_version is not None and (head is None or head[0] != expected_version):
                     head = cur.execute(self.head_sql(), (stream_id,)).fetchone()
                 last = cur.execute("SELECT max(position) FROM events").fetchone()[0] or 0
                 rows = rows_for(head, last + 1)
@@ -130,7 +136,7 @@ class PostgresBackend(Backend):
         conn = raw.driver_connection
         try:
             head = cached_head
-            if head is None or head[0] != expected_version:
+            if expected_version is not None and (head is None or head[0] != expected_version):
                 with conn.cursor() as cur:
                     cur.execute(self.head_sql(), (stream_id,))
                     head = cur.fetchone()

@@ -6,15 +6,22 @@ import itertools
 import os
 import uuid
 
-_pid = -1
 _prefix = ""
 _counter = itertools.count()
+fork_generation = 0
+"""Bumped in every forked child, so holders of per-process resources can notice they were copied."""
+
+
+def _reseed() -> None:
+    global _prefix, _counter, fork_generation
+    _prefix = uuid.uuid4().hex[:20]
+    _counter = itertools.count()
+    fork_generation += 1
+
+
+_reseed()
+os.register_at_fork(after_in_child=_reseed)  # a forked child must not repeat its parent's ids
 
 
 def new_event_id() -> str:
-    global _pid, _prefix, _counter
-    if _pid != os.getpid():  # a forked child must not repeat its parent's ids
-        _pid = os.getpid()
-        _prefix = uuid.uuid4().hex[:20]
-        _counter = itertools.count()
     return f"{_prefix}{next(_counter):x}"
