@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 
@@ -18,35 +19,35 @@ def _pg_engine(database: str | None = None) -> sa.Engine:
     return sa.create_engine(url, isolation_level="AUTOCOMMIT")
 
 
-@pytest.fixture(scope="session")
-def pg_database_url():
-    """One throwaway PostgreSQL database for the session; tests keep apart by unique stream ids."""
+@contextlib.contextmanager
+def _throwaway_pg_database():
+    """Create an empty PostgreSQL database, yield its URL, drop it afterwards."""
     if not PG_URL:
         pytest.skip("COMPANYOS_TEST_PG_URL is not set")
     name = f"companyos_test_{uuid.uuid4().hex[:12]}"
     admin = _pg_engine()
     with admin.connect() as conn:
         conn.exec_driver_sql(f"CREATE DATABASE {name}")
-    url = sa.make_url(PG_URL).set(database=name).render_as_string(hide_password=False)
-    yield url
-    with admin.connect() as conn:
-        conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-    admin.dispose()
+    try:
+        yield sa.make_url(PG_URL).set(database=name).render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        admin.dispose()
+
+
+@pytest.fixture(scope="session")
+def pg_database_url():
+    """One throwaway PostgreSQL database for the session; tests keep apart by unique stream ids."""
+    with _throwaway_pg_database() as url:
+        yield url
 
 
 @pytest.fixture
 def fresh_pg_url():
     """A brand-new empty PostgreSQL database for tests that must start from nothing."""
-    if not PG_URL:
-        pytest.skip("COMPANYOS_TEST_PG_URL is not set")
-    name = f"companyos_test_{uuid.uuid4().hex[:12]}"
-    admin = _pg_engine()
-    with admin.connect() as conn:
-        conn.exec_driver_sql(f"CREATE DATABASE {name}")
-    yield sa.make_url(PG_URL).set(database=name).render_as_string(hide_password=False)
-    with admin.connect() as conn:
-        conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-    admin.dispose()
+    with _throwaway_pg_database() as url:
+        yield url
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
