@@ -45,6 +45,8 @@ def _sqlite_engine(url: sa.URL, synchronous: str) -> sa.Engine:
         cursor.execute(f"PRAGMA synchronous={synchronous.upper()}")
         cursor.execute("PRAGMA busy_timeout=60000")
         cursor.execute("PRAGMA cache_size=-65536")
+        cursor.execute("PRAGMA wal_autocheckpoint=16384")
+        cursor.execute("PRAGMA mmap_size=1073741824")
         cursor.close()
 
     @event.listens_for(engine, "begin")
