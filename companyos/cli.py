@@ -38,5 +38,11 @@ COMMAND_MODULES: tuple[str, ...] = ("run", "projections", "serve", "analytics")
 
 
 def main() -> None:
+    from eventstore import StoreUnavailable
+
     _register_commands()
-    app()
+    try:
+        app()
+    except StoreUnavailable as exc:  # a bad --db is the user's input, not a crash
+        typer.echo(f"error: {exc}", err=True)
+        raise SystemExit(2) from None

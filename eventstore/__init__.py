@@ -1,11 +1,17 @@
 """The append-only event store: envelopes in, envelopes out; it knows nothing of the domain."""
 
 from eventstore.encoding import GENESIS_DIGEST, canonical_json, chain_digest
-from eventstore.records import MAX_EVENT_BYTES, ConcurrencyError, NewEvent, RecordedEvent
+from eventstore.records import (
+    MAX_EVENT_BYTES,
+    ConcurrencyError,
+    NewEvent,
+    RecordedEvent,
+    StoreUnavailable,
+)
 from eventstore.store import DEFAULT_URL, EventStore
 from eventstore.upcasting import Upcasters
 
 __all__ = [
     "DEFAULT_URL", "GENESIS_DIGEST", "MAX_EVENT_BYTES", "ConcurrencyError", "EventStore",
-    "NewEvent", "RecordedEvent", "Upcasters", "canonical_json", "chain_digest",
+    "NewEvent", "RecordedEvent", "StoreUnavailable", "Upcasters", "canonical_json", "chain_digest",
 ]

@@ -12,6 +12,10 @@ MAX_STREAM_ID_LENGTH = 200
 MAX_TYPE_LENGTH = 200
 
 
+class StoreUnavailable(Exception):
+    """The store's URL names nothing we can open, or the database refused the connection."""
+
+
 class ConcurrencyError(Exception):
     """A writer appended with a stale expected version: someone else wrote to the stream first."""
 

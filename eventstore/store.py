@@ -20,6 +20,7 @@ from eventstore.records import (
     ConcurrencyError,
     NewEvent,
     RecordedEvent,
+    StoreUnavailable,
 )
 from eventstore.upcasting import Upcasters
 
@@ -62,8 +63,18 @@ class EventStore:
         SQLite durability: `synchronous="normal"` (default) survives a crashed process;
         `"full"` also survives power loss, at the price of an fsync per commit.
         """
-        engine = create_engine(url, synchronous)
-        migrate.upgrade(engine)
+        shown = _shown_url(url)
+        try:
+            engine = create_engine(url, synchronous)
+        except (sa.exc.ArgumentError, sa.exc.NoSuchModuleError) as exc:
+            raise StoreUnavailable(f"{shown} is not a database URL the store can open ({exc}); "
+                                   "use e.g. sqlite:///companyos.db or postgresql://user@host/db"
+                                   ) from None
+        try:
+            migrate.upgrade(engine)
+        except sa.exc.DBAPIError as exc:
+            engine.dispose()
+            raise StoreUnavailable(f"cannot open the store at {shown}: {exc.orig}") from None
         return cls(engine, upcasters)
 
     def close(self) -> None:
@@ -210,6 +221,14 @@ class EventStore:
     def last_position(self) -> int:
         with self.engine.connect() as conn:
             return conn.execute(sa.text("SELECT max(position) FROM events")).scalar() or 0
+
+
+def _shown_url(url: str) -> str:
+    """The URL for messages, password masked."""
+    try:
+        return sa.make_url(url).render_as_string(hide_password=True)
+    except sa.exc.ArgumentError:
+        return repr(url)
 
 
 def _check_stream_id(stream_id: Any) -> None:

@@ -170,3 +170,10 @@ def test_run_cli_refuses_unknown_agents_and_tasks(tmp_path):
         out = subprocess.run([sys.executable, "-m", "companyos", "run", "--db", url, *args],
                              capture_output=True, text=True)
         assert out.returncode == 2 and "Invalid value" in out.stderr
+
+
+def test_cli_names_a_store_it_cannot_open_without_a_traceback(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "companyos", "episodes", "--db",
+                          f"sqlite:///{tmp_path}/missing/dir/x.db"], capture_output=True, text=True)
+    assert out.returncode == 2
+    assert "cannot open the store" in out.stderr and "Traceback" not in out.stderr

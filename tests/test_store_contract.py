@@ -10,7 +10,7 @@ import uuid
 
 import pytest
 
-from eventstore import ConcurrencyError, EventStore, NewEvent, Upcasters, chain_digest
+from eventstore import ConcurrencyError, EventStore, NewEvent, StoreUnavailable, Upcasters, chain_digest
 from eventstore.records import MAX_EVENT_BYTES
 from tests.conftest import unique_stream
 
@@ -262,3 +262,14 @@ def test_digests_are_equal_across_processes_with_different_hash_seeds(store_url)
                              env=env, capture_output=True, text=True, check=True)
         digests.add(out.stdout.strip())
     assert len(digests) == 1
+
+
+@pytest.mark.parametrize("url, words", [
+    ("notaurl://x", "not a database URL"),
+    ("sqlite:////nonexistent-dir/deeper/store.db", "cannot open the store"),
+    ("postgresql://someone:secret@127.0.0.1:1/nowhere", "cannot open the store"),
+])
+def test_a_store_that_cannot_be_opened_is_refused_in_words(url, words):
+    with pytest.raises(StoreUnavailable, match=words) as err:
+        EventStore.open(url)
+    assert "secret" not in str(err.value), "passwords never appear in messages"
