@@ -65,3 +65,18 @@ def sqlite_url(tmp_path):
 
 def unique_stream(prefix: str = "s") -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def command_runner(register, *prefix: str):
+    """Invoke a command group's commands in-process, as `companyos <prefix> ...` would."""
+    import typer
+    from typer.testing import CliRunner
+
+    app = typer.Typer()
+    register(app)
+    runner = CliRunner()
+
+    def invoke(*args: str):
+        return runner.invoke(app, [*prefix, *args], catch_exceptions=False)
+
+    return invoke

@@ -7,10 +7,8 @@ import json
 
 import duckdb
 import pytest
-import typer
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
-from typer.testing import CliRunner
 
 from analytics.sync import sync
 from analytics.warehouse import Warehouse
@@ -18,6 +16,7 @@ from api.analytics_routes import analytics_router
 from companyos.batch import RunPlan
 from companyos.batch import run as run_plan
 from companyos.commands import analytics as commands
+from tests.conftest import command_runner
 
 
 @pytest.fixture(scope="module")
@@ -33,14 +32,7 @@ def logged(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def cli():
-    app = typer.Typer()
-    commands.register(app)
-    runner = CliRunner()
-
-    def invoke(*args: str):
-        return runner.invoke(app, ["analytics", *args], catch_exceptions=False)
-
-    return invoke
+    return command_runner(commands.register, "analytics")
 
 
 def test_warehouse_agrees_with_what_run_reported(logged, tmp_path):

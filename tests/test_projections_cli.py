@@ -6,23 +6,15 @@ import json
 
 import pytest
 import sqlalchemy as sa
-import typer
-from typer.testing import CliRunner
 
 from companyos.commands import projections as commands
 from eventstore import EventStore
+from tests.conftest import command_runner
 
 
 @pytest.fixture(scope="module")
 def cli():
-    app = typer.Typer()
-    commands.register(app)
-    runner = CliRunner()
-
-    def invoke(*args: str):
-        return runner.invoke(app, list(args), catch_exceptions=False)
-
-    return invoke
+    return command_runner(commands.register)
 
 
 @pytest.fixture(scope="module")
