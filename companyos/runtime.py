@@ -7,7 +7,6 @@ them (per step, or all at once at the end) and folds nothing twice.
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
 from typing import Any
 
 import domain
@@ -17,18 +16,10 @@ from eventstore import EventStore, NewEvent
 DURABILITY = ("step", "episode")
 
 
-@dataclass(slots=True)
-class StepOutput:
-    observation: dict[str, Any]
-    info: domain.StepInfo
-
-
-def to_new_events(events: list, meta: dict | None = None) -> list[NewEvent]:
-    out = []
-    for event in events:
-        type_, data, schema_version = domain.to_envelope(event)
-        out.append(NewEvent(type_, data, schema_version, None, meta))
-    return out
+def to_new_events(events: list) -> list[NewEvent]:
+    """Domain events as store envelopes."""
+    to_envelope = domain.to_envelope
+    return [NewEvent(*to_envelope(event)) for event in events]
 
 
 class EpisodeNotFound(LookupError):
@@ -90,9 +81,8 @@ class EpisodeRuntime:
 
     def _append(self, events: list, first_meta: dict | None = None) -> None:
         new = to_new_events(events)
-        if first_meta and new:
-            head = new[0]
-            new[0] = NewEvent(head.type, head.data, head.schema_version, None, first_meta)
+        if first_meta and new:  # who ran the episode (and secrets) travel outside the digest
+            new[0] = new[0]._replace(meta=first_meta)
         recorded = self.store.append(self.episode_id, new, self._stored_version)
         self._stored_version = recorded[-1].version
         self.digest = recorded[-1].digest
