@@ -105,26 +105,17 @@ INITIAL_STATE = EpisodeState("", 0, 0.0, "default", 0, "", {}, 0, 0, False, None
                              INITIAL_WORLD, {}, (), 0)
 
 _WORLD = _world.EVOLVERS
+_evolve = _world.evolve
 
 
 def _fold_into(s: EpisodeState, events: Iterable) -> EpisodeState:
     (task, seed, level, profile, max_steps, goal, target, step, version, done, outcome,
      failure_mode, ret, world, paid, mistakes, rejected) = s
-    td, dh, af = world
-    changed = False
     for e in events:
         version += 1
         t = type(e)
-        w = _WORLD.get(t)
-        if w is not None:
-            i, fn = w
-            if i == 0:
-                td = fn(td, e)
-            elif i == 1:
-                dh = fn(dh, e)
-            else:
-                af = fn(af, e)
-            changed = True
+        if t in _WORLD:
+            world = _evolve(world, e)
         elif t is ActionTaken:
             step = e.step
         elif t is RewardGranted:
@@ -141,12 +132,9 @@ def _fold_into(s: EpisodeState, events: Iterable) -> EpisodeState:
         elif t is EpisodeStarted:
             task, seed, level, profile, max_steps, goal, target = e[:7]
             step, done, outcome, failure_mode, ret = 0, False, None, None, 0.0
-            td, dh, af = INITIAL_WORLD
-            paid, mistakes, rejected, changed = {}, (), 0, True
+            world, paid, mistakes, rejected = INITIAL_WORLD, {}, (), 0
         else:
             raise TypeError(f"not an event: {e!r}")
-    if changed:
-        world = _new(World, (td, dh, af))
     return _new(EpisodeState, (task, seed, level, profile, max_steps, goal, target, step, version,
                                done, outcome, failure_mode, ret, world, paid, mistakes, rejected))
 
@@ -196,21 +184,6 @@ class _Ctx(NamedTuple):
     rejected_calls: int
 
 
-def _evolve_world(world: World, events: list) -> World:
-    td, dh, af = world
-    for e in events:
-        w = _WORLD.get(type(e))
-        if w is not None:
-            i, fn = w
-            if i == 0:
-                td = fn(td, e)
-            elif i == 1:
-                dh = fn(dh, e)
-            else:
-                af = fn(af, e)
-    return _new(World, (td, dh, af))
-
-
 def step(state: EpisodeState, action) -> tuple[EpisodeState, list, StepInfo]:
     """One agent step. Never raises for a bad action (it becomes ActionRejected).
 
@@ -244,7 +217,7 @@ def step(state: EpisodeState, action) -> tuple[EpisodeState, list, StepInfo]:
                 if type(effects[0]) is ActionRejected:
                     rejected_calls += 1
                 else:
-                    world = _evolve_world(world, effects)
+                    world = _world.evolve_all(world, effects)
     events = [_new(ActionTaken, (n, action)), *effects]
     mistakes = state.mistakes
     ctx = _new(_Ctx, (world, target, n, level, mistakes, state.paid, rejected_calls))
@@ -260,7 +233,7 @@ def step(state: EpisodeState, action) -> tuple[EpisodeState, list, StepInfo]:
             triggered = _chaos.after(ctx, effects, state.seed, state.task)
             if triggered:
                 events += triggered
-                world = _evolve_world(world, triggered)
+                world = _world.evolve_all(world, triggered)
                 ctx = ctx._replace(world=world)
     # termination
     if irreversible is not None:

@@ -34,12 +34,21 @@ EVOLVERS: dict[type, tuple[int, object]] = {
 
 
 def evolve(world: World, event) -> World:
+    """The world after one app event: the one place an event is routed to its app."""
     i, fn = EVOLVERS[type(event)]
     if i == 0:
         return _new(World, (fn(world.ticketdesk, event), world.datahub, world.approvalflow))
     if i == 1:
         return _new(World, (world.ticketdesk, fn(world.datahub, event), world.approvalflow))
     return _new(World, (world.ticketdesk, world.datahub, fn(world.approvalflow, event)))
+
+
+def evolve_all(world: World, events) -> World:
+    """The world after the app events among `events`; other events leave it as it is."""
+    for event in events:
+        if type(event) in EVOLVERS:
+            world = evolve(world, event)
+    return world
 
 
 def decide(world: World, app: str, method: str, params: dict, step: int, target: dict) -> list:

@@ -24,10 +24,9 @@ _loads = orjson.loads
 _dumps = orjson.dumps
 _SORTED = orjson.OPT_SORT_KEYS
 _from_envelope = domain.from_envelope
-_World = domain_world.World
 _INITIAL = domain_world.INITIAL_WORLD
-# type name -> (event class, index of the app in World, the app's evolve for that type)
-_APP_EVOLVERS = {cls.__name__: (cls, i, fn) for cls, (i, fn) in domain_world.EVOLVERS.items()}
+_evolve = domain_world.evolve
+_APP_EVENTS = frozenset(cls.__name__ for cls in domain_world.EVOLVERS)
 
 
 def decode(record: RecordedEvent) -> Any:
@@ -38,16 +37,12 @@ def decode(record: RecordedEvent) -> Any:
 class WorldState:
     """The three apps' states of one episode, its step count and whether it has ended."""
 
-    __slots__ = ("ticketdesk", "datahub", "approvalflow", "step", "done")
+    __slots__ = ("world", "step", "done")
 
     def __init__(self) -> None:
-        self.ticketdesk, self.datahub, self.approvalflow = _INITIAL
+        self.world = _INITIAL
         self.step = 0
         self.done = False
-
-    @property
-    def world(self) -> Any:
-        return _World(self.ticketdesk, self.datahub, self.approvalflow)
 
 
 class ViewsProjection(Projection):
@@ -62,25 +57,14 @@ class ViewsProjection(Projection):
     version = 1
     table = episode_views
     key = "episode_id"
-    types = frozenset({*_APP_EVOLVERS, "ActionTaken", "EpisodeStarted", "EpisodeEnded"})
+    types = frozenset({*_APP_EVENTS, "ActionTaken", "EpisodeStarted", "EpisodeEnded"})
 
     def evolve(self, state: WorldState | None, record: RecordedEvent) -> WorldState | None:
         type_ = record.type
-        hit = _APP_EVOLVERS.get(type_)
-        if hit is not None:
+        if type_ in _APP_EVENTS:
             if state is None:
                 return None
-            cls, app, fn = hit
-            if record.schema_version == cls.SCHEMA_VERSION:
-                event = cls(**_loads(record.data_json))
-            else:
-                event = decode(record)
-            if app == 0:
-                state.ticketdesk = fn(state.ticketdesk, event)
-            elif app == 1:
-                state.datahub = fn(state.datahub, event)
-            else:
-                state.approvalflow = fn(state.approvalflow, event)
+            state.world = _evolve(state.world, decode(record))  # as domain.apply does
         elif type_ == "ActionTaken" and state is not None:
             state.step += 1
         elif type_ == "EpisodeStarted":
