@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from domain.events import (
-    ActionRejected,
     ApprovalDecided,
     ApprovalDelayed,
     ApprovalEscalated,
@@ -19,6 +18,7 @@ from domain.events import (
     ApprovalPolled,
     ApprovalSubmitted,
     ApprovalTypeDefined,
+    refused,
 )
 
 APP = "approvalflow"
@@ -45,10 +45,6 @@ class Command(NamedTuple):
     problems: list | None = None  # what the reviewer will object to in the submitted data
 
 
-def _reject(step: int, code: str, reason: str) -> list:
-    return [ActionRejected(step, code, reason, "rules", None)]
-
-
 def _empty(v) -> bool:
     return v is None or (type(v) is str and not v.strip())
 
@@ -63,21 +59,21 @@ def decide(state: ApprovalFlowState, cmd: Command) -> list:
         tname = params["approval_type"]
         atype = state.types.get(tname)
         if atype is None:
-            return _reject(cmd.step, "not_found", f"No approval type {tname!r}. Use "
+            return refused(cmd.step, "not_found", f"No approval type {tname!r}. Use "
                            "approvalflow.list_approval_types.")
         a = cmd.approver
         if a is None:
-            return _reject(cmd.step, "not_found",
+            return refused(cmd.step, "not_found",
                            f"No approver named {params['approver']!r} in the directory; "
                            "look the approver up with datahub.get_approver(role).")
         if a["role"] not in cmd.chain:
-            return _reject(cmd.step, "precondition_failed",
+            return refused(cmd.step, "precondition_failed",
                            f"{a['name']} ({a['role']}) may not approve {tname}: it needs role "
                            f"{atype['approver_role']!r} or that role's delegate.")
         data = params["data"]
         missing = [f for f in atype["required_fields"] if _empty(data.get(f))]
         if missing:
-            return _reject(cmd.step, "missing_required_fields",
+            return refused(cmd.step, "missing_required_fields",
                            f"{tname} requires the fields {', '.join(atype['required_fields'])};"
                            f" missing: {', '.join(missing)}.")
         aid = f"APR-{1001 + len(state.approvals)}"
@@ -86,7 +82,7 @@ def decide(state: ApprovalFlowState, cmd: Command) -> list:
     aid = params["approval_id"]
     ap = state.approvals.get(aid)
     if ap is None:
-        return _reject(cmd.step, "not_found",
+        return refused(cmd.step, "not_found",
                        f"No approval {aid!r}. Use approvalflow.list_approvals.")
     status = ap["status"]
     if method == "check_status":
@@ -105,12 +101,12 @@ def decide(state: ApprovalFlowState, cmd: Command) -> list:
     # escalate
     reason = params["reason"].strip()
     if not reason:
-        return _reject(cmd.step, "invalid_params", "An escalation needs a reason.")
+        return refused(cmd.step, "invalid_params", "An escalation needs a reason.")
     if status != "rejected":
-        return _reject(cmd.step, "precondition_failed",
+        return refused(cmd.step, "precondition_failed",
                        f"{aid} is {status}; only rejected approvals can be escalated.")
     if ap["escalated"]:
-        return _reject(cmd.step, "precondition_failed",
+        return refused(cmd.step, "precondition_failed",
                        f"{aid} was already escalated once; submit a corrected request instead.")
     return [ApprovalEscalated(aid, reason[:500])]
 

@@ -6,7 +6,6 @@ from datetime import UTC, datetime, timedelta
 from typing import NamedTuple
 
 from domain.events import (
-    ActionRejected,
     ApproverLookedUp,
     ApproverRegistered,
     ApproverWentOutOfOffice,
@@ -16,6 +15,7 @@ from domain.events import (
     MetricRefreshed,
     MetricRefreshStarted,
     MetricWentStale,
+    refused,
 )
 
 APP = "datahub"
@@ -46,10 +46,6 @@ class Command(NamedTuple):
     step: int
 
 
-def _reject(step: int, code: str, reason: str) -> list:
-    return [ActionRejected(step, code, reason, "rules", None)]
-
-
 def decide(state: DataHubState, cmd: Command) -> list:
     """Events for one DataHub command; reads that change nothing give []."""
     method = cmd.method
@@ -59,14 +55,14 @@ def decide(state: DataHubState, cmd: Command) -> list:
         role = cmd.params["role"]
         a = state.approvers.get(role)
         if a is None:
-            return _reject(cmd.step, "not_found",
+            return refused(cmd.step, "not_found",
                            f"No approver with role {role!r}. Known roles: "
                            f"{', '.join(state.approvers)}.")
         return [ApproverLookedUp(role, a["name"], a["out_of_office"])]
     name = cmd.params["metric_name"]
     m = state.metrics.get(name)
     if m is None:
-        return _reject(cmd.step, "not_found",
+        return refused(cmd.step, "not_found",
                        f"No metric {name!r}. Use datahub.list_metrics.")
     if method == "refresh_data":
         if m["refreshing"]:

@@ -51,6 +51,11 @@ class ActionRejected(NamedTuple):
     SCHEMA_VERSION = 1
 
 
+def refused(step: int, code: str, reason: str) -> list:
+    """The events of a call an app refuses by its rules: one ActionRejected."""
+    return [ActionRejected(step, code, reason, "rules", None)]
+
+
 class RewardGranted(NamedTuple):
     rule: str
     value: float

@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from domain.events import (
-    ActionRejected,
     TicketApprovalLinked,
     TicketAssigned,
     TicketBlocked,
@@ -20,6 +19,7 @@ from domain.events import (
     TicketStatusChanged,
     TicketUnblocked,
     TicketVerificationChanged,
+    refused,
 )
 
 APP = "ticketdesk"
@@ -48,10 +48,6 @@ class Command(NamedTuple):
     approval_ids: object = ()  # container of existing approval ids (for linked_approval)
 
 
-def _reject(step: int, code: str, reason: str) -> list:
-    return [ActionRejected(step, code, reason, "rules", None)]
-
-
 def _missing_fields(t: dict) -> list[str]:
     return [f for f in ("priority", "assignee", "status") if t[f] is None]
 
@@ -68,56 +64,56 @@ def decide(state: TicketDeskState, cmd: Command) -> list:
     tid = params["ticket_id"]
     t = state.tickets.get(tid)
     if t is None:
-        return _reject(cmd.step, "not_found",
+        return refused(cmd.step, "not_found",
                        f"No ticket {tid!r}. Use ticketdesk.list_tickets or search_tickets.")
     if method == "get_ticket":
         return []
     if method == "add_comment":
         text = params["text"].strip()
         if not text:
-            return _reject(cmd.step, "invalid_params", "A comment needs some text.")
+            return refused(cmd.step, "invalid_params", "A comment needs some text.")
         return [TicketCommentAdded(tid, text[:MAX_TEXT], cmd.step)]
     # update_ticket
     field = params["field"]
     value = params["value"]
     if t["status"] == "closed":
-        return _reject(cmd.step, "precondition_failed",
+        return refused(cmd.step, "precondition_failed",
                        f"{tid} is closed; closed tickets cannot be changed.")
     if field == "priority":
         if value not in PRIORITIES:
-            return _reject(cmd.step, "invalid_params",
+            return refused(cmd.step, "invalid_params",
                            f"priority must be one of {', '.join(PRIORITIES)}; got {value!r}.")
         return [TicketPriorityChanged(tid, value, t["priority"])]
     if field == "assignee":
         if type(value) is not str or not value.strip() or len(value) > 100:
-            return _reject(cmd.step, "invalid_params", "assignee must be a person's name.")
+            return refused(cmd.step, "invalid_params", "assignee must be a person's name.")
         return [TicketAssigned(tid, value.strip(), t["assignee"])]
     if field == "verified":
         if type(value) is not bool:
-            return _reject(cmd.step, "invalid_params", "verified must be true or false.")
+            return refused(cmd.step, "invalid_params", "verified must be true or false.")
         return [TicketVerificationChanged(tid, value)]
     if field == "linked_approval":
         if value is not None and (type(value) is not str or value not in cmd.approval_ids):
-            return _reject(cmd.step, "not_found",
+            return refused(cmd.step, "not_found",
                            f"No approval {value!r}. Use approvalflow.list_approvals.")
         return [TicketApprovalLinked(tid, value, t["linked_approval"])]
     # status
     if value not in SETTABLE_STATUSES:
         if value == "blocked":
-            return _reject(cmd.step, "invalid_params",
+            return refused(cmd.step, "invalid_params",
                            "status 'blocked' is set by dependencies, not by hand.")
-        return _reject(cmd.step, "invalid_params",
+        return refused(cmd.step, "invalid_params",
                        f"status must be one of {', '.join(SETTABLE_STATUSES)}; got {value!r}.")
     if t["blocked_by"] is not None and value != "closed":
-        return _reject(cmd.step, "precondition_failed",
+        return refused(cmd.step, "precondition_failed",
                        f"{tid} is blocked by {t['blocked_by']}; deal with the blocker first.")
     if value == "resolved":
         if t["status"] is None:
-            return _reject(cmd.step, "precondition_failed",
+            return refused(cmd.step, "precondition_failed",
                            f"{tid} has no status; set it to open or in_progress first.")
         missing = [f for f in ("priority", "assignee") if t[f] is None]
         if missing:
-            return _reject(cmd.step, "precondition_failed",
+            return refused(cmd.step, "precondition_failed",
                            f"{tid} cannot be resolved before it is triaged: missing "
                            f"{' and '.join(missing)}.")
     events = [TicketStatusChanged(tid, value, t["status"])]
