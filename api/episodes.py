@@ -11,7 +11,7 @@ import sqlalchemy as sa
 
 from api.sessions import EPISODE_ID_RE, ApiError, public_meta
 from eventstore import EventStore
-from projections.episodes import EpisodesProjection
+from projections.episodes import EpisodesProjection, summarize
 from projections.replay import EpisodeNotFound, StepNotFound, replay
 from projections.runner import ProjectionRunner
 from projections.schema import episodes as episodes_table
@@ -26,8 +26,7 @@ class EpisodeLog:
 
     def __init__(self, store: EventStore) -> None:
         self.store = store
-        self._projection = EpisodesProjection()
-        self._runner = ProjectionRunner(store, [self._projection])
+        self._runner = ProjectionRunner(store, [EpisodesProjection()])
         self._catch_up_lock = threading.Lock()
 
     def list(self, *, task: str | None = None, agent: str | None = None,
@@ -65,12 +64,9 @@ class EpisodeLog:
 
     def get(self, episode_id: str) -> dict[str, Any]:
         records = self._records(episode_id)
-        state = None
-        for record in records:
-            state = self._projection.evolve(state, record)
-        if state is None:
+        row = summarize(episode_id, records)
+        if row is None:
             raise ApiError(404, "episode_not_found", f"{episode_id!r} is not an episode stream")
-        row = self._projection.row(episode_id, state, records[-1].version)
         for column in _HIDDEN_COLUMNS:
             row.pop(column, None)
         started = orjson.loads(records[0].data_json)

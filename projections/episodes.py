@@ -61,18 +61,12 @@ class EpisodesProjection(Projection):
             state["_rewards"] = []
             state["ended_at"] = _loads(record.meta_json).get("recorded_at")
             state["sim_ended_at"] = sim_time(state["steps"])
-        state["_last"] = record
         return state
 
-    def row(self, stream_id: str, state: dict[str, Any],
-            last: RecordedEvent | int | None = None) -> dict[str, Any]:
-        """The row after `last`, the stream's last event (the runner passes it). Callers that fed
-        every event to `evolve` themselves may pass a version or nothing; prefer `summarize`."""
-        if not isinstance(last, RecordedEvent):
-            last = state["_last"]
+    def row(self, stream_id: str, state: dict[str, Any], last: RecordedEvent) -> dict[str, Any]:
+        """The row after `last`, the stream's last event."""
         row = {"episode_id": stream_id, **state}
         del row["_rewards"]
-        row.pop("_last", None)
         row["total_return"] = _settle_return(state)
         row["events"] = last.version + 1
         row["last_version"] = last.version
