@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import sqlalchemy as sa
 
-from eventstore.backends import PG_INDEX_BITS
+from eventstore.backends import PG_VISIBLE
 from eventstore.engine import normalise_url
 
 COLUMNS = ("position", "stream_id", "version", "event_id", "type", "schema_version", "data", "meta",
@@ -135,8 +135,7 @@ class PostgresSource:
     name = "postgresql-copy"
 
     # Positions below the oldest running transaction's xid are final: the store's own reader rule.
-    _SQL = (f"COPY (SELECT {_SELECT} FROM events WHERE position > {{after}} AND position < "
-            f"(pg_snapshot_xmin(pg_current_snapshot())::text::bigint << {PG_INDEX_BITS}) "
+    _SQL = (f"COPY (SELECT {_SELECT} FROM events WHERE position > {{after}} AND {PG_VISIBLE} "
             "ORDER BY position LIMIT {limit}) TO STDOUT (FORMAT csv)")
 
     def __init__(self, engine: sa.Engine) -> None:

@@ -26,6 +26,10 @@ _COLUMNS = "position, stream_id, version, event_id, type, schema_version, data, 
 
 PG_INDEX_BITS = 20
 MAX_EVENTS_PER_APPEND = 1 << PG_INDEX_BITS
+PG_VISIBLE = ("position < (pg_snapshot_xmin(pg_current_snapshot())::text::bigint "
+              f"<< {PG_INDEX_BITS})")
+"""The high-water condition every PostgreSQL reader of the global order must add to its WHERE:
+only positions of transactions older than the oldest one still running."""
 _PG_PARAMS_LIMIT = 65_000
 
 
@@ -127,8 +131,7 @@ class PostgresBackend(Backend):
     mark = "%s"
 
     def page_sql(self) -> str:
-        return (f"SELECT {_COLUMNS} FROM events WHERE position > %s AND position < "
-                f"(pg_snapshot_xmin(pg_current_snapshot())::text::bigint << {PG_INDEX_BITS}) "
+        return (f"SELECT {_COLUMNS} FROM events WHERE position > %s AND {PG_VISIBLE} "
                 "ORDER BY position LIMIT %s")
 
     def append(self, stream_id: str, rows_for, expected_version, cached_head):

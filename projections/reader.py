@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from functools import cache
 
 from eventstore import EventStore, RecordedEvent
-from eventstore.backends import PG_INDEX_BITS
+from eventstore.backends import PG_VISIBLE
 
 _COLUMNS = ("position, stream_id, version, '', type, schema_version, data, "
             "CASE WHEN type = 'EpisodeStarted' OR type = 'EpisodeEnded' THEN meta ELSE '{}' END, "
@@ -32,8 +32,7 @@ def _sql(dialect: str, upto: bool, partition: tuple[int, int] | None) -> str:
     if upto:
         where.append(f"position <= {mark}")
     if dialect == "postgresql":
-        where.append(f"position < (pg_snapshot_xmin(pg_current_snapshot())::text::bigint "
-                     f"<< {PG_INDEX_BITS})")
+        where.append(PG_VISIBLE)
     if partition is not None:
         k, n = partition
         where.append(f"{partition_key(dialect)} % {n} = {k}")
