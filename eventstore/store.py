@@ -133,17 +133,18 @@ class EventStore:
             rows = self._backend.append(stream_id, rows_for, expected_version,
                                              self._heads.get(stream_id))
         except _VersionMismatch as mismatch:
-            stored = self._stored_retry(stream_id, supplied_ids, len(prepared))
-            if stored is not None:
-                return stored
+            retry = _as_retry(stream_id, self._by_event_ids(supplied_ids), supplied_ids, prepared)
+            if retry is not None:
+                return retry
             raise ConcurrencyError(stream_id, expected_version, mismatch.actual) from None
         except UniqueViolation:
             self._heads.pop(stream_id, None)
-            stored = self._stored_retry(stream_id, supplied_ids, len(prepared))
-            if stored is not None:
-                return stored
-            clashing = [r.event_id for r in self._by_event_ids(supplied_ids)] if supplied_ids else []
-            if clashing:
+            stored = self._by_event_ids(supplied_ids)
+            retry = _as_retry(stream_id, stored, supplied_ids, prepared)
+            if retry is not None:
+                return retry
+            if stored:
+                clashing = [r.event_id for r in stored]
                 raise ValueError(f"event ids already stored in other appends: {clashing}") from None
             raise ConcurrencyError(stream_id, expected_version,
                                    self.stream_version(stream_id)) from None
@@ -158,17 +159,9 @@ class EventStore:
             heads.pop(next(iter(heads)))
         heads[stream_id] = (version, digest)
 
-    def _stored_retry(self, stream_id, supplied_ids, count) -> list[RecordedEvent] | None:
-        """The stored records when this append is a retry of one that already committed."""
-        if not supplied_ids or len(supplied_ids) != count:
-            return None
-        stored = self._by_event_ids(supplied_ids)
-        if len(stored) == count and all(r.stream_id == stream_id for r in stored):
-            order = {event_id: i for i, event_id in enumerate(supplied_ids)}
-            return sorted(stored, key=lambda r: order[r.event_id])
-        return None
-
     def _by_event_ids(self, ids: list[str]) -> list[RecordedEvent]:
+        if not ids:
+            return []
         with self.engine.connect() as conn:
             rows = conn.execute(_BY_EVENT_IDS, {"ids": ids}).all()
         return [self.upcasters.apply(RecordedEvent(*row)) for row in rows]
@@ -221,6 +214,17 @@ class EventStore:
     def last_position(self) -> int:
         with self.engine.connect() as conn:
             return conn.execute(sa.text("SELECT max(position) FROM events")).scalar() or 0
+
+
+def _as_retry(stream_id: str, stored: list[RecordedEvent], supplied_ids: list[str],
+              prepared: list) -> list[RecordedEvent] | None:
+    """The stored records, in append order, when this append repeats one that already committed."""
+    if len(supplied_ids) != len(prepared) or len(stored) != len(prepared):
+        return None
+    if any(r.stream_id != stream_id for r in stored):
+        return None
+    order = {event_id: i for i, event_id in enumerate(supplied_ids)}
+    return sorted(stored, key=lambda r: order[r.event_id])
 
 
 def _shown_url(url: str) -> str:
