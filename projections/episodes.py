@@ -13,10 +13,10 @@ from typing import Any
 import orjson
 import sqlalchemy as sa
 
+from domain import sim_time
 from eventstore import EventStore, RecordedEvent
 from projections.runner import Projection, fold_records, read_rows
 from projections.schema import episodes
-from projections.simtime import sim_time
 
 _loads = orjson.loads
 
