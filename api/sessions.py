@@ -277,8 +277,8 @@ class SessionManager:
         return episode_state(runtime)
 
     def _stale(self, runtime: EpisodeRuntime) -> bool:
-        # state.version counts the events folded so far: the log's last version is one less.
-        return self.store.stream_version(runtime.episode_id) != runtime.state.version - 1
+        # another process stepped the episode if the log moved past what this copy wrote
+        return self.store.stream_version(runtime.episode_id) != runtime.stored_version
 
     def _reload(self, episode_id: str) -> EpisodeRuntime:
         try:

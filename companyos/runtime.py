@@ -65,6 +65,11 @@ class EpisodeRuntime:
         return cls(store, episode_id, state, durability, records[0].meta, records[-1].version,
                    records[-1].digest)
 
+    @property
+    def stored_version(self) -> int | None:
+        """Version of the last event this runtime wrote (or loaded); None before anything is stored."""
+        return self._stored_version
+
     def step(self, action: Any) -> domain.StepInfo:
         state, events, info = domain.step(self.state, action)
         self.state = state
