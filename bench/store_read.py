@@ -1,6 +1,8 @@
 """read_all throughput over a store filled with step-shaped events (SQLite, and PostgreSQL when configured).
 
-Usage: python bench/store_read.py [--events N]. The last line carries the SQLite figure.
+Usage: python bench/store_read.py [--events N]. The store is read twice: filled by 1,000-event
+appends (an episode flushed at once, a bulk import) and by 4-event appends (one step per
+commit, the slowest shape to read). The last line carries the SQLite figure for the second.
 """
 
 from __future__ import annotations
@@ -14,11 +16,14 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _common import fresh_pg_url, fresh_sqlite_url, open_store, step_events  # noqa: E402
 
 
-def fill(url: str, total: int) -> None:
+def fill(url: str, total: int, steps_per_append: int = 250) -> None:
     store = open_store(url)
-    batch = [e for i in range(250) for e in step_events(i)]
+    batch = [e for i in range(steps_per_append) for e in step_events(i)]
+    version = None
     for n in range(total // len(batch)):
-        store.append(f"fill-{n}", batch, None)
+        stream, index = divmod(n, max(1, 200 // steps_per_append))
+        version = None if index == 0 else version
+        version = store.append(f"fill-{stream}", batch, version)[-1].version
     store.close()
 
 
@@ -39,8 +44,12 @@ def main() -> None:
     args = parser.parse_args()
     url = fresh_sqlite_url()
     fill(url, args.events)
+    count, rate = read_rate(url)
+    print(f"sqlite read_all events={count} events_per_s={rate:.0f} (1000-event appends)")
+    url = fresh_sqlite_url()
+    fill(url, args.events, steps_per_append=1)
     count, sqlite_rate = read_rate(url)
-    print(f"sqlite read_all events={count} events_per_s={sqlite_rate:.0f}")
+    print(f"sqlite read_all events={count} events_per_s={sqlite_rate:.0f} (4-event appends)")
     pg = fresh_pg_url()
     if pg:
         fill(pg, min(args.events, 200_000))

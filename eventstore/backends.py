@@ -1,7 +1,8 @@
 """Dialect-specific hot paths of the store, on the DBAPI cursor: appends and paged reads.
 
 SQLAlchemy builds the engines, the schema and the migrations; the per-step paths below skip its
-statement machinery, which costs more than SQLite itself for a four-event append.
+statement machinery, which costs more than SQLite itself for a four-event append. An append is
+one row in `commits` (see eventstore.packing), plus rows in `event_ids` for caller-supplied ids.
 
 Commit order and positions:
 - SQLite allows one writer at a time (BEGIN IMMEDIATE), so positions are dense and commit-ordered.
@@ -14,15 +15,13 @@ Commit order and positions:
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
-from functools import cache
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 import sqlalchemy as sa
 
 from eventstore import ids
-
-_COLUMNS = "position, stream_id, version, event_id, type, schema_version, data, meta, digest"
+from eventstore.packing import COMMIT_COLUMNS, READ_COLUMNS
 
 PG_INDEX_BITS = 20
 MAX_EVENTS_PER_APPEND = 1 << PG_INDEX_BITS
@@ -30,14 +29,32 @@ PG_VISIBLE = ("position < (pg_snapshot_xmin(pg_current_snapshot())::text::bigint
               f"<< {PG_INDEX_BITS})")
 """The high-water condition every PostgreSQL reader of the global order must add to its WHERE:
 only positions of transactions older than the oldest one still running."""
-_PG_PARAMS_LIMIT = 65_000
+READ_PAGE_COMMITS = 1000
+"""Commit rows per page of a bulk read: thousands of events of four-event steps, and a bounded
+amount of memory (a few hundred MB) even for 1,000-event batches."""
 
 
 class UniqueViolation(Exception):
-    """An insert collided with a stored (stream_id, version) or event_id."""
+    """An insert collided with a stored (stream_id, first_version) or event_id."""
 
 
-Row = tuple  # (stream_id, version, event_id, type, schema_version, data, meta, digest)
+class Commit(NamedTuple):
+    """One append, ready to insert; `position` is filled in by the backend."""
+
+    stream_id: str
+    first_version: int
+    last_version: int
+    last_digest: str
+    payload: str
+    supplied_ids: list[tuple[str, str, int]]  # (event_id, stream_id, version)
+
+    @property
+    def count(self) -> int:
+        return self.last_version - self.first_version + 1
+
+
+Head = tuple[int, str]  # (last version, last digest) of a stream
+BuildCommit = Callable[[Head | None], Commit]
 
 
 class Backend:
@@ -47,17 +64,18 @@ class Backend:
         self.engine = engine
 
     def head_sql(self) -> str:
-        m = self.mark
-        return f"SELECT version, digest FROM events WHERE stream_id = {m} ORDER BY version DESC LIMIT 1"
+        return (f"SELECT last_version, last_digest FROM commits WHERE stream_id = {self.mark} "
+                "ORDER BY first_version DESC LIMIT 1")
 
     def stream_sql(self) -> str:
         m = self.mark
-        return (f"SELECT {_COLUMNS} FROM events WHERE stream_id = {m} AND version >= {m} "
-                "ORDER BY version")
+        return (f"SELECT {READ_COLUMNS} FROM commits WHERE stream_id = {m} "
+                f"AND last_version >= {m} ORDER BY first_version")
 
     def page_sql(self) -> str:
         m = self.mark
-        return f"SELECT {_COLUMNS} FROM events WHERE position > {m} ORDER BY position LIMIT {m}"
+        return (f"SELECT {READ_COLUMNS} FROM commits WHERE position > {m} "
+                f"ORDER BY position LIMIT {m}")
 
     def close(self) -> None:
         """Release connections the backend holds outside the pool."""
@@ -75,8 +93,10 @@ class Backend:
             raw.close()
 
 
+_INSERT_IDS = "INSERT INTO event_ids (event_id, stream_id, version) VALUES ({m}, {m}, {m})"
+
 # A new stream (expected_version None) skips the head query: inserting its version 0 collides
-# with the unique (stream_id, version) key when the stream already exists.
+# with the unique (stream_id, first_version) key when the stream already exists.
 
 
 class SqliteBackend(Backend):
@@ -103,8 +123,9 @@ class SqliteBackend(Backend):
                 self._writer.close()
             self._writer = None
 
-    def append(self, stream_id: str, rows_for, expected_version, cached_head) -> list[tuple]:
-        """Insert under the single-writer lock; `rows_for(head, first_position)` builds the rows."""
+    def append(self, stream_id: str, build: BuildCommit, expected_version: int | None,
+               cached_head: Head | None) -> tuple[int, Commit]:
+        """Insert under the single-writer lock; returns the commit's (last) position and the commit."""
         with self._lock:
             cur = self._write_connection().cursor()
             cur.execute("BEGIN IMMEDIATE")
@@ -112,10 +133,13 @@ class SqliteBackend(Backend):
                 head = cached_head
                 if expected_version is not None and (head is None or head[0] != expected_version):
                     head = cur.execute(self.head_sql(), (stream_id,)).fetchone()
-                last = cur.execute("SELECT max(position) FROM events").fetchone()[0] or 0
-                rows = rows_for(head, last + 1)
-                cur.executemany(
-                    f"INSERT INTO events ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+                commit = build(head)
+                last = cur.execute("SELECT max(position) FROM commits").fetchone()[0] or 0
+                position = last + commit.count
+                cur.execute(f"INSERT INTO commits ({COMMIT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)",
+                            (position, *commit[:5]))
+                if commit.supplied_ids:
+                    cur.executemany(_INSERT_IDS.format(m="?"), commit.supplied_ids)
                 cur.execute("COMMIT")
             except BaseException as exc:
                 cur.execute("ROLLBACK")
@@ -124,17 +148,23 @@ class SqliteBackend(Backend):
                 raise
             finally:
                 cur.close()
-            return rows
+            return position, commit
+
+
+_PG_INSERT = (f"INSERT INTO commits ({COMMIT_COLUMNS}) VALUES "
+              f"((pg_current_xact_id()::text::bigint << {PG_INDEX_BITS}) + %s, "
+              "%s, %s, %s, %s, %s) RETURNING position")
 
 
 class PostgresBackend(Backend):
     mark = "%s"
 
     def page_sql(self) -> str:
-        return (f"SELECT {_COLUMNS} FROM events WHERE position > %s AND {PG_VISIBLE} "
+        return (f"SELECT {READ_COLUMNS} FROM commits WHERE position > %s AND {PG_VISIBLE} "
                 "ORDER BY position LIMIT %s")
 
-    def append(self, stream_id: str, rows_for, expected_version, cached_head):
+    def append(self, stream_id: str, build: BuildCommit, expected_version: int | None,
+               cached_head: Head | None) -> tuple[int, Commit]:
         raw = self.engine.raw_connection()
         conn = raw.driver_connection
         try:
@@ -144,42 +174,27 @@ class PostgresBackend(Backend):
                     cur.execute(self.head_sql(), (stream_id,))
                     head = cur.fetchone()
                 conn.rollback()
-            rows = rows_for(head, None)
+            commit = build(head)
+            params = (commit.count - 1, *commit[:5])
             try:
-                if len(rows) * 8 <= _PG_PARAMS_LIMIT:
+                if not commit.supplied_ids:
                     conn.autocommit = True  # one statement is its own atomic transaction
                     try:
-                        positions = self._insert(conn, rows, 0)
+                        position = conn.execute(_PG_INSERT, params).fetchone()[0]
                     finally:
                         conn.autocommit = False
                 else:
                     with conn.transaction():
-                        positions = []
-                        step = _PG_PARAMS_LIMIT // 8
-                        for start in range(0, len(rows), step):
-                            positions += self._insert(conn, rows[start:start + step], start)
+                        position = conn.execute(_PG_INSERT, params).fetchone()[0]
+                        with conn.cursor() as cur:
+                            cur.executemany(_INSERT_IDS.format(m="%s"), commit.supplied_ids)
             except Exception as exc:
                 if _is_unique_violation(exc):
                     raise UniqueViolation(str(exc)) from None
                 raise
-            return [(p, *row) for p, row in zip(positions, rows, strict=True)]
+            return position, commit
         finally:
             raw.close()
-
-    @staticmethod
-    def _insert(conn, rows: list[Row], offset: int) -> list[int]:
-        params = [value for row in rows for value in row]
-        with conn.cursor() as cur:
-            cur.execute(_pg_insert_sql(len(rows), offset), params)
-            return [r[0] for r in cur.fetchall()]
-
-
-@cache
-def _pg_insert_sql(count: int, offset: int) -> str:
-    position = f"(pg_current_xact_id()::text::bigint << {PG_INDEX_BITS}) + "
-    values = ", ".join(
-        f"({position}{offset + i}, %s, %s, %s, %s, %s, %s, %s, %s)" for i in range(count))
-    return (f"INSERT INTO events ({_COLUMNS}) VALUES {values} RETURNING position")
 
 
 def _is_unique_violation(exc: BaseException) -> bool:
@@ -193,4 +208,4 @@ def backend_for(engine: sa.Engine) -> Backend:
     return PostgresBackend(engine) if engine.dialect.name == "postgresql" else SqliteBackend(engine)
 
 
-__all__ = ["MAX_EVENTS_PER_APPEND", "Backend", "UniqueViolation", "backend_for"]
+__all__ = ["MAX_EVENTS_PER_APPEND", "Backend", "Commit", "UniqueViolation", "backend_for"]

@@ -9,10 +9,17 @@ from typing import Any
 import sqlalchemy as sa
 
 from eventstore import migrate
-from eventstore.backends import MAX_EVENTS_PER_APPEND, UniqueViolation, backend_for
+from eventstore.backends import (
+    MAX_EVENTS_PER_APPEND,
+    READ_PAGE_COMMITS,
+    Commit,
+    UniqueViolation,
+    backend_for,
+)
 from eventstore.encoding import GENESIS_DIGEST, canonical_json, chain_digest, decode_json
 from eventstore.engine import create_engine
 from eventstore.ids import new_event_id
+from eventstore.packing import pack, unpack
 from eventstore.records import (
     MAX_EVENT_BYTES,
     MAX_STREAM_ID_LENGTH,
@@ -25,16 +32,13 @@ from eventstore.records import (
 from eventstore.upcasting import Upcasters
 
 DEFAULT_URL = "sqlite:///companyos.db"
-READ_PAGE = 10_000
 _HEAD_CACHE_SIZE = 4096
 
-_COLUMNS = "position, stream_id, version, event_id, type, schema_version, data, meta, digest"
-_BY_EVENT_IDS = sa.text(
-    f"SELECT {_COLUMNS} FROM events WHERE event_id IN :ids ORDER BY position"
+_EVENT_IDS_SQL = sa.text(
+    "SELECT stream_id, min(version) FROM event_ids WHERE event_id IN :ids GROUP BY stream_id"
 ).bindparams(sa.bindparam("ids", expanding=True))
-_STREAM_HEAD = sa.text(
-    "SELECT version, digest FROM events WHERE stream_id = :stream_id ORDER BY version DESC LIMIT 1"
-)
+_STREAM_HEAD = sa.text("SELECT last_version, last_digest FROM commits WHERE stream_id = :stream_id "
+                       "ORDER BY first_version DESC LIMIT 1")
 
 
 class _VersionMismatch(Exception):
@@ -107,31 +111,37 @@ class EventStore:
         if len(set(supplied_ids)) != len(supplied_ids):
             raise ValueError("one append names the same event_id twice")
         plain_meta = canonical_json({"recorded_at": dt.datetime.now(dt.UTC).isoformat()}).decode()
+        with_meta = any(p[4] for p in prepared)
 
-        def rows_for(head, first_position):
+        def build(head: tuple[int, str] | None) -> Commit:
             version = -1 if head is None else head[0]
             if version != (-1 if expected_version is None else expected_version):
                 raise _VersionMismatch(None if head is None else head[0])
             digest = GENESIS_DIGEST if head is None else head[1]
-            rows = []
-            position = first_position
-            for type_, schema_version, data_json, event_id, meta in prepared:
+            first_version = version + 1
+            event_ids, types, schemas, datas, digests = [], [], [], [], []
+            supplied = []
+            for type_, schema_version, data_json, event_id, _meta in prepared:
                 version += 1
                 digest = chain_digest(digest, type_, schema_version, data_json)
-                meta_json = _meta_json(meta, plain_meta)
-                event_id = event_id or new_event_id()
-                if position is None:
-                    rows.append((stream_id, version, event_id, type_, schema_version, data_json,
-                                 meta_json, digest))
+                if event_id is None:
+                    event_id = new_event_id()
                 else:
-                    rows.append((position, stream_id, version, event_id, type_, schema_version,
-                                 data_json, meta_json, digest))
-                    position += 1
-            return rows
+                    supplied.append((event_id, stream_id, version))
+                event_ids.append(event_id)
+                types.append(type_)
+                schemas.append(schema_version)
+                datas.append(data_json)
+                digests.append(digest)
+            metas = [_meta_json(p[4], plain_meta) if p[4] else None for p in prepared
+                     ] if with_meta else None
+            return Commit(stream_id, first_version, version, digest,
+                          pack(event_ids, types, schemas, datas, digests, plain_meta, metas),
+                          supplied)
 
         try:
-            rows = self._backend.append(stream_id, rows_for, expected_version,
-                                             self._heads.get(stream_id))
+            position, commit = self._backend.append(stream_id, build, expected_version,
+                                                    self._heads.get(stream_id))
         except _VersionMismatch as mismatch:
             retry = _as_retry(stream_id, self._by_event_ids(supplied_ids), supplied_ids, prepared)
             if retry is not None:
@@ -148,9 +158,8 @@ class EventStore:
                 raise ValueError(f"event ids already stored in other appends: {clashing}") from None
             raise ConcurrencyError(stream_id, expected_version,
                                    self.stream_version(stream_id)) from None
-        records = list(map(RecordedEvent._make, rows))
-        self._remember_head(stream_id, records[-1].version, records[-1].digest)
-        return records
+        self._remember_head(stream_id, commit.last_version, commit.last_digest)
+        return list(unpack((position, stream_id, commit.first_version, commit.payload)))
 
     def _remember_head(self, stream_id: str, version: int, digest: str) -> None:
         """Cache a stream's head so the next append skips a query; a stale entry only costs a retry."""
@@ -160,44 +169,57 @@ class EventStore:
         heads[stream_id] = (version, digest)
 
     def _by_event_ids(self, ids: list[str]) -> list[RecordedEvent]:
+        """The stored events with these caller-supplied ids, in position order."""
         if not ids:
             return []
         with self.engine.connect() as conn:
-            rows = conn.execute(_BY_EVENT_IDS, {"ids": ids}).all()
-        return [self.upcasters.apply(RecordedEvent(*row)) for row in rows]
+            starts = conn.execute(_EVENT_IDS_SQL, {"ids": ids}).all()
+        wanted = set(ids)
+        found = [r for stream_id, first in starts for r in self.read_stream(stream_id, first)
+                 if r.event_id in wanted]
+        return sorted(found, key=lambda r: r.position)
 
     # -- reading -------------------------------------------------------------------------------
 
     def read_stream(self, stream_id: str, from_version: int = 0) -> Iterator[RecordedEvent]:
         """The stream's events in version order (upcast to the current schema)."""
         rows = self._backend.fetch(self._backend.stream_sql(), (stream_id, from_version))
-        apply = self.upcasters.apply
+        apply = self.upcasters.apply if self.upcasters.types else None
         for row in rows:
-            yield apply(RecordedEvent._make(row))
+            for record in unpack(row):
+                if record.version >= from_version:
+                    yield record if apply is None else apply(record)
 
     def read_all(self, after_position: int = 0, limit: int | None = None) -> Iterator[RecordedEvent]:
         """Every event after `after_position` in commit order, read in pages so memory stays flat."""
+        if limit is not None and limit <= 0:
+            return
         remaining = limit
         after = after_position
-        apply = self.upcasters.apply
-        upcast = bool(self.upcasters.types)
-        make = RecordedEvent._make
+        apply = self.upcasters.apply if self.upcasters.types else None
         sql = self._backend.page_sql()
-        while remaining is None or remaining > 0:
-            page = READ_PAGE if remaining is None else min(READ_PAGE, remaining)
-            rows = self._backend.fetch(sql, (after, page))
-            if not rows:
+        fetch = self._backend.fetch
+        resuming = True  # only the very first commit read may hold events at or before `after`
+        while True:
+            rows = fetch(sql, (after, READ_PAGE_COMMITS))
+            for row in rows:
+                records = unpack(row)
+                if resuming:
+                    resuming = False
+                    records = (r for r in records if r.position > after)
+                if apply is not None:
+                    records = map(apply, records)
+                if remaining is None:
+                    yield from records
+                    continue
+                for record in records:
+                    yield record
+                    remaining -= 1
+                    if remaining == 0:
+                        return
+            if len(rows) < READ_PAGE_COMMITS:
                 return
-            if upcast:
-                for row in rows:
-                    yield apply(make(row))
-            else:
-                yield from map(make, rows)
             after = rows[-1][0]
-            if remaining is not None:
-                remaining -= len(rows)
-            if len(rows) < page:
-                return
 
     def stream_version(self, stream_id: str) -> int | None:
         """Version of the stream's last event, or None when the stream does not exist."""
@@ -213,7 +235,7 @@ class EventStore:
 
     def last_position(self) -> int:
         with self.engine.connect() as conn:
-            return conn.execute(sa.text("SELECT max(position) FROM events")).scalar() or 0
+            return conn.execute(sa.text("SELECT max(position) FROM commits")).scalar() or 0
 
 
 def _as_retry(stream_id: str, stored: list[RecordedEvent], supplied_ids: list[str],

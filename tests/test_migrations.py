@@ -7,7 +7,10 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 
-from eventstore import EventStore
+from alembic import command
+
+from eventstore import GENESIS_DIGEST, EventStore, NewEvent, chain_digest
+from eventstore.engine import create_engine
 from eventstore.migrate import alembic_config, head_revision
 from migrations.target import target_metadata
 
@@ -39,5 +42,59 @@ def test_reopening_is_a_no_op(sqlite_url):
     store = EventStore.open(sqlite_url)
     with store.engine.connect() as conn:
         tables = set(sa.inspect(conn).get_table_names())
-    assert {"events", "alembic_version"} <= tables
+    assert {"commits", "event_ids", "alembic_version"} <= tables
     store.close()
+
+
+def _fill_one_row_per_event_store(url: str) -> list[tuple]:
+    """A database at revision 0002, when the store kept one `events` row per event."""
+    engine = create_engine(url, None)
+    rows = []
+    for stream in ("ep-a", "ep-b"):
+        digest = GENESIS_DIGEST
+        for version in range(3):
+            data = f'{{"n":{version},"s":"{stream}"}}'
+            digest = chain_digest(digest, "Stepped", 1, data)
+            rows.append([stream, version, f"{stream}-id-{version}", "Stepped", 1, data,
+                         f'{{"recorded_at":"t{version}"}}', digest])
+    rows.sort(key=lambda r: (r[1], r[0]))  # interleave the two streams in the global order
+    rows = [(10 + 3 * i, *row) for i, row in enumerate(rows)]  # gaps, as PostgreSQL leaves them
+    with engine.begin() as conn:
+        config = alembic_config()
+        config.attributes["connection"] = conn
+        command.upgrade(config, "0002_projections")
+        conn.execute(sa.text(
+            "INSERT INTO events (position, stream_id, version, event_id, type, schema_version, "
+            "data, meta, digest) VALUES (:p, :s, :v, :i, :t, :sv, :d, :m, :g)"),
+            [dict(zip(("p", "s", "v", "i", "t", "sv", "d", "m", "g"), row, strict=True))
+             for row in rows])
+    engine.dispose()
+    return rows
+
+
+def _upgrade_keeps_every_event(url: str) -> None:
+    rows = _fill_one_row_per_event_store(url)
+    store = EventStore.open(url)
+    try:
+        assert [tuple(r) for r in store.read_all()] == rows
+        assert [r.position for r in store.read_all(after_position=rows[2][0])] == \
+            [r[0] for r in rows[3:]]
+        assert store.stream_digest("ep-a") == [r for r in rows if r[1] == "ep-a"][-1][8]
+        # an old event id is still idempotent, and the chain continues from the migrated head
+        again = store.append("ep-a", [NewEvent("Stepped", {"n": 2, "s": "ep-a"},
+                                               event_id="ep-a-id-2")], 1)
+        assert again[0].position == [r for r in rows if r[3] == "ep-a-id-2"][0][0]
+        new = store.append("ep-a", [NewEvent("Stepped", {"n": 3})], 2)
+        assert new[0].position > rows[-1][0] and new[0].version == 3
+        old_head = [r for r in rows if r[1] == "ep-a"][-1][8]
+        assert new[0].digest == chain_digest(old_head, "Stepped", 1, '{"n":3}')
+    finally:
+        store.close()
+
+
+def test_upgrading_a_one_row_per_event_sqlite_store_keeps_every_event(sqlite_url):
+    _upgrade_keeps_every_event(sqlite_url)
+
+
+def test_upgrading_a_one_row_per_event_postgres_store_keeps_every_event(fresh_pg_url):
+    _upgrade_keeps_every_event(fresh_pg_url)
