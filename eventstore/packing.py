@@ -14,6 +14,7 @@ as much as decoding a commit's events.
 from __future__ import annotations
 
 from collections.abc import Iterator
+
 import orjson
 
 from eventstore.records import RecordedEvent

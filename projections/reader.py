@@ -1,11 +1,10 @@
-"""A lean page reader of the global log for projections, on the raw DBAPI cursor.
+"""Page readers of the global log for projections, on the raw DBAPI cursor.
 
-`EventStore.read_all` returns every column; folding read models needs neither `event_id` nor
-the `meta` of most events, and those columns are a third of the cost of a bulk read. This
-reader returns the same `RecordedEvent` tuples with `event_id` empty and `meta` only for
-EpisodeStarted/EpisodeEnded (the wall clock and agent of an episode), `{}` otherwise.
+They read the store's `commits` rows (one per append, see eventstore.packing) and unpack them
+into `RecordedEvent`s. A page asks for about `limit` events; a commit is never split in the
+database, only in memory, so the next page resumes inside it by position.
 
-It keeps the store's ordering guarantee: on PostgreSQL a page only reaches below the oldest
+They keep the store's ordering guarantee: on PostgreSQL a page only reaches below the oldest
 transaction still in progress (the store's transaction-id high-water mark), exactly as
 `read_all` does. A `partition=(k, n)` keeps the streams whose key falls in part k of n, so
 several processes can fold disjoint sets of streams from one log.
@@ -18,11 +17,14 @@ from functools import cache
 
 from eventstore import EventStore, RecordedEvent
 from eventstore.backends import PG_VISIBLE
+from eventstore.packing import READ_COLUMNS, unpack
 
-_COLUMNS = ("position, stream_id, version, '', type, schema_version, data, "
-            "CASE WHEN type = 'EpisodeStarted' OR type = 'EpisodeEnded' THEN meta ELSE '{}' END, "
-            "digest")
-_make = RecordedEvent._make
+_EVENTS_PER_COMMIT_GUESS = 4
+"""A step's events; pages fetch limit/4 commits, so a page of whole episodes only runs long."""
+
+
+def _commits_for(limit: int) -> int:
+    return max(1, limit // _EVENTS_PER_COMMIT_GUESS)
 
 
 @cache
@@ -36,7 +38,7 @@ def _sql(dialect: str, upto: bool, partition: tuple[int, int] | None) -> str:
     if partition is not None:
         k, n = partition
         where.append(f"{partition_key(dialect)} % {n} = {k}")
-    return (f"SELECT {_COLUMNS} FROM events WHERE {' AND '.join(where)} "
+    return (f"SELECT {READ_COLUMNS} FROM commits WHERE {' AND '.join(where)} "
             f"ORDER BY position LIMIT {mark}")
 
 
@@ -48,14 +50,23 @@ def partition_key(dialect: str) -> str:
             "coalesce(unicode(substr(stream_id, -2, 1)), 0))")
 
 
+def _unpacked(store: EventStore, rows: list[tuple]) -> list[RecordedEvent]:
+    records = [r for row in rows for r in unpack(row)]
+    upcasters = store.upcasters
+    if upcasters.types:
+        records = [upcasters.apply(r) for r in records]
+    return records
+
+
 def fetch_page(store: EventStore, after: int, limit: int, upto: int | None = None,
                partition: tuple[int, int] | None = None) -> list[RecordedEvent]:
-    """Up to `limit` events after position `after` (and at most `upto`), in position order."""
+    """Up to `limit` events after position `after` (and at most `upto`), in position order;
+    empty only when there are none."""
     dialect = store.engine.dialect.name
     params: list[int] = [after]
     if upto is not None:
         params.append(upto)
-    params.append(limit)
+    params.append(_commits_for(limit))
     raw = store.engine.raw_connection()
     try:
         cur = raw.cursor()
@@ -65,10 +76,10 @@ def fetch_page(store: EventStore, after: int, limit: int, upto: int | None = Non
         raw.rollback()
     finally:
         raw.close()
-    records = list(map(_make, rows))
-    upcasters = store.upcasters
-    if upcasters.types:
-        records = [upcasters.apply(r) for r in records]
+    records = _unpacked(store, rows)
+    if records and records[0].position <= after:  # resuming inside a commit an earlier page split
+        records = [r for r in records if r.position > after]
+    del records[limit:]
     return records
 
 
@@ -79,7 +90,7 @@ def stream_ranges(store: EventStore, parts: int, upto: int) -> list[tuple[str, s
     """`parts` ranges [lo, hi) of stream ids holding about equally many streams (hi None: no end)."""
     with store.engine.connect() as conn:
         ids = [row[0] for row in conn.exec_driver_sql(
-            "SELECT stream_id FROM events WHERE version = 0 AND position <= "
+            "SELECT stream_id FROM commits WHERE first_version = 0 AND position <= "
             + ("%(upto)s" if store.engine.dialect.name == "postgresql" else ":upto")
             + " ORDER BY stream_id", {"upto": upto})]
     cuts = sorted({ids[len(ids) * i // parts] for i in range(1, parts)} - {ids[0]}) if ids else []
@@ -91,23 +102,22 @@ def stream_ranges(store: EventStore, parts: int, upto: int) -> list[tuple[str, s
 def _range_sql(dialect: str, bounded: bool) -> str:
     mark = "%s" if dialect == "postgresql" else "?"
     hi = f" AND stream_id < {mark}" if bounded else ""
-    return (f"SELECT {_COLUMNS} FROM events WHERE (stream_id, version) > ({mark}, {mark}){hi} "
-            f"AND position <= {mark} ORDER BY stream_id, version LIMIT {mark}")
+    return (f"SELECT {READ_COLUMNS} FROM commits WHERE (stream_id, first_version) > ({mark}, {mark})"
+            f"{hi} AND position <= {mark} ORDER BY stream_id, first_version LIMIT {mark}")
 
 
 def scan_range(store: EventStore, lo: str, hi: str | None, upto: int,
                page: int) -> Iterator[list[RecordedEvent]]:
     """Pages of the events of streams in [lo, hi) at positions <= upto, by (stream, version).
 
-    Uses the (stream_id, version) index, so workers given disjoint ranges read disjoint rows.
+    Uses the (stream_id, first_version) index, so workers given disjoint ranges read disjoint rows.
     """
     sql = _range_sql(store.engine.dialect.name, hi is not None)
     key: tuple[str, int] = (lo, -1)
-    upcasters = store.upcasters
     raw = store.engine.raw_connection()
     try:
         while True:
-            params = [*key, *([hi] if hi is not None else []), upto, page]
+            params = [*key, *([hi] if hi is not None else []), upto, _commits_for(page)]
             cur = raw.cursor()
             cur.execute(sql, params)
             rows = cur.fetchall()
@@ -115,10 +125,7 @@ def scan_range(store: EventStore, lo: str, hi: str | None, upto: int,
             raw.rollback()
             if not rows:
                 return
-            records = list(map(_make, rows))
-            if upcasters.types:
-                records = [upcasters.apply(r) for r in records]
-            yield records
+            yield _unpacked(store, rows)
             key = (rows[-1][1], rows[-1][2])
     finally:
         raw.close()

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import sqlalchemy as sa
+from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-
-from alembic import command
 
 from eventstore import GENESIS_DIGEST, EventStore, NewEvent, chain_digest
 from eventstore.engine import create_engine

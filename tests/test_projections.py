@@ -15,6 +15,7 @@ from projections.replay import StepNotFound, replay
 from projections.rerun import rerun
 from projections.schema import episode_views, episodes, projection_checkpoints
 from projections.verify import verify
+from tests import tamper
 
 CHAOS = ("none", "low", "medium", "high")
 
@@ -134,10 +135,9 @@ def test_rerun_shows_the_first_differing_event(logged, tmp_path):
     url, played = logged
     store = copy_store(url, tmp_path)
     victim = played[3]["episode_id"]
-    with store.engine.begin() as conn:
-        conn.execute(sa.text("UPDATE events SET data = replace(data, :old, :new) "
-                             "WHERE stream_id = :s AND type = 'ActionTaken'"),
-                     {"s": victim, "old": '"step":2', "new": '"step":7'})
+    for version in tamper.versions_of_type(store.engine, victim, "ActionTaken"):
+        tamper.edit_event(store.engine, victim, version, "data",
+                          lambda data: data.replace('"step":2', '"step":7'))
     result = rerun(store, victim)
     assert not result.match
     assert result.stored.type == result.rerun.type == "ActionTaken"
@@ -190,50 +190,65 @@ def _sql(store: EventStore, statement: str, **params) -> None:
         conn.execute(sa.text(statement), params)
 
 
-def _position(store: EventStore, stream: str, version: int) -> int:
-    with store.engine.connect() as conn:
-        return conn.execute(sa.text("SELECT position FROM events WHERE stream_id = :s AND "
-                                    "version = :v"), {"s": stream, "v": version}).scalar_one()
-
-
 def test_verify_names_the_episode_whose_event_was_edited(damaged, workers):
     store, played = damaged
     victim = played[5]["episode_id"]
-    _sql(store, "UPDATE events SET data = replace(data, :old, :new) "
-                "WHERE stream_id = :s AND version = (SELECT min(version) FROM events WHERE "
-                "stream_id = :s AND type = 'ActionTaken')", s=victim, old='"step":1', new='"step":9')
+    version = tamper.versions_of_type(store.engine, victim, "ActionTaken")[0]
+    tamper.edit_event(store.engine, victim, version, "data",
+                      lambda data: data.replace('"step":1', '"step":9'))
     report = verify(store, workers=workers)
     assert not report.ok
     assert set(report.problems) == {victim}
     assert any("digest" in p for p in report.problems[victim])
 
 
-def test_verify_catches_a_deleted_event(damaged, workers):
+def _middle_commit(store: EventStore, stream: str, size: int = 1) -> tuple[int, int, int]:
+    """A commit of the stream that is neither its first nor its last, holding > size events."""
+    commits = tamper.stream_commits(store.engine, stream)
+    return next(c for c in commits[1:-1] if c[2] - c[1] >= size)
+
+
+def test_verify_catches_a_deleted_commit(damaged, workers):
     store, played = damaged
     victim = played[6]["episode_id"]
-    _sql(store, "DELETE FROM events WHERE stream_id = :s AND version = 4", s=victim)
+    tamper.delete_commit(store.engine, _middle_commit(store, victim)[0])
     report = verify(store, workers=workers)
     assert set(report.problems) == {victim}
     assert any("missing" in p for p in report.problems[victim])
 
 
-@pytest.mark.parametrize("how", ["positions", "versions", "data"])
+def test_verify_catches_an_event_cut_out_of_a_commit(damaged, workers):
+    store, played = damaged
+    victim = played[6]["episode_id"]
+    position, first, last = _middle_commit(store, victim)
+
+    def cut(payload: dict) -> None:
+        for key in ("id", "type", "schema", "data", "digest"):
+            del payload[key][0]
+
+    tamper.edit_payload(store.engine, position, cut)
+    with store.engine.begin() as conn:  # and the row's bounds made to agree with its payload
+        conn.execute(sa.text("UPDATE commits SET last_version = last_version - 1 "
+                             "WHERE position = :p"), {"p": position})
+    report = verify(store, workers=workers)
+    assert set(report.problems) == {victim}
+    assert any("missing" in p or "digest" in p for p in report.problems[victim])
+
+
+@pytest.mark.parametrize("how", ["commit-positions", "events", "data"])
 def test_verify_catches_two_swapped_events(damaged, how, workers):
     store, played = damaged
     victim = played[7]["episode_id"]
-    a, b = _position(store, victim, 3), _position(store, victim, 4)
-    if how == "positions":  # the log's order changes; each row keeps its version and digest
-        _sql(store, "UPDATE events SET position = -1 WHERE position = :a", a=a)
-        _sql(store, "UPDATE events SET position = :a WHERE position = :b", a=a, b=b)
-        _sql(store, "UPDATE events SET position = :b WHERE position = -1", b=b)
-    elif how == "versions":
-        _sql(store, "UPDATE events SET version = -1 WHERE position = :a", a=a)
-        _sql(store, "UPDATE events SET version = 3 WHERE position = :b", b=b)
-        _sql(store, "UPDATE events SET version = 4 WHERE position = :a", a=a)
+    position, first, last = _middle_commit(store, victim, size=1)
+    if how == "commit-positions":  # the log's order changes; each row keeps versions and digests
+        commits = tamper.stream_commits(store.engine, victim)
+        later = commits[commits.index((position, first, last)) + 1][0]
+        tamper.swap_commit_positions(store.engine, position, later)
+    elif how == "events":  # two events of one commit trade places wholesale
+        tamper.swap_events(store.engine, position, 0, 1,
+                           ("id", "type", "schema", "data", "digest"))
     else:  # the contents trade places, versions and digests stay
-        _sql(store, "UPDATE events SET type = (SELECT type FROM events WHERE position = :b), "
-                    "data = (SELECT data FROM events WHERE position = :b) "
-                    "WHERE position = :a", a=a, b=b)
+        tamper.swap_events(store.engine, position, 0, 1, ("type", "data"))
     report = verify(store, workers=workers)
     assert victim in report.problems and len(report.problems) == 1, report.problems
 
@@ -261,7 +276,7 @@ def test_verify_checks_episode_shape_and_known_types(damaged, workers):
 def test_verify_and_the_runner_survive_an_event_that_does_not_decode(damaged, workers):
     store, played = damaged
     victim = played[4]["episode_id"]
-    _sql(store, "UPDATE events SET data = '{\"broken' WHERE stream_id = :s AND version = 2", s=victim)
+    tamper.edit_event(store.engine, victim, 2, "data", lambda _data: '{"broken')
     runner = ProjectionRunner(store, default_projections())
     runner.rebuild()
     report = verify(store, workers=workers)

@@ -9,6 +9,7 @@ import sqlalchemy as sa
 
 from companyos.commands import projections as commands
 from eventstore import EventStore
+from tests import tamper
 from tests.conftest import command_runner
 
 
@@ -66,10 +67,9 @@ def test_rerun_exits_0_on_a_match_and_1_on_a_mismatch(cli, db, tmp_path):
     copy = tmp_path / "copy.db"
     shutil.copy(sa.make_url(url).database, copy)
     engine = sa.create_engine(f"sqlite:///{copy}")
-    with engine.begin() as conn:
-        conn.execute(sa.text("UPDATE events SET data = replace(data, :old, :new) "
-                             "WHERE stream_id = :s AND type = 'ActionTaken'"),
-                     {"s": ids[0], "old": '"step":3', "new": '"step":4'})
+    for version in tamper.versions_of_type(engine, ids[0], "ActionTaken"):
+        tamper.edit_event(engine, ids[0], version, "data",
+                          lambda data: data.replace('"step":3', '"step":4'))
     engine.dispose()
     out = cli("rerun", ids[0], "--db", f"sqlite:///{copy}")
     assert out.exit_code == 1
@@ -92,9 +92,7 @@ def test_verify_and_rebuild(cli, db, tmp_path):
     out = cli("verify", "--db", url)
     assert out.exit_code == 0 and out.stdout.strip().endswith("ok")
     engine = sa.create_engine(url)
-    with engine.begin() as conn:
-        conn.execute(sa.text("DELETE FROM events WHERE stream_id = :s AND version = 3"),
-                     {"s": ids[1]})
+    tamper.delete_commit(engine, tamper.stream_commits(engine, ids[1])[1][0])
     engine.dispose()
     out = cli("verify", "--db", url, "--workers", "2")
     assert out.exit_code == 1 and f"BROKEN {ids[1]}" in out.stdout and ids[0] not in out.stdout

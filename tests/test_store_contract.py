@@ -6,6 +6,7 @@ import multiprocessing as mp
 import os
 import subprocess
 import sys
+import time
 import uuid
 
 import pytest
@@ -208,13 +209,11 @@ def _follower(url, start, expected, queue):
     store = EventStore.open(url)
     seen: list[int] = []
     cursor = start
-    idle = 0
-    while len(seen) < expected and idle < 3000:
+    give_up = time.monotonic() + 60  # a safety net only: the writers finish in seconds
+    while len(seen) < expected and time.monotonic() < give_up:
         batch = list(store.read_all(after_position=cursor, limit=500))
         if not batch:
-            idle += 1
             continue
-        idle = 0
         seen.extend(r.position for r in batch)
         cursor = batch[-1].position
     store.close()
