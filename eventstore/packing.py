@@ -50,14 +50,14 @@ def unpack(row: tuple) -> Iterator[RecordedEvent]:
     own_meta = cols.get("event_meta")
     if own_meta is None:
         for event_id, type_, schema, data, digest in zip(
-                ids, cols["type"], cols["schema"], cols["data"], cols["digest"]):
+                ids, cols["type"], cols["schema"], cols["data"], cols["digest"], strict=True):
             position += 1
             version += 1
             yield _new(RecordedEvent, (position, stream_id, version, event_id, type_, schema,
                                        data, meta, digest))
     else:
         for event_id, type_, schema, data, digest, event_meta in zip(
-                ids, cols["type"], cols["schema"], cols["data"], cols["digest"], own_meta):
+                ids, cols["type"], cols["schema"], cols["data"], cols["digest"], own_meta, strict=True):
             position += 1
             version += 1
             yield _new(RecordedEvent, (position, stream_id, version, event_id, type_, schema,

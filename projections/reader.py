@@ -50,8 +50,7 @@ def partition_key(dialect: str) -> str:
             "coalesce(unicode(substr(stream_id, -2, 1)), 0))")
 
 
-def _unpacked(store: EventStore, rows: list[tuple]) -> list[RecordedEvent]:
-    records = [r for row in rows for r in unpack(row)]
+def _upcast(store: EventStore, records: list[RecordedEvent]) -> list[RecordedEvent]:
     upcasters = store.upcasters
     if upcasters.types:
         records = [upcasters.apply(r) for r in records]
@@ -76,11 +75,15 @@ def fetch_page(store: EventStore, after: int, limit: int, upto: int | None = Non
         raw.rollback()
     finally:
         raw.close()
-    records = _unpacked(store, rows)
+    records: list[RecordedEvent] = []
+    for row in rows:  # decode only as many commits as the page needs
+        records.extend(unpack(row))
+        if len(records) >= limit:
+            break
     if records and records[0].position <= after:  # resuming inside a commit an earlier page split
         records = [r for r in records if r.position > after]
     del records[limit:]
-    return records
+    return _upcast(store, records)
 
 
 # -- stream order: disjoint key ranges for worker processes ---------------------------------------
@@ -125,7 +128,7 @@ def scan_range(store: EventStore, lo: str, hi: str | None, upto: int,
             raw.rollback()
             if not rows:
                 return
-            yield _unpacked(store, rows)
+            yield _upcast(store, [r for row in rows for r in unpack(row)])
             key = (rows[-1][1], rows[-1][2])
     finally:
         raw.close()
