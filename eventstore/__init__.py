@@ -1,6 +1,7 @@
 """The append-only event store: envelopes in, envelopes out; it knows nothing of the domain."""
 
 from eventstore.encoding import GENESIS_DIGEST, canonical_json, chain_digest
+from eventstore.packing import CorruptCommit
 from eventstore.records import (
     MAX_EVENT_BYTES,
     ConcurrencyError,
@@ -12,6 +13,6 @@ from eventstore.store import DEFAULT_URL, EventStore
 from eventstore.upcasting import Upcasters
 
 __all__ = [
-    "DEFAULT_URL", "GENESIS_DIGEST", "MAX_EVENT_BYTES", "ConcurrencyError", "EventStore",
+    "DEFAULT_URL", "GENESIS_DIGEST", "MAX_EVENT_BYTES", "ConcurrencyError", "CorruptCommit", "EventStore",
     "NewEvent", "RecordedEvent", "StoreUnavailable", "Upcasters", "canonical_json", "chain_digest",
 ]

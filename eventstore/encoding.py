@@ -42,7 +42,11 @@ def decode_json(raw: str | bytes) -> Any:
     return orjson.loads(raw)
 
 
+_EMPTY_DIGEST_STATE = hashlib.blake2b(digest_size=16)
+
+
 def chain_digest(previous: str, type_: str, schema_version: int, data_json: str) -> str:
     """Digest of one event chained to its predecessor; meta and wall-clock time never enter it."""
-    material = f"{previous}\x1f{type_}\x1f{schema_version}\x1f{data_json}".encode()
-    return hashlib.blake2b(material, digest_size=16).hexdigest()
+    hasher = _EMPTY_DIGEST_STATE.copy()  # copying a fresh state beats constructing one
+    hasher.update(f"{previous}\x1f{type_}\x1f{schema_version}\x1f{data_json}".encode())
+    return hasher.hexdigest()

@@ -14,6 +14,7 @@ as much as decoding a commit's events.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import NamedTuple
 
 import orjson
 
@@ -21,6 +22,7 @@ from eventstore.records import RecordedEvent
 
 COMMIT_COLUMNS = "position, stream_id, first_version, last_version, last_digest, payload"
 READ_COLUMNS = "position, stream_id, first_version, payload"
+PAYLOAD_LISTS = ("id", "type", "schema", "data", "digest")
 """Payload: {"id": [...], "type": [...], "schema": [...], "data": [<JSON text>...],
 "digest": [...], "meta": <the commit's meta, JSON text>} and, only when some event carries its
 own meta, "event_meta": [<JSON text> or null ...]; lists hold one entry per event."""
@@ -29,35 +31,98 @@ _new = tuple.__new__
 _loads = orjson.loads
 
 
+class Commit(NamedTuple):
+    """One append, ready to insert; the backend assigns its position."""
+
+    stream_id: str
+    first_version: int
+    last_version: int
+    last_digest: str
+    payload: str
+    supplied_ids: list[tuple[str, str, int]]  # (event_id, stream_id, version)
+    columns: tuple[list, ...]  # ids, types, schemas, datas, digests, per-event metas
+    meta: str
+
+    @property
+    def count(self) -> int:
+        return self.last_version - self.first_version + 1
+
+    def records(self, position: int) -> list[RecordedEvent]:
+        """The recorded events once the commit's last position is known (no JSON decoding)."""
+        first = position - self.count + 1
+        meta = self.meta
+        stream_id = self.stream_id
+        return [_new(RecordedEvent, (first + i, stream_id, self.first_version + i, event_id,
+                                     type_, schema, data, event_meta or meta, digest))
+                for i, (event_id, type_, schema, data, digest, event_meta)
+                in enumerate(zip(*self.columns, strict=True))]
+
+
+def make_commit(stream_id: str, first_version: int, ids: list[str], types: list[str],
+                schemas: list[int], datas: list[str], digests: list[str], meta: str,
+                event_metas: list[str | None], supplied_ids: list[tuple[str, str, int]]
+                ) -> Commit:
+    """One append's commit, its columns packed once."""
+    return Commit(stream_id, first_version, first_version + len(ids) - 1, digests[-1],
+                  pack(ids, types, schemas, datas, digests, meta, event_metas), supplied_ids,
+                  (ids, types, schemas, datas, digests, event_metas), meta)
+
+
 def pack(ids: list[str], types: list[str], schemas: list[int], datas: list[str],
-         digests: list[str], meta: str, event_metas: list[str | None] | None) -> str:
+         digests: list[str], meta: str, event_metas: list[str | None] | None = None) -> str:
     """The payload text of one commit (data stays canonical JSON text, so digests re-check)."""
     payload = {"id": ids, "type": types, "schema": schemas, "data": datas, "digest": digests,
                "meta": meta}
-    if event_metas is not None:
+    if event_metas is not None and any(event_metas):
         payload["event_meta"] = event_metas
     return orjson.dumps(payload).decode()
 
 
+class CorruptCommit(ValueError):
+    """A stored commit row whose payload cannot be unpacked: damaged behind the store's back."""
+
+    def __init__(self, stream_id: str, position: int, reason: str) -> None:
+        self.stream_id = stream_id
+        self.position = position
+        self.reason = reason
+        super().__init__(f"stream {stream_id!r}: the commit at position {position} does not "
+                         f"unpack: {reason}")
+
+
+def _columns(row: tuple) -> tuple[list, ...]:
+    """The payload's columns, checked to be lists of one length, or CorruptCommit."""
+    position, stream_id, _version, payload = row
+    try:
+        cols = _loads(payload)
+        found = [cols[key] for key in PAYLOAD_LISTS]
+        meta = cols["meta"]
+        own_meta = cols.get("event_meta")
+    except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
+        raise CorruptCommit(stream_id, position, f"{type(exc).__name__}: {exc}") from None
+    if own_meta is not None:
+        found.append(own_meta)
+    if any(type(c) is not list or len(c) != len(found[0]) for c in found) or not found[0] or \
+            type(meta) is not str:
+        raise CorruptCommit(stream_id, position, "its columns are not lists of one length")
+    return meta, *found
+
+
 def unpack(row: tuple) -> Iterator[RecordedEvent]:
     """The events of one commit row (columns in READ_COLUMNS order), in version order."""
-    position, stream_id, version, payload = row
-    cols = _loads(payload)
-    ids = cols["id"]
+    position, stream_id, version, _payload = row
+    meta, ids, types, schemas, datas, digests, *own_meta = _columns(row)
     position -= len(ids)
     version -= 1
-    meta = cols["meta"]
-    own_meta = cols.get("event_meta")
-    if own_meta is None:
+    if not own_meta:
         for event_id, type_, schema, data, digest in zip(
-                ids, cols["type"], cols["schema"], cols["data"], cols["digest"], strict=True):
+                ids, types, schemas, datas, digests, strict=True):
             position += 1
             version += 1
             yield _new(RecordedEvent, (position, stream_id, version, event_id, type_, schema,
                                        data, meta, digest))
     else:
         for event_id, type_, schema, data, digest, event_meta in zip(
-                ids, cols["type"], cols["schema"], cols["data"], cols["digest"], own_meta, strict=True):
+                ids, types, schemas, datas, digests, own_meta[0], strict=True):
             position += 1
             version += 1
             yield _new(RecordedEvent, (position, stream_id, version, event_id, type_, schema,

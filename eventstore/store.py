@@ -12,14 +12,13 @@ from eventstore import migrate
 from eventstore.backends import (
     MAX_EVENTS_PER_APPEND,
     READ_PAGE_COMMITS,
-    Commit,
     UniqueViolation,
     backend_for,
 )
 from eventstore.encoding import GENESIS_DIGEST, canonical_json, chain_digest, decode_json
 from eventstore.engine import create_engine
 from eventstore.ids import new_event_id
-from eventstore.packing import pack, unpack
+from eventstore.packing import Commit, make_commit, unpack
 from eventstore.records import (
     MAX_EVENT_BYTES,
     MAX_STREAM_ID_LENGTH,
@@ -111,33 +110,24 @@ class EventStore:
         if len(set(supplied_ids)) != len(supplied_ids):
             raise ValueError("one append names the same event_id twice")
         plain_meta = canonical_json({"recorded_at": dt.datetime.now(dt.UTC).isoformat()}).decode()
-        with_meta = any(p[4] for p in prepared)
+        event_metas = [_meta_json(p[4], plain_meta) if p[4] else None for p in prepared]
+        types, schemas, datas, given_ids, _metas = map(list, zip(*prepared, strict=True))
+        event_ids = [event_id or new_event_id() for event_id in given_ids]
 
         def build(head: tuple[int, str] | None) -> Commit:
+            """The commit after `head`: only the digest chain and versions depend on it."""
             version = -1 if head is None else head[0]
             if version != (-1 if expected_version is None else expected_version):
                 raise _VersionMismatch(None if head is None else head[0])
             digest = GENESIS_DIGEST if head is None else head[1]
-            first_version = version + 1
-            event_ids, types, schemas, datas, digests = [], [], [], [], []
-            supplied = []
-            for type_, schema_version, data_json, event_id, _meta in prepared:
-                version += 1
+            digests = []
+            for type_, schema_version, data_json in zip(types, schemas, datas, strict=True):
                 digest = chain_digest(digest, type_, schema_version, data_json)
-                if event_id is None:
-                    event_id = new_event_id()
-                else:
-                    supplied.append((event_id, stream_id, version))
-                event_ids.append(event_id)
-                types.append(type_)
-                schemas.append(schema_version)
-                datas.append(data_json)
                 digests.append(digest)
-            metas = [_meta_json(p[4], plain_meta) if p[4] else None for p in prepared
-                     ] if with_meta else None
-            return Commit(stream_id, first_version, version, digest,
-                          pack(event_ids, types, schemas, datas, digests, plain_meta, metas),
-                          supplied)
+            supplied = [(event_id, stream_id, version + 1 + i)
+                        for i, event_id in enumerate(given_ids) if event_id is not None]
+            return make_commit(stream_id, version + 1, event_ids, types, schemas, datas,
+                               digests, plain_meta, event_metas, supplied)
 
         try:
             position, commit = self._backend.append(stream_id, build, expected_version,
@@ -159,7 +149,7 @@ class EventStore:
             raise ConcurrencyError(stream_id, expected_version,
                                    self.stream_version(stream_id)) from None
         self._remember_head(stream_id, commit.last_version, commit.last_digest)
-        return list(unpack((position, stream_id, commit.first_version, commit.payload)))
+        return commit.records(position)
 
     def _remember_head(self, stream_id: str, version: int, digest: str) -> None:
         """Cache a stream's head so the next append skips a query; a stale entry only costs a retry."""

@@ -8,7 +8,7 @@ import pytest
 import sqlalchemy as sa
 
 import domain
-from eventstore import EventStore, NewEvent
+from eventstore import CorruptCommit, EventStore, NewEvent
 from projections import ProjectionRunner, default_projections
 from projections.episodes import EpisodesProjection, list_episodes, summarize
 from projections.replay import StepNotFound, replay
@@ -282,6 +282,21 @@ def test_verify_and_the_runner_survive_an_event_that_does_not_decode(damaged, wo
     report = verify(store, workers=workers)
     assert set(report.problems) == {victim}
     assert any("cannot fold" in p for p in report.problems[victim])
+
+
+def test_verify_names_a_commit_whose_payload_no_longer_unpacks(damaged, workers):
+    store, played = damaged
+    victim = played[8]["episode_id"]
+    position = _middle_commit(store, victim)[0]
+    with store.engine.begin() as conn:
+        conn.execute(sa.text("UPDATE commits SET payload = substr(payload, 1, 40) "
+                             "WHERE position = :p"), {"p": position})
+    ProjectionRunner(store, default_projections()).rebuild()
+    report = verify(store, workers=workers)
+    assert set(report.problems) == {victim}
+    assert any("undecodable commit" in p for p in report.problems[victim])
+    with pytest.raises(CorruptCommit, match=f"{victim}.*position {position}"):
+        list(store.read_stream(victim))
 
 
 def played_started(store: EventStore, p: dict) -> dict:
