@@ -71,7 +71,8 @@ SELECT stream_id,
        min(position) AS first_new,
        max(position) AS last_position,
        max(version) AS last_version,
-       arg_max(digest, version) AS digest,
+       -- readers give the digest at least on each commit's last event, so on each stream's last
+       arg_max(digest, version) FILTER (WHERE digest IS NOT NULL) AS digest,
        count(*) AS new_events,
        bool_or(version = 0 AND type = 'EpisodeStarted') AS starts
 FROM batch GROUP BY stream_id

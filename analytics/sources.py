@@ -1,20 +1,24 @@
-"""Readers that page the store's `events` table into Arrow tables, fastest available path first.
+"""Readers that page the store's `commits` table into Arrow tables of events, fastest path first.
 
-Python objects per row cap a reader at a few hundred thousand events/s on this class of machine,
-so every path here avoids them where it can:
+The store keeps one row per append (see eventstore.packing): the commit's events packed as
+columnar JSON. Python objects per event cap a reader at a few hundred thousand events/s on this
+class of machine, so every path here moves whole commits and unpacks them in C:
 
 - SQLite with `adbc_driver_sqlite` installed: the ADBC driver steps SQLite in C and fills Arrow
-  buffers directly (about 1M events/s per core).
-- SQLite without it: the stdlib cursor, columns transposed into Arrow (the fallback).
+  buffers directly.
+- SQLite without it: the stdlib cursor, a few thousand commit rows transposed into Arrow.
 - PostgreSQL: `COPY (SELECT ...) TO STDOUT (FORMAT csv)` parsed by Arrow's C++ CSV reader,
-  behind the same transaction-id high-water mark the store's own reader uses.
-- Any other engine: the store's `read_all` (correct everywhere, slow).
+  behind the transaction-id high-water mark (PG_VISIBLE) the store's own reader uses.
+- Any other engine: the store's `read_all` (correct everywhere, slow; the reference reader).
 
-DuckDB's own SQLite scanner would be the natural choice, but it is a download-at-run-time
+Commit rows become event rows in a private in-memory DuckDB (`Unpacker`): `json_transform` parses
+each payload once and `unnest` of its lists zips them into rows, several million events/s per
+core. DuckDB's own SQLite scanner would read the store directly, but it is a download-at-run-time
 extension and this product must work offline, so it is not used.
 
-Every reader returns events with `position > after` in position order, at most `limit` of them,
-with the schema `EVENT_SCHEMA`. Data is read raw: upcasting happens in the sync, on Arrow.
+Every reader returns events with `position > after` in position order, whole commits of about
+`limit` events (more when a single commit is bigger), with the schema `EVENT_SCHEMA`. Data is
+read raw: upcasting happens in the sync, on Arrow.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ from __future__ import annotations
 import io
 from typing import Protocol
 
+import duckdb
+import orjson
 import pyarrow as pa
 import pyarrow.csv as pacsv
 import sqlalchemy as sa
@@ -29,14 +35,43 @@ import sqlalchemy as sa
 from eventstore.backends import PG_VISIBLE
 from eventstore.engine import normalise_url
 
-COLUMNS = ("position", "stream_id", "version", "event_id", "type", "schema_version", "data", "meta",
-           "digest")
+COMMIT_COLUMNS = ("position", "stream_id", "first_version", "last_digest", "payload")
+COMMIT_SCHEMA = pa.schema([
+    ("position", pa.int64()), ("stream_id", pa.string()), ("first_version", pa.int32()),
+    ("last_digest", pa.string()), ("payload", pa.string()),
+])
 EVENT_SCHEMA = pa.schema([
     ("position", pa.int64()), ("stream_id", pa.string()), ("version", pa.int32()),
-    ("event_id", pa.string()), ("type", pa.string()), ("schema_version", pa.int32()),
-    ("data", pa.string()), ("meta", pa.string()), ("digest", pa.string()),
+    ("type", pa.string()), ("schema_version", pa.int32()), ("data", pa.string()),
+    ("meta", pa.string()), ("digest", pa.string()),
 ])
-_SELECT = ", ".join(COLUMNS)
+"""An event row. `digest` (the stream's digest after the event) may be NULL except on the last
+event of each commit: the warehouse only needs each stream's head digest, and commits store it."""
+_SELECT = ", ".join(COMMIT_COLUMNS)
+
+# The payload lists the warehouse needs (not the event ids and per-event digests): parsing fewer
+# keys into fewer lists is most of what unpacking costs.
+_PAYLOAD_TYPE = ('{"type": "VARCHAR[]", "schema": "INTEGER[]", "data": "VARCHAR[]", '
+                 '"meta": "VARCHAR", "event_meta": "VARCHAR[]"}')
+# Several unnests in one SELECT are zipped by DuckDB (a shorter or NULL list is padded with NULL,
+# which is what a commit without per-event meta needs); `i` numbers the events of a commit 1..n.
+_UNPACK = f"""
+SELECT position, stream_id, version, type, schema_version, data, meta,
+       CASE WHEN i = n THEN last_digest END AS digest
+FROM (
+    SELECT (position - n + i)::BIGINT AS position, stream_id, (first_version - 1 + i)::INTEGER AS version,
+           type, schema_version, data, coalesce(event_meta, meta) AS meta, last_digest, i, n
+    FROM (
+        SELECT position, stream_id, first_version, last_digest, len(p.type) AS n, p.meta,
+               unnest(range(1, len(p.type) + 1)) AS i, unnest(p.type) AS type,
+               unnest(p.schema) AS schema_version, unnest(p.data) AS data,
+               unnest(p.event_meta) AS event_meta
+        FROM (SELECT position, stream_id, first_version, last_digest,
+                     json_transform(payload, '{_PAYLOAD_TYPE}') AS p FROM commits)
+    )
+)
+WHERE position > $after
+"""
 
 
 class Source(Protocol):
@@ -46,17 +81,19 @@ class Source(Protocol):
 
     def read(self, after: int, limit: int) -> pa.Table: ...
 
+    def first_event_id(self) -> str: ...
+
     def last_position(self) -> int: ...
 
     def close(self) -> None: ...
 
 
-def _conform(table: pa.Table) -> pa.Table:
-    """Cast a reader's table to EVENT_SCHEMA (drivers infer int64 and large strings freely)."""
-    table = table.rename_columns(list(COLUMNS))
-    if table.schema.equals(EVENT_SCHEMA):
+def _conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """Cast a reader's table to `schema` (drivers infer int64 and large strings freely)."""
+    table = table.rename_columns(schema.names)
+    if table.schema.equals(schema):
         return table
-    return table.cast(EVENT_SCHEMA)
+    return table.cast(schema)
 
 
 def _read_only_uri(path: str) -> str:
@@ -71,7 +108,58 @@ def _empty() -> pa.Table:
     return EVENT_SCHEMA.empty_table()
 
 
-class AdbcSqliteSource:
+def _first_id(payload: str | None) -> str:
+    """The id of a commit's first event ("" when there is no commit)."""
+    return orjson.loads(payload)["id"][0] if payload else ""
+
+
+class Unpacker:
+    """Commit rows to event rows in a private in-memory DuckDB, one thread (the sync's reader
+    thread owns it; the warehouse's connection works on the previous batch meanwhile)."""
+
+    def __init__(self) -> None:
+        self._con = duckdb.connect(config={"threads": "1"})
+
+    def events(self, commits: pa.Table, after: int) -> pa.Table:
+        """The events of `commits` (in position order) with `position > after`, in position order."""
+        if commits.num_rows == 0:
+            return _empty()
+        commits = _conform(commits, COMMIT_SCHEMA)
+        self._con.register("commits", commits)
+        try:
+            table = self._con.sql(_UNPACK, params={"after": after}).to_arrow_table()
+        finally:
+            self._con.unregister("commits")
+        return _conform(table, EVENT_SCHEMA) if table.num_rows else _empty()
+
+    def close(self) -> None:
+        self._con.close()
+
+
+class _SqliteRange:
+    """Which commits make a page on SQLite: positions are dense there, so the commits ending in
+    (after, after + limit] hold at most `limit` events and a page is one range scan of the key."""
+
+    def page(self, after: int, limit: int) -> pa.Table:
+        table = self.fetch_range(after, after + limit)
+        if table.num_rows:
+            return table
+        # a gap, or one commit bigger than a page: take up to the next commit, whatever its size
+        following = self.next_position(after)
+        return table if following is None else self.fetch_range(after, following)
+
+    def fetch_range(self, after: int, upto: int) -> pa.Table: ...
+
+    def next_position(self, after: int) -> int | None: ...
+
+
+_RANGE_SQL = f"SELECT {_SELECT} FROM commits WHERE position > ? AND position <= ? ORDER BY position"
+_NEXT_SQL = "SELECT min(position) FROM commits WHERE position > ?"
+_FIRST_SQL = "SELECT payload FROM commits ORDER BY position LIMIT 1"
+_LAST_SQL = "SELECT coalesce(max(position), 0) FROM commits"
+
+
+class AdbcSqliteSource(_SqliteRange):
     """SQLite through the ADBC driver: rows go from SQLite's C API straight into Arrow buffers."""
 
     name = "sqlite-adbc"
@@ -83,24 +171,37 @@ class AdbcSqliteSource:
         self._cur = self._con.cursor()
         # type inference looks at the first rows of a page; a fixed large batch keeps pages whole
         self._cur.adbc_statement.set_options(**{"adbc.sqlite.query.batch_rows": "65536"})
+        self._unpacker = Unpacker()
 
     def read(self, after: int, limit: int) -> pa.Table:
-        self._cur.execute(f"SELECT {_SELECT} FROM events WHERE position > ? ORDER BY position LIMIT ?",
-                          (after, limit))
-        table = self._cur.fetch_arrow_table()
-        return _conform(table) if table.num_rows else _empty()
+        return self._unpacker.events(self.page(after, limit), after)
+
+    def fetch_range(self, after: int, upto: int) -> pa.Table:
+        self._cur.execute(_RANGE_SQL, (after, upto))
+        return self._cur.fetch_arrow_table()
+
+    def next_position(self, after: int) -> int | None:
+        self._cur.execute(_NEXT_SQL, (after,))
+        return self._cur.fetchone()[0]
+
+    def first_event_id(self) -> str:
+        self._cur.execute(_FIRST_SQL)
+        row = self._cur.fetchone()
+        return _first_id(row and row[0])
 
     def last_position(self) -> int:
-        self._cur.execute("SELECT coalesce(max(position), 0) FROM events")
+        self._cur.execute(_LAST_SQL)
         return int(self._cur.fetchone()[0])
 
     def close(self) -> None:
+        self._unpacker.close()
         self._cur.close()
         self._con.close()
 
 
-class SqliteSource:
-    """SQLite through the stdlib: fetched rows transposed into columns, then one Arrow array each."""
+class SqliteSource(_SqliteRange):
+    """SQLite through the stdlib: commit rows transposed into columns, then one Arrow array each
+    (a row per commit, not per event, so the Python cost is small)."""
 
     name = "sqlite"
 
@@ -109,66 +210,109 @@ class SqliteSource:
 
         self._con = sqlite3.connect(_read_only_uri(path), uri=True, check_same_thread=False)
         self._con.execute("PRAGMA busy_timeout=60000")
+        self._unpacker = Unpacker()
 
     def read(self, after: int, limit: int) -> pa.Table:
-        rows = self._con.execute(
-            f"SELECT {_SELECT} FROM events WHERE position > ? ORDER BY position LIMIT ?",
-            (after, limit)).fetchall()
+        return self._unpacker.events(self.page(after, limit), after)
+
+    def fetch_range(self, after: int, upto: int) -> pa.Table:
+        rows = self._con.execute(_RANGE_SQL, (after, upto)).fetchall()
         if not rows:
-            return _empty()
+            return COMMIT_SCHEMA.empty_table()
         columns = list(zip(*rows, strict=True))
         del rows
         return pa.Table.from_arrays(
-            [pa.array(c, type=f.type) for c, f in zip(columns, EVENT_SCHEMA, strict=True)],
-            schema=EVENT_SCHEMA)
+            [pa.array(c, type=f.type) for c, f in zip(columns, COMMIT_SCHEMA, strict=True)],
+            schema=COMMIT_SCHEMA)
+
+    def next_position(self, after: int) -> int | None:
+        return self._con.execute(_NEXT_SQL, (after,)).fetchone()[0]
+
+    def first_event_id(self) -> str:
+        row = self._con.execute(_FIRST_SQL).fetchone()
+        return _first_id(row and row[0])
 
     def last_position(self) -> int:
-        return int(self._con.execute("SELECT coalesce(max(position), 0) FROM events").fetchone()[0])
+        return int(self._con.execute(_LAST_SQL).fetchone()[0])
 
     def close(self) -> None:
+        self._unpacker.close()
         self._con.close()
 
 
 class PostgresSource:
-    """PostgreSQL through COPY ... TO STDOUT as CSV, parsed by Arrow; never skips a late commit."""
+    """PostgreSQL through COPY ... TO STDOUT as CSV, parsed by Arrow; never skips a late commit.
+
+    Positions have gaps there (`xid << 20 | index`), so a page is sized by walking the commits'
+    event counts on a server-side cursor first, then copied as one position range.
+    """
 
     name = "postgresql-copy"
 
     # Positions below the oldest running transaction's xid are final: the store's own reader rule.
-    _SQL = (f"COPY (SELECT {_SELECT} FROM events WHERE position > {{after}} AND {PG_VISIBLE} "
-            "ORDER BY position LIMIT {limit}) TO STDOUT (FORMAT csv)")
+    # A range ending at a position that was visible stays complete: later commits sort after it.
+    _SIZES = (f"SELECT position, last_version - first_version + 1 FROM commits "
+              f"WHERE position > %s AND {PG_VISIBLE} ORDER BY position")
+    _COPY = (f"COPY (SELECT {_SELECT} FROM commits WHERE position > {{after}} "
+             f"AND position <= {{upto}} AND {PG_VISIBLE} ORDER BY position) TO STDOUT (FORMAT csv)")
+    _FIRST = f"SELECT payload FROM commits WHERE {PG_VISIBLE} ORDER BY position LIMIT 1"
 
     def __init__(self, engine: sa.Engine) -> None:
         self._engine = engine
+        self._unpacker = Unpacker()
 
     def read(self, after: int, limit: int) -> pa.Table:
-        buffer = io.BytesIO()
         raw = self._engine.raw_connection()
         try:
             conn = raw.driver_connection
-            with conn.cursor() as cur, cur.copy(self._SQL.format(after=int(after), limit=int(limit))) as copy:
-                for chunk in copy:
-                    buffer.write(chunk)
+            upto = self._page_end(conn, after, limit)
+            buffer = io.BytesIO()
+            if upto is not None:
+                sql = self._COPY.format(after=int(after), upto=int(upto))
+                with conn.cursor() as cur, cur.copy(sql) as copy:
+                    for chunk in copy:
+                        buffer.write(chunk)
             conn.rollback()
         finally:
             raw.close()
+        return self._unpacker.events(self._parse(buffer), after)
+
+    def _page_end(self, conn, after: int, limit: int) -> int | None:
+        """The last position of a page of about `limit` events (at least one commit), or None."""
+        upto, total = None, 0
+        with conn.cursor(name="analytics_page_sizes") as cur:
+            cur.itersize = 2000
+            cur.execute(self._SIZES, (int(after),))
+            for position, count in cur:
+                if upto is not None and total + count > limit:
+                    break
+                upto, total = position, total + count
+        return upto
+
+    @staticmethod
+    def _parse(buffer: io.BytesIO) -> pa.Table:
         if not buffer.tell():
-            return _empty()
+            return COMMIT_SCHEMA.empty_table()
         buffer.seek(0)
         return pacsv.read_csv(
             buffer,
-            read_options=pacsv.ReadOptions(column_names=list(COLUMNS), block_size=64 << 20),
+            read_options=pacsv.ReadOptions(column_names=list(COMMIT_COLUMNS), block_size=64 << 20),
             parse_options=pacsv.ParseOptions(newlines_in_values=True),
             convert_options=pacsv.ConvertOptions(
-                column_types=EVENT_SCHEMA, strings_can_be_null=False,
+                column_types=COMMIT_SCHEMA, strings_can_be_null=False,
                 quoted_strings_can_be_null=False))
+
+    def first_event_id(self) -> str:
+        with self._engine.connect() as conn:
+            return _first_id(conn.execute(sa.text(self._FIRST)).scalar())
 
     def last_position(self) -> int:
         with self._engine.connect() as conn:
-            return int(conn.execute(sa.text("SELECT coalesce(max(position), 0) FROM events")).scalar())
+            return int(conn.execute(sa.text(_LAST_SQL)).scalar())
 
     def close(self) -> None:
-        """The engine belongs to the caller."""
+        """The engine belongs to the caller; the unpacker is ours."""
+        self._unpacker.close()
 
 
 class StoreSource:
@@ -183,10 +327,16 @@ class StoreSource:
         rows = list(self._store.read_all(after, limit))
         if not rows:
             return _empty()
+        # a page may end inside a commit: the checkpoint is a position, so the next page (by this
+        # reader or a commit reader, which filters `position > after`) starts after it all the same
         columns = list(zip(*rows, strict=True))
+        del columns[3]  # event_id
         return pa.Table.from_arrays(
             [pa.array(c, type=f.type) for c, f in zip(columns, EVENT_SCHEMA, strict=True)],
             schema=EVENT_SCHEMA)
+
+    def first_event_id(self) -> str:
+        return next((r.event_id for r in self._store.read_all(0, 1)), "")
 
     def last_position(self) -> int:
         return self._store.last_position()

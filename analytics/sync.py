@@ -3,8 +3,11 @@
 Each batch is one DuckDB transaction: insert the batch's events, recompute the episodes and steps
 it touches, move the checkpoint. A sync killed at any point therefore leaves the warehouse at the
 end of its last committed batch, and the next sync continues from there: nothing is lost and
-nothing is counted twice. Reading the next batch from the store overlaps with writing the current
-one (a reader thread; SQLite, ADBC and DuckDB all release the GIL while they work).
+nothing is counted twice. The store holds one row per append (a commit); the readers page whole
+commits and unpack them into event rows (analytics.sources), so batches end on commit boundaries,
+and the checkpoint is the position of the batch's last event. Reading and unpacking the next
+batch overlaps with writing the current one (a reader thread; SQLite, ADBC, Arrow and DuckDB all
+release the GIL while they work).
 """
 
 from __future__ import annotations
@@ -73,19 +76,22 @@ def _sync(db_url: str, wh: Warehouse, batch_events: int, progress: Progress | No
     try:
         source = open_source(db_url, engine=store.engine, prefer=prefer)
         try:
-            _check_identity(wh, db_url, source)
-            return _run(wh, source, store_label(db_url), batch_events, progress, after_batch, started)
+            first_id = _check_identity(wh, db_url, source)
+            return _run(wh, source, (store_label(db_url), first_id), batch_events, progress,
+                        after_batch, started)
         finally:
             source.close()
     finally:
         store.close()
 
 
-def _check_identity(wh: Warehouse, db_url: str, source: Source) -> None:
-    """Refuse to mix stores: a warehouse remembers the first event it saw and the derivation version."""
+def _check_identity(wh: Warehouse, db_url: str, source: Source) -> str:
+    """Refuse to mix stores: a warehouse remembers the first event it saw and the derivation version.
+
+    Returns the store's first event id ("" for an empty store).
+    """
     state = wh.state()
-    first = source.read(0, 1)
-    first_id = first["event_id"][0].as_py() if first.num_rows else ""
+    first_id = source.first_event_id()
     if state.get("derive_version") not in (None, str(DERIVE_VERSION)):
         wh.reset()  # derived tables are defined differently now: rebuild from the store
         state = {}
@@ -97,9 +103,15 @@ def _check_identity(wh: Warehouse, db_url: str, source: Source) -> None:
     if known_first and not first_id and int(state.get("position", 0)) > 0:
         raise WarehouseError(f"the store {store_label(db_url)} is empty but the warehouse {wh.path} "
                              "holds events; rebuild it with `companyos analytics sync --rebuild`")
+    if not known_first and first_id and int(state.get("position", 0)) > 0:
+        wh.set_state(store_first_event=first_id)  # the store was empty when the first sync began
+    return first_id
 
 
-def _run(wh: Warehouse, source: Source, label: str, batch_events: int, progress: Progress | None,
+Identity = tuple[str, str]  # (the store's label, its first event id): what the warehouse remembers
+
+
+def _run(wh: Warehouse, source: Source, identity: Identity, batch_events: int, progress: Progress | None,
          after_batch: AfterBatch | None, started: float) -> SyncResult:
     con = wh.con
     # One DuckDB thread while syncing: the reader thread keeps the other core busy, and DuckDB's
@@ -107,12 +119,12 @@ def _run(wh: Warehouse, source: Source, label: str, batch_events: int, progress:
     threads = con.execute("SELECT current_setting('threads')").fetchone()[0]
     con.execute("SET threads = 1")
     try:
-        return _batches(wh, source, label, batch_events, progress, after_batch, started)
+        return _batches(wh, source, identity, batch_events, progress, after_batch, started)
     finally:
         con.execute(f"SET threads = {int(threads)}")
 
 
-def _batches(wh: Warehouse, source: Source, label: str, batch_events: int, progress: Progress | None,
+def _batches(wh: Warehouse, source: Source, identity: Identity, batch_events: int, progress: Progress | None,
              after_batch: AfterBatch | None, started: float) -> SyncResult:
     con = wh.con
     checkpoint = wh.checkpoint
@@ -130,8 +142,9 @@ def _batches(wh: Warehouse, source: Source, label: str, batch_events: int, progr
             episodes += derive_batch(con, lo)
             values = {"position": hi, "derive_version": DERIVE_VERSION}
             if checkpoint == 0 and batches == 0:
-                values["store_first_event"] = batch["event_id"][0].as_py()
-                values["store"] = label
+                values["store"], first_id = identity
+                if first_id:  # else the store was empty at the check; the next sync records it
+                    values["store_first_event"] = first_id
             wh.set_state(**values)
             con.execute("COMMIT")
         except BaseException:

@@ -18,7 +18,9 @@ from typing import Any
 from domain.chaos import CHAOS_LEVELS as CHAOS_LEVEL_NAMES
 from domain.chaos import MECHANISMS as CHAOS_MECHANISMS
 from domain.outcomes import FAILURE_MODES
-from eventstore import NewEvent
+from eventstore import GENESIS_DIGEST, NewEvent, canonical_json, chain_digest
+from eventstore.ids import new_event_id
+from eventstore.packing import pack
 
 TASKS = ("vendor_onboarding", "expense_report", "bug_escalation", "license_renewal", "handbook_update")
 CHAOS_LEVELS = tuple(CHAOS_LEVEL_NAMES.values())
@@ -157,45 +159,66 @@ def episodes(count: int, seed: int = 0, start: int = 0) -> Iterator[Episode]:
 def fill_sqlite(url: str, count: int, seed: int = 0, start: int = 0, batch: int = 2000) -> int:
     """Append `count` synthetic episodes to a SQLite store in bulk; returns the events written.
 
-    Rows go in through one raw connection with executemany (digests chained as the store does),
-    because appending a million episodes one by one would take longer than the benchmark itself.
+    Each episode is one commit row, as `companyos run --durability episode` writes it, packed and
+    digest-chained as the store does (eventstore.packing), and inserted through one raw connection
+    with executemany: appending a million episodes one by one would outlast the benchmark itself.
     """
     import sqlite3
-    import uuid
 
     import sqlalchemy as sa
 
-    from eventstore import EventStore, canonical_json, chain_digest
+    from eventstore import EventStore
 
     EventStore.open(url).close()  # create and migrate
-    path = sa.make_url(url).database
-    con = sqlite3.connect(path, isolation_level=None)
-    con.execute("PRAGMA journal_mode=WAL")
-    con.execute("PRAGMA synchronous=OFF")
-    position = con.execute("SELECT coalesce(max(position), 0) FROM events").fetchone()[0]
-    recorded = canonical_json({"recorded_at": "2026-01-01T00:00:00+00:00"}).decode()
-    written = 0
-    rows: list[tuple] = []
-    for i, ep in enumerate(episodes(count, seed, start)):
-        digest = ""
-        for version, e in enumerate(ep.events):
-            data = canonical_json(e.data).decode()
-            digest = chain_digest(digest, e.type, e.schema_version, data)
-            meta = canonical_json({**(e.meta or {}), "recorded_at": "2026-01-01T00:00:00+00:00"}).decode() \
-                if e.meta else recorded
-            position += 1
-            rows.append((position, ep.episode_id, version, uuid.uuid4().hex, e.type, e.schema_version,
-                         data, meta, digest))
-        if (i + 1) % batch == 0:
-            con.execute("BEGIN")
-            con.executemany("INSERT INTO events VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
-            con.execute("COMMIT")
-            written += len(rows)
-            rows = []
-    if rows:
-        con.execute("BEGIN")
-        con.executemany("INSERT INTO events VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
-        con.execute("COMMIT")
-        written += len(rows)
-    con.close()
+    con = sqlite3.connect(sa.make_url(url).database, isolation_level=None)
+    try:
+        con.execute("PRAGMA journal_mode=WAL")
+        con.execute("PRAGMA synchronous=OFF")
+        position = con.execute("SELECT coalesce(max(position), 0) FROM commits").fetchone()[0]
+        written = 0
+        rows: list[tuple] = []
+        for i, ep in enumerate(episodes(count, seed, start)):
+            row = commit_row(ep, position)
+            position = row[0]
+            written += len(ep.events)
+            rows.append(row)
+            if (i + 1) % batch == 0:
+                _insert_commits(con, rows)
+                rows = []
+        _insert_commits(con, rows)
+    finally:
+        con.close()
     return written
+
+
+_RECORDED = {"recorded_at": "2026-01-01T00:00:00+00:00"}
+
+
+def commit_row(ep: Episode, after: int) -> tuple:
+    """The `commits` row of `ep` as one append after position `after`: (position, stream_id,
+    first_version, last_version, last_digest, payload), encoded exactly as EventStore.append does."""
+    plain = canonical_json(_RECORDED).decode()
+    digest = GENESIS_DIGEST
+    ids, types, schemas, datas, digests, metas = [], [], [], [], [], []
+    for e in ep.events:
+        data = canonical_json(e.data).decode()
+        digest = chain_digest(digest, e.type, e.schema_version, data)
+        ids.append(new_event_id())
+        types.append(e.type)
+        schemas.append(e.schema_version)
+        datas.append(data)
+        digests.append(digest)
+        metas.append(canonical_json({**e.meta, **_RECORDED}).decode() if e.meta else None)
+    own_meta = metas if any(metas) else None
+    n = len(ep.events)
+    return (after + n, ep.episode_id, 0, n - 1, digest,
+            pack(ids, types, schemas, datas, digests, plain, own_meta))
+
+
+def _insert_commits(con, rows: list[tuple]) -> None:
+    if not rows:
+        return
+    con.execute("BEGIN")
+    con.executemany("INSERT INTO commits (position, stream_id, first_version, last_version, "
+                    "last_digest, payload) VALUES (?, ?, ?, ?, ?, ?)", rows)
+    con.execute("COMMIT")

@@ -2,7 +2,8 @@
 
 Tables (see docs/analytics.md for every column):
 
-- `events`    one row per stored event: position, stream_id, version, type, schema_version,
+- `events`    one row per stored event (the store packs an append's events into one `commits`
+              row; the sync unpacks them): position, stream_id, version, type, schema_version,
               data (JSON text), meta (JSON text). The store's integrity fields (event_id, the
               per-event digest) stay in the store; each episode's head digest is in `episodes`.
 - `episodes`  one row per episode stream (a stream whose first event is `EpisodeStarted`).

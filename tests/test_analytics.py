@@ -16,9 +16,10 @@ import pytest
 
 from analytics import service, synthetic
 from analytics.named import QueryError, UnknownQuery
+from analytics.sources import adbc_available
 from analytics.sync import sync
 from analytics.warehouse import Warehouse, WarehouseError
-from eventstore import EventStore
+from eventstore import GENESIS_DIGEST, EventStore, chain_digest
 
 TABLES = {
     "events": "SELECT position, stream_id, version, type, schema_version, data, meta FROM events "
@@ -330,3 +331,46 @@ def test_every_reader_gives_the_same_warehouse(any_store, tmp_path):
     slow = tmp_path / "slow.duckdb"
     sync(any_store, slow, prefer="store")  # EventStore.read_all: the reference reader
     assert dump(live) == dump(slow)
+
+
+def test_bulk_filled_store_reads_back_as_appended_events(tmp_path):
+    """fill_sqlite writes commit rows directly: the store must read them as its own appends."""
+    url = f"sqlite:///{tmp_path / 'bulk.db'}"
+    written = synthetic.fill_sqlite(url, 40, seed=3, batch=16)
+    store = EventStore.open(url)
+    try:
+        assert [r.position for r in store.read_all()] == list(range(1, written + 1))
+        for ep in synthetic.episodes(40, seed=3):
+            stream = list(store.read_stream(ep.episode_id))
+            assert [(r.type, r.data, r.schema_version) for r in stream] == [
+                (e.type, e.data, e.schema_version) for e in ep.events]
+            digest = GENESIS_DIGEST
+            for r in stream:
+                digest = chain_digest(digest, r.type, r.schema_version, r.data_json)
+                assert r.digest == digest
+            assert store.stream_digest(ep.episode_id) == digest
+            assert stream[0].meta["agent"] == ep.agent
+            assert "agent" not in stream[1].meta and "recorded_at" in stream[1].meta
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("prefer", ["adbc", "sqlite"])
+def test_commit_readers_agree_with_the_reference_reader(tmp_path, prefer):
+    """Pages smaller than one commit (such a page is then that one whole commit) and larger ones."""
+    if prefer == "adbc" and not adbc_available():
+        pytest.skip("adbc_driver_sqlite is not installed")
+    url = f"sqlite:///{tmp_path / 'bulk.db'}"
+    synthetic.fill_sqlite(url, 30, seed=5)
+    pending = fill(url, 100, 20, open_every=3)
+    reference = tmp_path / "reference.duckdb"
+    sync(url, reference, prefer="store")
+    tiny = tmp_path / "tiny.duckdb"
+    assert sync(url, tiny, prefer=prefer, batch_events=20).batches >= 24  # commits of 12 to 53
+    finish(url, pending)
+    sync(url, reference, prefer="store")
+    sync(url, tiny, prefer=prefer, batch_events=20)
+    whole = tmp_path / "whole.duckdb"
+    sync(url, whole, prefer=prefer, batch_events=1_000_000)
+    assert dump(tiny) == dump(reference)
+    assert dump(whole) == dump(reference)
