@@ -13,7 +13,7 @@ as much as decoding a commit's events.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable
 from typing import NamedTuple
 
 import orjson
@@ -22,7 +22,6 @@ from eventstore.records import RecordedEvent
 
 COMMIT_COLUMNS = "position, stream_id, first_version, last_version, last_digest, payload"
 READ_COLUMNS = "position, stream_id, first_version, payload"
-PAYLOAD_LISTS = ("id", "type", "schema", "data", "digest")
 """Payload: {"id": [...], "type": [...], "schema": [...], "data": [<JSON text>...],
 "digest": [...], "meta": <the commit's meta, JSON text>} and, only when some event carries its
 own meta, "event_meta": [<JSON text> or null ...]; lists hold one entry per event."""
@@ -89,41 +88,44 @@ class CorruptCommit(ValueError):
                          f"unpack: {reason}")
 
 
-def _columns(row: tuple) -> tuple[list, ...]:
-    """The payload's columns, checked to be lists of one length, or CorruptCommit."""
-    position, stream_id, _version, payload = row
+_DAMAGE = (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError)
+
+
+_SMALL_COMMIT = 64
+"""Up to this many events a commit unpacks into a list (cheapest per commit); bigger ones into a
+generator, so a bulk read never holds thousands of fresh tuples that wake the cyclic GC."""
+
+
+def unpack(row: tuple) -> Iterable[RecordedEvent]:
+    """The events of one commit row (columns in READ_COLUMNS order), in version order.
+
+    Raises CorruptCommit when the payload was damaged past reading. This is the bulk-read hot
+    path: one comprehension per commit.
+    """
+    position, stream_id, version, payload = row
     try:
         cols = _loads(payload)
-        found = [cols[key] for key in PAYLOAD_LISTS]
+        ids = cols["id"]
         meta = cols["meta"]
+        first = position - len(ids) + 1
+        version -= first  # an event's version is its position plus this
+        columns = [ids, cols["type"], cols["schema"], cols["data"], cols["digest"]]
         own_meta = cols.get("event_meta")
-    except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
+        if own_meta is None:
+            if len(ids) <= _SMALL_COMMIT:
+                return [_new(RecordedEvent, (p, stream_id, p + version, e, t, s, d, meta, g))
+                        for p, (e, t, s, d, g) in enumerate(zip(*columns, strict=True), first)]
+            _check_lengths(columns)
+            return (_new(RecordedEvent, (p, stream_id, p + version, e, t, s, d, meta, g))
+                    for p, (e, t, s, d, g) in enumerate(zip(*columns, strict=True), first))
+        columns.append(own_meta)
+        _check_lengths(columns)
+        return [_new(RecordedEvent, (p, stream_id, p + version, e, t, s, d, m or meta, g))
+                for p, (e, t, s, d, g, m) in enumerate(zip(*columns, strict=True), first)]
+    except _DAMAGE as exc:
         raise CorruptCommit(stream_id, position, f"{type(exc).__name__}: {exc}") from None
-    if own_meta is not None:
-        found.append(own_meta)
-    if any(type(c) is not list or len(c) != len(found[0]) for c in found) or not found[0] or \
-            type(meta) is not str:
-        raise CorruptCommit(stream_id, position, "its columns are not lists of one length")
-    return meta, *found
 
 
-def unpack(row: tuple) -> Iterator[RecordedEvent]:
-    """The events of one commit row (columns in READ_COLUMNS order), in version order."""
-    position, stream_id, version, _payload = row
-    meta, ids, types, schemas, datas, digests, *own_meta = _columns(row)
-    position -= len(ids)
-    version -= 1
-    if not own_meta:
-        for event_id, type_, schema, data, digest in zip(
-                ids, types, schemas, datas, digests, strict=True):
-            position += 1
-            version += 1
-            yield _new(RecordedEvent, (position, stream_id, version, event_id, type_, schema,
-                                       data, meta, digest))
-    else:
-        for event_id, type_, schema, data, digest, event_meta in zip(
-                ids, types, schemas, datas, digests, own_meta[0], strict=True):
-            position += 1
-            version += 1
-            yield _new(RecordedEvent, (position, stream_id, version, event_id, type_, schema,
-                                       data, event_meta or meta, digest))
+def _check_lengths(columns: list[list]) -> None:
+    if any(type(c) is not list or len(c) != len(columns[0]) for c in columns):
+        raise ValueError("the payload's columns differ in length")
