@@ -155,10 +155,8 @@ class SqliteBackend(Backend):
                     if head is None or head[0] != expected_version:
                         head = cur.execute(self.head_sql(), (stream_id,)).fetchone()
                     commit = build(head)
-                last = cur.execute("SELECT max(position) FROM commits").fetchone()[0] or 0
-                position = last + commit.count
-                cur.execute(f"INSERT INTO commits ({COMMIT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)",
-                            (position, *commit[:5]))
+                cur.execute(_SQLITE_INSERT, (commit.count, *commit[:5]))
+                position = cur.lastrowid  # position is the rowid (INTEGER PRIMARY KEY)
                 if commit.supplied_ids:
                     cur.executemany(_INSERT_IDS.format(m="?"), commit.supplied_ids)
                 cur.execute("COMMIT")
@@ -172,6 +170,8 @@ class SqliteBackend(Backend):
             return position, commit
 
 
+_SQLITE_INSERT = (f"INSERT INTO commits ({COMMIT_COLUMNS}) VALUES "
+                  "((SELECT coalesce(max(position), 0) FROM commits) + ?, ?, ?, ?, ?, ?)")
 _PG_INSERT = (f"INSERT INTO commits ({COMMIT_COLUMNS}) VALUES "
               f"((pg_current_xact_id()::text::bigint << {PG_INDEX_BITS}) + %s, "
               "%s, %s, %s, %s, %s) RETURNING position")
