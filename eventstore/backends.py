@@ -14,11 +14,10 @@ Commit order and positions:
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import os
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -108,20 +107,15 @@ class SqliteBackend(Backend):
         self._lock_fd: int | None = None
         self._lock_fd_generation = -1
 
-    @contextlib.contextmanager
-    def _process_lock(self) -> Iterator[None]:
+    def _process_lock_fd(self) -> int | None:
+        """This process's descriptor of the lock file (None for an in-memory database)."""
         if self._lock_path is None:
-            yield
-            return
+            return None
         if self._lock_fd is None or self._lock_fd_generation != ids.fork_generation:
             # A descriptor inherited through fork shares the parent's lock: open our own.
             self._lock_fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
             self._lock_fd_generation = ids.fork_generation
-        fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+        return self._lock_fd
 
     def _write_connection(self):
         # A connection inherited through fork belongs to the parent: open our own.
@@ -146,28 +140,40 @@ class SqliteBackend(Backend):
         A new stream's commit is built before the lock is taken: it depends on no stored head.
         """
         commit = build(None) if expected_version is None else None
-        with self._lock, self._process_lock():
-            cur = self._write_connection().cursor()
-            cur.execute("BEGIN IMMEDIATE")
+        with self._lock:
+            lock_fd = self._process_lock_fd()
+            if lock_fd is not None:
+                fcntl.flock(lock_fd, fcntl.LOCK_EX)
             try:
-                if commit is None:
-                    head = cached_head
-                    if head is None or head[0] != expected_version:
-                        head = cur.execute(self.head_sql(), (stream_id,)).fetchone()
-                    commit = build(head)
-                cur.execute(_SQLITE_INSERT, (commit.count, *commit[:5]))
-                position = cur.lastrowid  # position is the rowid (INTEGER PRIMARY KEY)
-                if commit.supplied_ids:
-                    cur.executemany(_INSERT_IDS.format(m="?"), commit.supplied_ids)
-                cur.execute("COMMIT")
-            except BaseException as exc:
-                cur.execute("ROLLBACK")
-                if _is_unique_violation(exc):
-                    raise UniqueViolation(str(exc)) from None
-                raise
+                return self._insert(stream_id, build, commit, expected_version, cached_head)
             finally:
-                cur.close()
-            return position, commit
+                if lock_fd is not None:
+                    fcntl.flock(lock_fd, fcntl.LOCK_UN)
+
+    def _insert(self, stream_id: str, build: BuildCommit, commit: Commit | None,
+                expected_version: int | None, cached_head: Head | None) -> tuple[int, Commit]:
+        """One write transaction; the caller holds both write locks."""
+        cur = self._write_connection().cursor()
+        cur.execute("BEGIN IMMEDIATE")
+        try:
+            if commit is None:
+                head = cached_head
+                if head is None or head[0] != expected_version:
+                    head = cur.execute(self.head_sql(), (stream_id,)).fetchone()
+                commit = build(head)
+            cur.execute(_SQLITE_INSERT, (commit.count, *commit[:5]))
+            position = cur.lastrowid  # position is the rowid (INTEGER PRIMARY KEY)
+            if commit.supplied_ids:
+                cur.executemany(_INSERT_IDS.format(m="?"), commit.supplied_ids)
+            cur.execute("COMMIT")
+        except BaseException as exc:
+            cur.execute("ROLLBACK")
+            if _is_unique_violation(exc):
+                raise UniqueViolation(str(exc)) from None
+            raise
+        finally:
+            cur.close()
+        return position, commit
 
 
 _SQLITE_INSERT = (f"INSERT INTO commits ({COMMIT_COLUMNS}) VALUES "
