@@ -113,7 +113,12 @@ class SqliteBackend(Backend):
             return None
         if self._lock_fd is None or self._lock_fd_generation != ids.fork_generation:
             # A descriptor inherited through fork shares the parent's lock: open our own.
-            self._lock_fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            try:
+                self._lock_fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
+                                        0o644)
+            except OSError:  # e.g. a read-only directory: SQLite's own locking still holds
+                self._lock_path = None
+                return None
             self._lock_fd_generation = ids.fork_generation
         return self._lock_fd
 
