@@ -8,6 +8,7 @@ Chaos-caused facts carry ``cause="chaos"`` and the ``mechanism`` that produced t
 from __future__ import annotations
 
 import math
+from operator import itemgetter
 from typing import Any, NamedTuple
 
 Event = tuple  # every event type below is a NamedTuple, i.e. a tuple subclass
@@ -324,8 +325,32 @@ def to_envelope(event: Event) -> tuple[str, dict, int]:
     return cls.__name__, dict(zip(cls._fields, event, strict=True)), cls.SCHEMA_VERSION
 
 
+def _field_getter(cls: type) -> Any:
+    """A C-level getter of the class's fields, in order, from a data dict (always a tuple)."""
+    fields = cls._fields
+    if len(fields) == 1:
+        only = fields[0]
+        return lambda data: (data[only],)
+    return itemgetter(*fields)
+
+
+# Reading the log builds hundreds of thousands of events a second: `cls(**data)` runs the
+# NamedTuple's Python-level __new__ with keyword matching; this getter does the same in C.
+_CURRENT: dict[str, tuple[type, int, int, Any]] = {
+    name: (cls, cls.SCHEMA_VERSION, len(cls._fields), _field_getter(cls))
+    for name, cls in EVENT_TYPES.items()
+}
+_new_tuple = tuple.__new__
+
+
 def from_envelope(type_name: str, data: dict, schema_version: int) -> Event:
     """The event an envelope describes; older schema versions are upcast first."""
+    current = _CURRENT.get(type_name)
+    if current is not None and schema_version == current[1] and len(data) == current[2]:
+        try:
+            return _new_tuple(current[0], current[3](data))
+        except (KeyError, TypeError):
+            pass  # not exactly the fields: the slow path below says what is wrong
     cls = EVENT_TYPES.get(type_name)
     if cls is None:
         raise ValueError(f"unknown event type {type_name!r}")

@@ -174,6 +174,16 @@ def test_every_event_type_is_registered_and_versioned():
         from_envelope("ActionTaken", {"step": 1, "action": None}, 99)
 
 
+@pytest.mark.parametrize("data", [
+    {"step": 1},  # a field missing
+    {"step": 1, "action": None, "extra": 2},  # a field too many
+    {"step": 1, "actoin": None},  # as many fields as the class, but not its fields
+])
+def test_data_that_does_not_match_the_event_type_is_refused(data):
+    with pytest.raises(TypeError):
+        from_envelope("ActionTaken", data, 1)
+
+
 def test_stepping_a_finished_episode_raises():
     s, _ = play("license_renewal", 1, "none")
     assert s.done
