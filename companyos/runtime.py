@@ -17,9 +17,12 @@ DURABILITY = ("step", "episode")
 
 
 def to_new_events(events: list) -> list[NewEvent]:
-    """Domain events as store envelopes."""
+    """Domain events as store envelopes (built as plain tuples: this runs for every event)."""
     to_envelope = domain.to_envelope
-    return [NewEvent(*to_envelope(event)) for event in events]
+    return [_new(NewEvent, (*to_envelope(event), None, None)) for event in events]
+
+
+_new = tuple.__new__
 
 
 class EpisodeNotFound(LookupError):
