@@ -25,3 +25,9 @@ os.register_at_fork(after_in_child=_reseed)  # a forked child must not repeat it
 
 def new_event_id() -> str:
     return f"{_prefix}{next(_counter):x}"
+
+
+def new_event_ids(count: int) -> list[str]:
+    """`count` fresh ids at once (an append of a whole episode asks for dozens)."""
+    prefix = _prefix
+    return [f"{prefix}{n:x}" for n in itertools.islice(_counter, count)]

@@ -6,6 +6,7 @@ import datetime as dt
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import orjson
 import sqlalchemy as sa
 
 from eventstore import migrate
@@ -17,7 +18,7 @@ from eventstore.backends import (
 )
 from eventstore.encoding import GENESIS_DIGEST, canonical_json, chain_digest, decode_json
 from eventstore.engine import create_engine
-from eventstore.ids import new_event_id
+from eventstore.ids import new_event_id, new_event_ids
 from eventstore.packing import Commit, make_commit, unpack
 from eventstore.records import (
     MAX_EVENT_BYTES,
@@ -105,14 +106,14 @@ class EventStore:
             return []
         if len(events) > MAX_EVENTS_PER_APPEND:
             raise ValueError(f"one append takes at most {MAX_EVENTS_PER_APPEND} events")
-        prepared = [_prepare(event) for event in events]
-        supplied_ids = [p[3] for p in prepared if p[3] is not None]
+        types, schemas, datas, given_ids, metas = _encode(events)
+        supplied_ids = [event_id for event_id in given_ids if event_id is not None]
         if len(set(supplied_ids)) != len(supplied_ids):
             raise ValueError("one append names the same event_id twice")
         plain_meta = canonical_json({"recorded_at": dt.datetime.now(dt.UTC).isoformat()}).decode()
-        event_metas = [_meta_json(p[4], plain_meta) if p[4] else None for p in prepared]
-        types, schemas, datas, given_ids, _metas = map(list, zip(*prepared, strict=True))
-        event_ids = [event_id or new_event_id() for event_id in given_ids]
+        event_metas = [_meta_json(meta, plain_meta) if meta else None for meta in metas]
+        event_ids = ([event_id or new_event_id() for event_id in given_ids] if supplied_ids
+                     else new_event_ids(len(given_ids)))
 
         def build(head: tuple[int, str] | None) -> Commit:
             """The commit after `head`: only the digest chain and versions depend on it."""
@@ -133,14 +134,14 @@ class EventStore:
             position, commit = self._backend.append(stream_id, build, expected_version,
                                                     self._heads.get(stream_id))
         except _VersionMismatch as mismatch:
-            retry = _as_retry(stream_id, self._by_event_ids(supplied_ids), supplied_ids, prepared)
+            retry = _as_retry(stream_id, self._by_event_ids(supplied_ids), supplied_ids, len(events))
             if retry is not None:
                 return retry
             raise ConcurrencyError(stream_id, expected_version, mismatch.actual) from None
         except UniqueViolation:
             self._heads.pop(stream_id, None)
             stored = self._by_event_ids(supplied_ids)
-            retry = _as_retry(stream_id, stored, supplied_ids, prepared)
+            retry = _as_retry(stream_id, stored, supplied_ids, len(events))
             if retry is not None:
                 return retry
             if stored:
@@ -229,9 +230,9 @@ class EventStore:
 
 
 def _as_retry(stream_id: str, stored: list[RecordedEvent], supplied_ids: list[str],
-              prepared: list) -> list[RecordedEvent] | None:
+              count: int) -> list[RecordedEvent] | None:
     """The stored records, in append order, when this append repeats one that already committed."""
-    if len(supplied_ids) != len(prepared) or len(stored) != len(prepared):
+    if len(supplied_ids) != count or len(stored) != count:
         return None
     if any(r.stream_id != stream_id for r in stored):
         return None
@@ -252,6 +253,43 @@ def _check_stream_id(stream_id: Any) -> None:
         raise ValueError("stream_id must be a non-empty string")
     if len(stream_id) > MAX_STREAM_ID_LENGTH:
         raise ValueError(f"stream_id is longer than {MAX_STREAM_ID_LENGTH} characters")
+
+
+def _encode(events: Sequence[NewEvent]) -> tuple[list, list, list, list, list]:
+    """Validate and encode a batch into columns (types, schema versions, data JSON, supplied ids,
+    metas) before any write starts, so a bad batch writes nothing.
+
+    The plain case (a NewEvent with neither id nor meta, valid at a glance, data that encodes
+    and round-trips) takes a few inline checks; anything else goes through `_prepare`, which
+    either accepts it or says in words what is wrong. This loop runs for every stored event.
+    """
+    types, schemas, datas, given_ids, metas = [], [], [], [], []
+    dumps, loads, sort = orjson.dumps, orjson.loads, orjson.OPT_SORT_KEYS
+    for event in events:
+        if type(event) is NewEvent:
+            type_, data, schema_version, event_id, meta = event
+            if (event_id is None and meta is None and type(type_) is str
+                    and 0 < len(type_) <= MAX_TYPE_LENGTH and type(data) is dict
+                    and type(schema_version) is int and schema_version >= 1):
+                try:
+                    encoded = dumps(data, option=sort)
+                except TypeError:
+                    encoded = None
+                if encoded is not None and len(encoded) <= MAX_EVENT_BYTES and (
+                        b"null" not in encoded or loads(encoded) == data):
+                    types.append(type_)
+                    schemas.append(schema_version)
+                    datas.append(encoded.decode())
+                    given_ids.append(None)
+                    metas.append(None)
+                    continue
+        type_, schema_version, data_json, event_id, meta = _prepare(event)
+        types.append(type_)
+        schemas.append(schema_version)
+        datas.append(data_json)
+        given_ids.append(event_id)
+        metas.append(meta)
+    return types, schemas, datas, given_ids, metas
 
 
 def _prepare(event: NewEvent) -> tuple[str, int, str, str | None, dict]:

@@ -110,6 +110,8 @@ def test_event_id_used_in_another_stream_is_refused(store):
     (NewEvent("X" * 201, {}), "longer than"),
     (NewEvent("T", {"when": object()}), "not JSON-serialisable"),
     (NewEvent("T", {"n": float("nan")}), "non-finite"),
+    (NewEvent("T", {"xs": [1.0, {"deep": float("-inf")}]}), "non-finite"),
+    (NewEvent("T", {}, schema_version=True), "schema_version"),
     (NewEvent("T", ["not", "an", "object"]), "JSON object"),
     (NewEvent("T", {"blob": "x" * (MAX_EVENT_BYTES + 1)}), "limit"),
     (NewEvent("T", {}, schema_version=0), "schema_version"),
@@ -122,6 +124,15 @@ def test_a_batch_with_one_bad_event_writes_nothing(store, bad, message):
         store.append(stream, [NewEvent("Good", {"n": 1}), bad], None)
     assert store.stream_version(stream) is None
     assert store.last_position() == before
+
+
+def test_nulls_and_tuples_are_stored_as_json_would_read_them(store):
+    stream = unique_stream()
+    data = {"none": None, "pair": (1, 2), "nested": {"z": None, "a": [None, 1.5]}}
+    recorded = store.append(stream, [NewEvent("T", data), NewEvent("U", {"k": None})], None)
+    expected = {"nested": {"a": [None, 1.5], "z": None}, "none": None, "pair": [1, 2]}
+    assert [r.data for r in store.read_stream(stream)] == [expected, {"k": None}]
+    assert recorded[0].data_json == '{"nested":{"a":[null,1.5],"z":null},"none":null,"pair":[1,2]}'
 
 
 @pytest.mark.parametrize("stream_id", ["", "s" * 201, None, 17])
