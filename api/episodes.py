@@ -9,8 +9,8 @@ from typing import Any
 import orjson
 import sqlalchemy as sa
 
-from api.sessions import EPISODE_ID_RE, ApiError, public_meta
-from eventstore import EventStore
+from api.sessions import EPISODE_ID_RE, ApiError, log_damaged, public_meta
+from eventstore import CorruptCommit, EventStore
 from projections.episodes import EpisodesProjection, summarize
 from projections.replay import EpisodeNotFound, StepNotFound, replay
 from projections.runner import ProjectionRunner
@@ -57,7 +57,10 @@ class EpisodeLog:
     def _records(self, episode_id: str) -> list:
         if not EPISODE_ID_RE.match(episode_id):
             raise ApiError(404, "episode_not_found", f"no episode {episode_id!r}")
-        records = list(self.store.read_stream(episode_id))
+        try:
+            records = list(self.store.read_stream(episode_id))
+        except CorruptCommit as exc:
+            raise log_damaged(exc) from None
         if not records:
             raise ApiError(404, "episode_not_found", f"no episode {episode_id!r}")
         return records
@@ -94,3 +97,5 @@ class EpisodeLog:
             raise ApiError(404, "episode_not_found", str(exc)) from None
         except StepNotFound as exc:
             raise ApiError(404, "step_not_found", str(exc)) from None
+        except CorruptCommit as exc:
+            raise log_damaged(exc) from None

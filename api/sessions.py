@@ -27,7 +27,7 @@ from typing import Any
 import domain
 from companyos.env import episode_state, spec_from_options
 from companyos.runtime import EpisodeNotFound, EpisodeRuntime
-from eventstore import ConcurrencyError, EventStore
+from eventstore import ConcurrencyError, CorruptCommit, EventStore
 
 EPISODE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
 RESET_FIELDS = ("seed", "episode_id", "task", "chaos", "reward_profile", "max_steps", "agent", "text")
@@ -47,6 +47,11 @@ class ApiError(Exception):
 
     def body(self) -> dict[str, Any]:
         return {"detail": self.message, "code": self.code}
+
+
+def log_damaged(exc: CorruptCommit) -> ApiError:
+    """A stored commit no longer unpacks: the server's fault, said in words, nothing else lost."""
+    return ApiError(500, "log_damaged", f"{exc}; `companyos verify` names every damaged episode")
 
 
 def hash_token(token: str) -> str:
@@ -221,6 +226,8 @@ class SessionManager:
                 runtime = EpisodeRuntime.load(self.store, episode_id)
             except EpisodeNotFound:
                 raise ApiError(404, "episode_not_found", f"no episode {episode_id!r}") from None
+            except CorruptCommit as exc:
+                raise log_damaged(exc) from None
             session = self._insert(Session(runtime))
         else:
             with self._mutex:
@@ -285,6 +292,8 @@ class SessionManager:
             return EpisodeRuntime.load(self.store, episode_id)
         except EpisodeNotFound:
             raise ApiError(404, "episode_not_found", f"no episode {episode_id!r}") from None
+        except CorruptCommit as exc:
+            raise log_damaged(exc) from None
 
     @staticmethod
     def _payload(session: Session, runtime: EpisodeRuntime, info: Any,

@@ -7,6 +7,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+import sqlalchemy as sa
 from fastapi.testclient import TestClient
 from starlette.testclient import WebSocketDenialResponse
 
@@ -14,6 +15,7 @@ from api.app import create_app
 from api.config import ServerConfig
 from companyos.env import CompanyEnv
 from eventstore import EventStore
+from tests import tamper
 
 ACTIONS = [
     {"app": "ticketdesk", "method": "list_tickets", "params": {}},
@@ -457,3 +459,23 @@ def test_episode_log(sqlite_url):
         views = c.get(f"/episodes/{episode_id}/views", params={"step": 1}).json()
         assert views["step"] == 1 and {"ticketdesk", "datahub", "approvalflow"} <= set(views)
         assert c.get(f"/episodes/{episode_id}/views").json()["step"] == 3
+
+
+def test_a_damaged_commit_is_a_500_that_names_it_and_the_server_keeps_serving(sqlite_url):
+    with client(sqlite_url) as c:
+        episode_id, token, _ = reset(c)
+        assert step(c, episode_id, token, ACTIONS[0]).status_code == 200
+        healthy, healthy_token, _ = reset(c, seed=12, task="bug_escalation", chaos="low")
+    engine = sa.create_engine(sqlite_url)
+    position = tamper.stream_commits(engine, episode_id)[0][0]
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE commits SET payload = '{' WHERE position = :p"),
+                     {"p": position})
+    engine.dispose()
+    with client(sqlite_url) as c:  # a fresh server: the episode is read from the log
+        for response in (step(c, episode_id, token, ACTIONS[1]),
+                         c.get(f"/episodes/{episode_id}"), c.get(f"/episodes/{episode_id}/views")):
+            assert response.status_code == 500, response.text
+            assert response.json()["code"] == "log_damaged"
+            assert episode_id in response.json()["detail"] and "verify" in response.json()["detail"]
+        assert step(c, healthy, healthy_token, ACTIONS[0]).status_code == 200
