@@ -38,7 +38,7 @@ COMMAND_MODULES: tuple[str, ...] = ("run", "projections", "serve", "analytics")
 
 
 def main() -> None:
-    from eventstore import StoreUnavailable
+    from eventstore import CorruptCommit, StoreUnavailable
 
     _register_commands()
     try:
@@ -46,3 +46,6 @@ def main() -> None:
     except StoreUnavailable as exc:  # a bad --db is the user's input, not a crash
         typer.echo(f"error: {exc}", err=True)
         raise SystemExit(2) from None
+    except CorruptCommit as exc:  # the log was damaged behind the store's back
+        typer.echo(f"error: {exc}; `companyos verify` names every damaged episode", err=True)
+        raise SystemExit(1) from None

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+import sqlalchemy as sa
 
 import domain
 from companyos.agents import make_agent
@@ -177,3 +178,18 @@ def test_cli_names_a_store_it_cannot_open_without_a_traceback(tmp_path):
                           f"sqlite:///{tmp_path}/missing/dir/x.db"], capture_output=True, text=True)
     assert out.returncode == 2
     assert "cannot open the store" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_cli_names_a_damaged_commit_without_a_traceback(tmp_path):
+    url = f"sqlite:///{tmp_path}/store.db"
+    with CompanyEnv(url) as env:
+        env.reset(seed=3, options={"task": "handbook_update"})
+        episode_id = env.state["episode_id"]
+    with EventStore.open(url) as store, store.engine.begin() as conn:
+        conn.execute(sa.text("UPDATE commits SET payload = '[' WHERE stream_id = :s"),
+                     {"s": episode_id})
+    out = subprocess.run([sys.executable, "-m", "companyos", "replay", episode_id, "--db", url],
+                         capture_output=True, text=True)
+    assert out.returncode == 1
+    assert episode_id in out.stderr and "does not unpack" in out.stderr
+    assert "Traceback" not in out.stderr
