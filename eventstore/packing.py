@@ -49,12 +49,16 @@ class Commit(NamedTuple):
     def records(self, position: int) -> list[RecordedEvent]:
         """The recorded events once the commit's last position is known (no JSON decoding)."""
         first = position - self.count + 1
+        delta = self.first_version - first  # an event's version is its position plus this
         meta = self.meta
         stream_id = self.stream_id
-        return [_new(RecordedEvent, (first + i, stream_id, self.first_version + i, event_id,
-                                     type_, schema, data, event_meta or meta, digest))
-                for i, (event_id, type_, schema, data, digest, event_meta)
-                in enumerate(zip(*self.columns, strict=True))]
+        *columns, event_metas = self.columns
+        if not any(event_metas):
+            return [_new(RecordedEvent, (p, stream_id, p + delta, e, t, s, d, meta, g))
+                    for p, (e, t, s, d, g) in enumerate(zip(*columns, strict=True), first)]
+        return [_new(RecordedEvent, (p, stream_id, p + delta, e, t, s, d, m or meta, g))
+                for p, (e, t, s, d, g, m) in enumerate(zip(*columns, event_metas, strict=True),
+                                                        first)]
 
 
 def make_commit(stream_id: str, first_version: int, ids: list[str], types: list[str],
