@@ -322,7 +322,7 @@ UPCASTERS: dict[tuple[str, int], Any] = {}
 def to_envelope(event: Event) -> tuple[str, dict, int]:
     """(type name, JSON-able data dict, schema version) of an event."""
     cls = type(event)
-    return cls.__name__, dict(zip(cls._fields, event, strict=True)), cls.SCHEMA_VERSION
+    return cls.__name__, event._asdict(), cls.SCHEMA_VERSION  # runs for every logged event
 
 
 def _field_getter(cls: type) -> Any:
