@@ -13,7 +13,7 @@ as much as decoding a commit's events.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterator
 from typing import NamedTuple
 
 import orjson
@@ -39,8 +39,9 @@ class Commit(NamedTuple):
     last_digest: str
     payload: str
     supplied_ids: list[tuple[str, str, int]]  # (event_id, stream_id, version)
-    columns: tuple[list, ...]  # ids, types, schemas, datas, digests, per-event metas
+    columns: tuple[list, ...]  # ids, types, schemas, datas, digests
     meta: str
+    event_metas: list[str | None] | None  # None when no event carries its own meta
 
     @property
     def count(self) -> int:
@@ -48,27 +49,18 @@ class Commit(NamedTuple):
 
     def records(self, position: int) -> list[RecordedEvent]:
         """The recorded events once the commit's last position is known (no JSON decoding)."""
-        first = position - self.count + 1
-        delta = self.first_version - first  # an event's version is its position plus this
-        meta = self.meta
-        stream_id = self.stream_id
-        *columns, event_metas = self.columns
-        if not any(event_metas):
-            return [_new(RecordedEvent, (p, stream_id, p + delta, e, t, s, d, meta, g))
-                    for p, (e, t, s, d, g) in enumerate(zip(*columns, strict=True), first)]
-        return [_new(RecordedEvent, (p, stream_id, p + delta, e, t, s, d, m or meta, g))
-                for p, (e, t, s, d, g, m) in enumerate(zip(*columns, event_metas, strict=True),
-                                                        first)]
+        return _records(position - self.count + 1, self.stream_id, self.first_version,
+                        self.columns, self.meta, self.event_metas, lazy=False)
 
 
 def make_commit(stream_id: str, first_version: int, ids: list[str], types: list[str],
                 schemas: list[int], datas: list[str], digests: list[str], meta: str,
-                event_metas: list[str | None], supplied_ids: list[tuple[str, str, int]]
+                event_metas: list[str | None] | None, supplied_ids: list[tuple[str, str, int]]
                 ) -> Commit:
     """One append's commit, its columns packed once."""
     return Commit(stream_id, first_version, first_version + len(ids) - 1, digests[-1],
                   pack(ids, types, schemas, datas, digests, meta, event_metas), supplied_ids,
-                  (ids, types, schemas, datas, digests, event_metas), meta)
+                  (ids, types, schemas, datas, digests), meta, event_metas)
 
 
 def pack(ids: list[str], types: list[str], schemas: list[int], datas: list[str],
@@ -76,9 +68,32 @@ def pack(ids: list[str], types: list[str], schemas: list[int], datas: list[str],
     """The payload text of one commit (data stays canonical JSON text, so digests re-check)."""
     payload = {"id": ids, "type": types, "schema": schemas, "data": datas, "digest": digests,
                "meta": meta}
-    if event_metas is not None and any(event_metas):
+    if event_metas is not None:
         payload["event_meta"] = event_metas
     return orjson.dumps(payload).decode()
+
+
+_SMALL_COMMIT = 64
+"""Up to this many events a commit's records come as a list (cheapest per commit); bigger ones
+as a generator, so a bulk read never holds thousands of fresh tuples that wake the cyclic GC."""
+
+
+def _records(first: int, stream_id: str, first_version: int, columns: tuple[list, ...],
+             meta: str, event_metas: list | None, lazy: bool
+             ) -> list[RecordedEvent] | Iterator[RecordedEvent]:
+    """The RecordedEvents of one commit from its columns (ids, types, schemas, datas, digests),
+    the first event's position and version; strict zips refuse columns of unequal length.
+    `lazy` allows a generator for a big commit."""
+    delta = first_version - first  # an event's version is its position plus this
+    if event_metas is not None:
+        return [_new(RecordedEvent, (p, stream_id, p + delta, e, t, s, d, m or meta, g))
+                for p, (e, t, s, d, g, m) in enumerate(zip(*columns, event_metas, strict=True),
+                                                        first)]
+    if not lazy or len(columns[0]) <= _SMALL_COMMIT:
+        return [_new(RecordedEvent, (p, stream_id, p + delta, e, t, s, d, meta, g))
+                for p, (e, t, s, d, g) in enumerate(zip(*columns, strict=True), first)]
+    return (_new(RecordedEvent, (p, stream_id, p + delta, e, t, s, d, meta, g))
+            for p, (e, t, s, d, g) in enumerate(zip(*columns, strict=True), first))
 
 
 class CorruptCommit(ValueError):
@@ -95,41 +110,24 @@ class CorruptCommit(ValueError):
 _DAMAGE = (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError)
 
 
-_SMALL_COMMIT = 64
-"""Up to this many events a commit unpacks into a list (cheapest per commit); bigger ones into a
-generator, so a bulk read never holds thousands of fresh tuples that wake the cyclic GC."""
-
-
-def unpack(row: tuple) -> Iterable[RecordedEvent]:
+def unpack(row: tuple) -> list[RecordedEvent] | Iterator[RecordedEvent]:
     """The events of one commit row (columns in READ_COLUMNS order), in version order.
 
     Raises CorruptCommit when the payload was damaged past reading. This is the bulk-read hot
-    path: one comprehension per commit.
+    path: one `orjson.loads` and one comprehension per commit.
     """
-    position, stream_id, version, payload = row
+    position, stream_id, first_version, payload = row
     try:
         cols = _loads(payload)
-        ids = cols["id"]
-        meta = cols["meta"]
-        first = position - len(ids) + 1
-        version -= first  # an event's version is its position plus this
-        columns = [ids, cols["type"], cols["schema"], cols["data"], cols["digest"]]
-        own_meta = cols.get("event_meta")
-        if own_meta is None:
-            if len(ids) <= _SMALL_COMMIT:
-                return [_new(RecordedEvent, (p, stream_id, p + version, e, t, s, d, meta, g))
-                        for p, (e, t, s, d, g) in enumerate(zip(*columns, strict=True), first)]
-            _check_lengths(columns)
-            return (_new(RecordedEvent, (p, stream_id, p + version, e, t, s, d, meta, g))
-                    for p, (e, t, s, d, g) in enumerate(zip(*columns, strict=True), first))
-        columns.append(own_meta)
-        _check_lengths(columns)
-        return [_new(RecordedEvent, (p, stream_id, p + version, e, t, s, d, m or meta, g))
-                for p, (e, t, s, d, g, m) in enumerate(zip(*columns, strict=True), first)]
+        columns = (cols["id"], cols["type"], cols["schema"], cols["data"], cols["digest"])
+        event_metas = cols.get("event_meta")
+        first = position - len(columns[0]) + 1
+        # big commits come as a generator, which would meet a short column only after
+        # yielding; lists find it in their strict zip, inside this try
+        if len(columns[0]) > _SMALL_COMMIT and event_metas is None and any(
+                type(c) is not list or len(c) != len(columns[0]) for c in columns):
+            raise ValueError("the payload's columns differ in length")
+        return _records(first, stream_id, first_version, columns, cols["meta"], event_metas,
+                        lazy=True)
     except _DAMAGE as exc:
         raise CorruptCommit(stream_id, position, f"{type(exc).__name__}: {exc}") from None
-
-
-def _check_lengths(columns: list[list]) -> None:
-    if any(type(c) is not list or len(c) != len(columns[0]) for c in columns):
-        raise ValueError("the payload's columns differ in length")

@@ -6,7 +6,6 @@ import datetime as dt
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-import orjson
 import sqlalchemy as sa
 
 from eventstore import migrate
@@ -111,7 +110,8 @@ class EventStore:
         if len(set(supplied_ids)) != len(supplied_ids):
             raise ValueError("one append names the same event_id twice")
         plain_meta = canonical_json({"recorded_at": dt.datetime.now(dt.UTC).isoformat()}).decode()
-        event_metas = [_meta_json(meta, plain_meta) if meta else None for meta in metas]
+        event_metas = ([_meta_json(meta, plain_meta) if meta else None for meta in metas]
+                       if any(metas) else None)
         event_ids = ([event_id or new_event_id() for event_id in given_ids] if supplied_ids
                      else new_event_ids(len(given_ids)))
 
@@ -263,8 +263,7 @@ def _encode(events: Sequence[NewEvent]) -> tuple[list, list, list, list, list]:
     and round-trips) takes a few inline checks; anything else goes through `_prepare`, which
     either accepts it or says in words what is wrong. This loop runs for every stored event.
     """
-    types, schemas, datas, given_ids, metas = [], [], [], [], []
-    dumps, loads, sort = orjson.dumps, orjson.loads, orjson.OPT_SORT_KEYS
+    prepared = []
     for event in events:
         if type(event) is NewEvent:
             type_, data, schema_version, event_id, meta = event
@@ -272,24 +271,14 @@ def _encode(events: Sequence[NewEvent]) -> tuple[list, list, list, list, list]:
                     and 0 < len(type_) <= MAX_TYPE_LENGTH and type(data) is dict
                     and type(schema_version) is int and schema_version >= 1):
                 try:
-                    encoded = dumps(data, option=sort)
-                except TypeError:
-                    encoded = None
-                if encoded is not None and len(encoded) <= MAX_EVENT_BYTES and (
-                        b"null" not in encoded or loads(encoded) == data):
-                    types.append(type_)
-                    schemas.append(schema_version)
-                    datas.append(encoded.decode())
-                    given_ids.append(None)
-                    metas.append(None)
+                    encoded = canonical_json(data)
+                except ValueError:
+                    encoded = b""  # not encodable: `_prepare` says why
+                if 0 < len(encoded) <= MAX_EVENT_BYTES:
+                    prepared.append((type_, schema_version, encoded.decode(), None, None))
                     continue
-        type_, schema_version, data_json, event_id, meta = _prepare(event)
-        types.append(type_)
-        schemas.append(schema_version)
-        datas.append(data_json)
-        given_ids.append(event_id)
-        metas.append(meta)
-    return types, schemas, datas, given_ids, metas
+        prepared.append(_prepare(event))
+    return tuple(map(list, zip(*prepared, strict=True)))
 
 
 def _prepare(event: NewEvent) -> tuple[str, int, str, str | None, dict]:
