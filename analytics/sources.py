@@ -24,7 +24,7 @@ read raw: upcasting happens in the sync, on Arrow.
 from __future__ import annotations
 
 import io
-from typing import Protocol
+from typing import Any, Protocol
 
 import duckdb
 import orjson
@@ -136,21 +136,34 @@ class Unpacker:
         self._con.close()
 
 
-class _SqliteRange:
-    """Which commits make a page on SQLite: positions are dense there, so the commits ending in
-    (after, after + limit] hold at most `limit` events and a page is one range scan of the key."""
+class _SqliteSource:
+    """What both SQLite readers share. Positions are dense there, so the commits ending in
+    (after, after + limit] hold at most `limit` events and a page is one range scan of the key;
+    a reader only says how it runs a query (`fetch_range` into Arrow, `_scalar` for one value)."""
+
+    name: str
+    _unpacker: Unpacker
+
+    def read(self, after: int, limit: int) -> pa.Table:
+        return self._unpacker.events(self.page(after, limit), after)
 
     def page(self, after: int, limit: int) -> pa.Table:
         table = self.fetch_range(after, after + limit)
         if table.num_rows:
             return table
         # a gap, or one commit bigger than a page: take up to the next commit, whatever its size
-        following = self.next_position(after)
+        following = self._scalar(_NEXT_SQL, (after,))
         return table if following is None else self.fetch_range(after, following)
+
+    def first_event_id(self) -> str:
+        return _first_id(self._scalar(_FIRST_SQL))
+
+    def last_position(self) -> int:
+        return int(self._scalar(_LAST_SQL))
 
     def fetch_range(self, after: int, upto: int) -> pa.Table: ...
 
-    def next_position(self, after: int) -> int | None: ...
+    def _scalar(self, sql: str, params: tuple = ()) -> Any: ...
 
 
 _RANGE_SQL = f"SELECT {_SELECT} FROM commits WHERE position > ? AND position <= ? ORDER BY position"
@@ -159,7 +172,7 @@ _FIRST_SQL = "SELECT payload FROM commits ORDER BY position LIMIT 1"
 _LAST_SQL = "SELECT coalesce(max(position), 0) FROM commits"
 
 
-class AdbcSqliteSource(_SqliteRange):
+class AdbcSqliteSource(_SqliteSource):
     """SQLite through the ADBC driver: rows go from SQLite's C API straight into Arrow buffers."""
 
     name = "sqlite-adbc"
@@ -173,25 +186,14 @@ class AdbcSqliteSource(_SqliteRange):
         self._cur.adbc_statement.set_options(**{"adbc.sqlite.query.batch_rows": "65536"})
         self._unpacker = Unpacker()
 
-    def read(self, after: int, limit: int) -> pa.Table:
-        return self._unpacker.events(self.page(after, limit), after)
-
     def fetch_range(self, after: int, upto: int) -> pa.Table:
         self._cur.execute(_RANGE_SQL, (after, upto))
         return self._cur.fetch_arrow_table()
 
-    def next_position(self, after: int) -> int | None:
-        self._cur.execute(_NEXT_SQL, (after,))
-        return self._cur.fetchone()[0]
-
-    def first_event_id(self) -> str:
-        self._cur.execute(_FIRST_SQL)
+    def _scalar(self, sql: str, params: tuple = ()) -> Any:
+        self._cur.execute(sql, params)
         row = self._cur.fetchone()
-        return _first_id(row and row[0])
-
-    def last_position(self) -> int:
-        self._cur.execute(_LAST_SQL)
-        return int(self._cur.fetchone()[0])
+        return row and row[0]
 
     def close(self) -> None:
         self._unpacker.close()
@@ -199,7 +201,7 @@ class AdbcSqliteSource(_SqliteRange):
         self._con.close()
 
 
-class SqliteSource(_SqliteRange):
+class SqliteSource(_SqliteSource):
     """SQLite through the stdlib: commit rows transposed into columns, then one Arrow array each
     (a row per commit, not per event, so the Python cost is small)."""
 
@@ -212,9 +214,6 @@ class SqliteSource(_SqliteRange):
         self._con.execute("PRAGMA busy_timeout=60000")
         self._unpacker = Unpacker()
 
-    def read(self, after: int, limit: int) -> pa.Table:
-        return self._unpacker.events(self.page(after, limit), after)
-
     def fetch_range(self, after: int, upto: int) -> pa.Table:
         rows = self._con.execute(_RANGE_SQL, (after, upto)).fetchall()
         if not rows:
@@ -225,15 +224,9 @@ class SqliteSource(_SqliteRange):
             [pa.array(c, type=f.type) for c, f in zip(columns, COMMIT_SCHEMA, strict=True)],
             schema=COMMIT_SCHEMA)
 
-    def next_position(self, after: int) -> int | None:
-        return self._con.execute(_NEXT_SQL, (after,)).fetchone()[0]
-
-    def first_event_id(self) -> str:
-        row = self._con.execute(_FIRST_SQL).fetchone()
-        return _first_id(row and row[0])
-
-    def last_position(self) -> int:
-        return int(self._con.execute(_LAST_SQL).fetchone()[0])
+    def _scalar(self, sql: str, params: tuple = ()) -> Any:
+        row = self._con.execute(sql, params).fetchone()
+        return row and row[0]
 
     def close(self) -> None:
         self._unpacker.close()
