@@ -12,7 +12,7 @@ several processes can fold disjoint sets of streams from one log.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from functools import cache
 
 from eventstore import CorruptCommit, EventStore, RecordedEvent
@@ -50,11 +50,11 @@ def partition_key(dialect: str) -> str:
             "coalesce(unicode(substr(stream_id, -2, 1)), 0))")
 
 
-def _events_of(row: tuple) -> list[RecordedEvent]:
+def _events_of(row: tuple) -> Iterable[RecordedEvent]:
     """A commit's events; a commit damaged past unpacking becomes one stand-in event whose type
     names the damage, so `verify` reports the stream and the runner folds on past it."""
     try:
-        return list(unpack(row))
+        return unpack(row)
     except CorruptCommit as exc:
         position, stream_id, first_version, _payload = row
         return [RecordedEvent(position, stream_id, first_version, "",

@@ -8,6 +8,9 @@ from collections.abc import Callable
 import orjson
 import sqlalchemy as sa
 
+EVENT_COLUMNS = ("id", "type", "schema", "data", "digest")
+"""The payload's per-event columns (eventstore.packing)."""
+
 
 def stream_commits(engine: sa.Engine, stream_id: str) -> list[tuple[int, int, int]]:
     """(position, first_version, last_version) of each of a stream's commit rows, in version order."""

@@ -202,10 +202,10 @@ def test_verify_names_the_episode_whose_event_was_edited(damaged, workers):
     assert any("digest" in p for p in report.problems[victim])
 
 
-def _middle_commit(store: EventStore, stream: str, size: int = 1) -> tuple[int, int, int]:
-    """A commit of the stream that is neither its first nor its last, holding > size events."""
+def _middle_commit(store: EventStore, stream: str) -> tuple[int, int, int]:
+    """A commit of the stream that is neither its first nor its last, holding 2 events or more."""
     commits = tamper.stream_commits(store.engine, stream)
-    return next(c for c in commits[1:-1] if c[2] - c[1] >= size)
+    return next(c for c in commits[1:-1] if c[2] > c[1])
 
 
 def test_verify_catches_a_deleted_commit(damaged, workers):
@@ -220,10 +220,10 @@ def test_verify_catches_a_deleted_commit(damaged, workers):
 def test_verify_catches_an_event_cut_out_of_a_commit(damaged, workers):
     store, played = damaged
     victim = played[6]["episode_id"]
-    position, first, last = _middle_commit(store, victim)
+    position = _middle_commit(store, victim)[0]
 
     def cut(payload: dict) -> None:
-        for key in ("id", "type", "schema", "data", "digest"):
+        for key in tamper.EVENT_COLUMNS:
             del payload[key][0]
 
     tamper.edit_payload(store.engine, position, cut)
@@ -239,14 +239,13 @@ def test_verify_catches_an_event_cut_out_of_a_commit(damaged, workers):
 def test_verify_catches_two_swapped_events(damaged, how, workers):
     store, played = damaged
     victim = played[7]["episode_id"]
-    position, first, last = _middle_commit(store, victim, size=1)
+    position, first, last = _middle_commit(store, victim)
     if how == "commit-positions":  # the log's order changes; each row keeps versions and digests
         commits = tamper.stream_commits(store.engine, victim)
         later = commits[commits.index((position, first, last)) + 1][0]
         tamper.swap_commit_positions(store.engine, position, later)
     elif how == "events":  # two events of one commit trade places wholesale
-        tamper.swap_events(store.engine, position, 0, 1,
-                           ("id", "type", "schema", "data", "digest"))
+        tamper.swap_events(store.engine, position, 0, 1, tamper.EVENT_COLUMNS)
     else:  # the contents trade places, versions and digests stay
         tamper.swap_events(store.engine, position, 0, 1, ("type", "data"))
     report = verify(store, workers=workers)
