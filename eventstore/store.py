@@ -36,10 +36,6 @@ _HEAD_CACHE_SIZE = 4096
 _EVENT_IDS_SQL = sa.text(
     "SELECT stream_id, min(version) FROM event_ids WHERE event_id IN :ids GROUP BY stream_id"
 ).bindparams(sa.bindparam("ids", expanding=True))
-_STREAM_HEAD = sa.text("SELECT last_version, last_digest FROM commits WHERE stream_id = :stream_id "
-                       "ORDER BY first_version DESC LIMIT 1")
-
-
 class _VersionMismatch(Exception):
     def __init__(self, actual: int | None) -> None:
         self.actual = actual
@@ -214,15 +210,18 @@ class EventStore:
 
     def stream_version(self, stream_id: str) -> int | None:
         """Version of the stream's last event, or None when the stream does not exist."""
-        with self.engine.connect() as conn:
-            row = conn.execute(_STREAM_HEAD, {"stream_id": stream_id}).first()
-        return None if row is None else row[0]
+        head = self._head(stream_id)
+        return None if head is None else head[0]
 
     def stream_digest(self, stream_id: str) -> str | None:
         """The digest of the stream's last event: equal digests mean identical streams."""
-        with self.engine.connect() as conn:
-            row = conn.execute(_STREAM_HEAD, {"stream_id": stream_id}).first()
-        return None if row is None else row[1]
+        head = self._head(stream_id)
+        return None if head is None else head[1]
+
+    def _head(self, stream_id: str) -> tuple[int, str] | None:
+        """(last version, last digest) as stored, by the same query the writers run."""
+        rows = self._backend.fetch(self._backend.head_sql(), (stream_id,))
+        return rows[0] if rows else None
 
     def last_position(self) -> int:
         with self.engine.connect() as conn:
