@@ -50,3 +50,16 @@ def chain_digest(previous: str, type_: str, schema_version: int, data_json: str)
     hasher = _EMPTY_DIGEST_STATE.copy()  # copying a fresh state beats constructing one
     hasher.update(f"{previous}\x1f{type_}\x1f{schema_version}\x1f{data_json}".encode())
     return hasher.hexdigest()
+
+
+def chain_digests(previous: str, types: list[str], schema_versions: list[int],
+                  data_jsons: list[str]) -> list[str]:
+    """`chain_digest` over a batch, each event chained to the one before: one loop per append."""
+    fresh = _EMPTY_DIGEST_STATE.copy
+    digests = []
+    for type_, schema_version, data_json in zip(types, schema_versions, data_jsons, strict=True):
+        hasher = fresh()
+        hasher.update(f"{previous}\x1f{type_}\x1f{schema_version}\x1f{data_json}".encode())
+        previous = hasher.hexdigest()
+        digests.append(previous)
+    return digests

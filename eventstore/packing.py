@@ -14,6 +14,7 @@ as much as decoding a commit's events.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from itertools import repeat
 from typing import NamedTuple
 
 import orjson
@@ -83,17 +84,20 @@ def _records(first: int, stream_id: str, first_version: int, columns: tuple[list
              ) -> list[RecordedEvent] | Iterator[RecordedEvent]:
     """The RecordedEvents of one commit from its columns (ids, types, schemas, datas, digests),
     the first event's position and version; strict zips refuse columns of unequal length.
-    `lazy` allows a generator for a big commit."""
-    delta = first_version - first  # an event's version is its position plus this
-    if event_metas is not None:
-        return [_new(RecordedEvent, (p, stream_id, p + delta, e, t, s, d, m or meta, g))
-                for p, (e, t, s, d, g, m) in enumerate(zip(*columns, event_metas, strict=True),
-                                                        first)]
-    if not lazy or len(columns[0]) <= _SMALL_COMMIT:
-        return [_new(RecordedEvent, (p, stream_id, p + delta, e, t, s, d, meta, g))
-                for p, (e, t, s, d, g) in enumerate(zip(*columns, strict=True), first)]
-    return (_new(RecordedEvent, (p, stream_id, p + delta, e, t, s, d, meta, g))
-            for p, (e, t, s, d, g) in enumerate(zip(*columns, strict=True), first))
+    `lazy` allows an iterator for a big commit.
+
+    Built by map/zip/repeat, which loop in C: no bytecode runs per event.
+    """
+    ids, types, schemas, datas, digests = columns
+    n = len(ids)
+    metas = repeat(meta, n) if event_metas is None else (m or meta for m in event_metas)
+    records = map(_new, repeat(RecordedEvent, n),
+                  zip(range(first, first + n), repeat(stream_id, n),
+                      range(first_version, first_version + n), ids, types, schemas, datas,
+                      metas, digests, strict=True))
+    if lazy and n > _SMALL_COMMIT and event_metas is None:
+        return records
+    return list(records)
 
 
 class CorruptCommit(ValueError):

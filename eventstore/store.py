@@ -6,6 +6,7 @@ import datetime as dt
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import orjson
 import sqlalchemy as sa
 
 from eventstore import migrate
@@ -15,7 +16,7 @@ from eventstore.backends import (
     UniqueViolation,
     backend_for,
 )
-from eventstore.encoding import GENESIS_DIGEST, canonical_json, chain_digest, decode_json
+from eventstore.encoding import GENESIS_DIGEST, canonical_json, chain_digests, decode_json
 from eventstore.engine import create_engine
 from eventstore.ids import new_event_id, new_event_ids
 from eventstore.packing import Commit, make_commit, unpack
@@ -116,11 +117,8 @@ class EventStore:
             version = -1 if head is None else head[0]
             if version != (-1 if expected_version is None else expected_version):
                 raise _VersionMismatch(None if head is None else head[0])
-            digest = GENESIS_DIGEST if head is None else head[1]
-            digests = []
-            for type_, schema_version, data_json in zip(types, schemas, datas, strict=True):
-                digest = chain_digest(digest, type_, schema_version, data_json)
-                digests.append(digest)
+            digests = chain_digests(GENESIS_DIGEST if head is None else head[1], types, schemas,
+                                    datas)
             supplied = [(event_id, stream_id, version + 1 + i)
                         for i, event_id in enumerate(given_ids) if event_id is not None]
             return make_commit(stream_id, version + 1, event_ids, types, schemas, datas,
@@ -260,9 +258,15 @@ def _encode(events: Sequence[NewEvent]) -> tuple[list, list, list, list, list]:
 
     The plain case (a NewEvent with neither id nor meta, valid at a glance, data that encodes
     and round-trips) takes a few inline checks; anything else goes through `_prepare`, which
-    either accepts it or says in words what is wrong. This loop runs for every stored event.
+    either accepts it or says in words what is wrong. This loop runs for every stored event, so
+    it fills the columns directly and calls orjson itself (what `canonical_json` does, inlined).
     """
-    prepared = []
+    types: list[str] = []
+    schemas: list[int] = []
+    datas: list[str] = []
+    ids: list[str | None] = []
+    metas: list[dict | None] = []
+    dumps, loads, sort_keys = orjson.dumps, orjson.loads, orjson.OPT_SORT_KEYS
     for event in events:
         if type(event) is NewEvent:
             type_, data, schema_version, event_id, meta = event
@@ -270,14 +274,26 @@ def _encode(events: Sequence[NewEvent]) -> tuple[list, list, list, list, list]:
                     and 0 < len(type_) <= MAX_TYPE_LENGTH and type(data) is dict
                     and type(schema_version) is int and schema_version >= 1):
                 try:
-                    encoded = canonical_json(data)
-                except ValueError:
-                    encoded = b""  # not encodable: `_prepare` says why
-                if 0 < len(encoded) <= MAX_EVENT_BYTES:
-                    prepared.append((type_, schema_version, encoded.decode(), None, None))
+                    encoded = dumps(data, option=sort_keys)
+                except TypeError:
+                    encoded = None  # not encodable: `_prepare` says why
+                # orjson writes NaN as null: data that does not survive the round trip, too big
+                # or not encodable takes the careful path
+                if (encoded is not None and len(encoded) <= MAX_EVENT_BYTES
+                        and (b"null" not in encoded or loads(encoded) == data)):
+                    types.append(type_)
+                    schemas.append(schema_version)
+                    datas.append(encoded.decode())
+                    ids.append(None)
+                    metas.append(None)
                     continue
-        prepared.append(_prepare(event))
-    return tuple(map(list, zip(*prepared, strict=True)))
+        type_, schema_version, data_json, event_id, meta = _prepare(event)
+        types.append(type_)
+        schemas.append(schema_version)
+        datas.append(data_json)
+        ids.append(event_id)
+        metas.append(meta)
+    return types, schemas, datas, ids, metas
 
 
 def _prepare(event: NewEvent) -> tuple[str, int, str, str | None, dict]:
