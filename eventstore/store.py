@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Iterator, Sequence
+from itertools import chain, islice
 from typing import Any
 
 import orjson
@@ -176,35 +177,35 @@ class EventStore:
                     yield record if apply is None else apply(record)
 
     def read_all(self, after_position: int = 0, limit: int | None = None) -> Iterator[RecordedEvent]:
-        """Every event after `after_position` in commit order, read in pages so memory stays flat."""
+        """Every event after `after_position` in commit order, read in pages so memory stays flat.
+
+        Lazy: nothing is read before the first event is asked for. The events of a page are
+        chained in C (itertools), so no Python frame resumes per event.
+        """
         if limit is not None and limit <= 0:
-            return
-        remaining = limit
-        after = after_position
-        apply = self.upcasters.apply if self.upcasters.types else None
+            return iter(())
+        events: Iterator[RecordedEvent] = chain.from_iterable(self._pages(after_position))
+        if self.upcasters.types:
+            events = map(self.upcasters.apply, events)
+        return events if limit is None else islice(events, limit)
+
+    def _pages(self, after: int) -> Iterator[Iterator[RecordedEvent]]:
+        """The events after `after`, one iterator per page of commits."""
         sql = self._backend.page_sql()
         fetch = self._backend.fetch
-        resuming = True  # only the very first commit read may hold events at or before `after`
+        rows = fetch(sql, (after, READ_PAGE_COMMITS))
+        if not rows:
+            return
+        # only the very first commit read may hold events at or before `after`
+        yield (r for r in unpack(rows[0]) if r.position > after)
+        pages = rows[1:]
         while True:
-            rows = fetch(sql, (after, READ_PAGE_COMMITS))
-            for row in rows:
-                records = unpack(row)
-                if resuming:
-                    resuming = False
-                    records = (r for r in records if r.position > after)
-                if apply is not None:
-                    records = map(apply, records)
-                if remaining is None:
-                    yield from records
-                    continue
-                for record in records:
-                    yield record
-                    remaining -= 1
-                    if remaining == 0:
-                        return
+            yield chain.from_iterable(map(unpack, pages))
             if len(rows) < READ_PAGE_COMMITS:
                 return
-            after = rows[-1][0]
+            rows = pages = fetch(sql, (rows[-1][0], READ_PAGE_COMMITS))
+            if not rows:
+                return
 
     def stream_version(self, stream_id: str) -> int | None:
         """Version of the stream's last event, or None when the stream does not exist."""
