@@ -319,10 +319,17 @@ EVENT_TYPES: dict[str, type] = {
 UPCASTERS: dict[tuple[str, int], Any] = {}
 
 
+ENVELOPE_HEADS: dict[type, tuple[str, int, tuple[str, ...]]] = {
+    cls: (name, cls.SCHEMA_VERSION, cls._fields) for name, cls in EVENT_TYPES.items()
+}
+"""(type name, schema version, field names) of every event class: what an envelope is made of,
+looked up once per event by code that converts whole episodes (the log writer)."""
+
+
 def to_envelope(event: Event) -> tuple[str, dict, int]:
     """(type name, JSON-able data dict, schema version) of an event."""
     cls = type(event)
-    return cls.__name__, event._asdict(), cls.SCHEMA_VERSION  # runs for every logged event
+    return cls.__name__, event._asdict(), cls.SCHEMA_VERSION
 
 
 def _field_getter(cls: type) -> Any:

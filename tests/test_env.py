@@ -50,6 +50,20 @@ def test_every_step_is_in_the_log_and_state_reports_progress(sqlite_url):
     assert records[0].meta["agent"] == "expert"
 
 
+def test_the_log_holds_exactly_the_domains_envelopes(sqlite_url):
+    """The runtime converts events in bulk, inlined: it must write what domain.to_envelope says."""
+    task = FAMILIES[2]
+    with CompanyEnv(sqlite_url, durability="episode") as env:
+        _, actions = play(env, "random", 5, task, chaos="high")
+        records = list(env.store.read_stream(env.state["episode_id"]))
+    state, events, _ = domain.reset(domain.EpisodeSpec(task, 5, domain.parse_chaos("high")))
+    for action in actions:
+        state, more, _ = domain.step(state, action)
+        events += more
+    assert [(r.type, r.data, r.schema_version) for r in records] == [
+        domain.to_envelope(e) for e in events]
+
+
 @pytest.mark.parametrize("task", FAMILIES)
 def test_both_durabilities_log_identical_streams(sqlite_url, task):
     digests = []
