@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import statistics
 import tempfile
 import uuid
+from collections.abc import Callable
 
 import sqlalchemy as sa
 
@@ -44,3 +46,17 @@ def step_events(step: int) -> list[NewEvent]:
 
 def open_store(url: str) -> EventStore:
     return EventStore.open(url)
+
+
+def median_of(measure: Callable[[], float], repeat: int) -> tuple[float, list[float]]:
+    """Run `measure` `repeat` times; its median and every figure, in order.
+
+    A shared VM's speed drifts by ±20% from minute to minute: one run says little, the median
+    of a few says what the code does (the spread is printed beside it).
+    """
+    figures = [measure() for _ in range(max(1, repeat))]
+    return statistics.median(figures), figures
+
+
+def spread(figures: list[float]) -> str:
+    return "runs=" + ",".join(f"{f:.0f}" for f in figures)

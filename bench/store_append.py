@@ -1,7 +1,8 @@
 """Append throughput: one step's four events per transaction, 1,000 per transaction, PG with 4 writers.
 
-Usage: python bench/store_append.py [--seconds S]. PostgreSQL runs when COMPANYOS_TEST_PG_URL
-(or COMPANYOS_BENCH_PG_URL) is set. The last line carries the headline SQLite figure.
+Usage: python bench/store_append.py [--seconds S] [--repeat R]. The SQLite figures are medians of
+R runs of S seconds, each on a fresh store. PostgreSQL runs when COMPANYOS_TEST_PG_URL (or
+COMPANYOS_BENCH_PG_URL) is set. The last line carries the headline SQLite figure.
 """
 
 from __future__ import annotations
@@ -13,7 +14,14 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _common import fresh_pg_url, fresh_sqlite_url, open_store, step_events  # noqa: E402
+from _common import (  # noqa: E402
+    fresh_pg_url,
+    fresh_sqlite_url,
+    median_of,
+    open_store,
+    spread,
+    step_events,
+)
 
 
 def four_event_appends(url: str, seconds: float, stream_prefix: str = "s") -> tuple[int, float]:
@@ -55,14 +63,19 @@ def _writer(args):
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--seconds", type=float, default=2.0)
+    parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
-    url = fresh_sqlite_url()
-    appends, elapsed = four_event_appends(url, args.seconds)
-    sqlite_appends = appends / elapsed
-    print(f"sqlite four_event_appends_per_s={sqlite_appends:.0f} events_per_s={4 * appends / elapsed:.0f}")
-    sqlite_batch = batch_appends(fresh_sqlite_url(), args.seconds)
-    print(f"sqlite batch1000_events_per_s={sqlite_batch:.0f}")
+    def four() -> float:
+        appends, elapsed = four_event_appends(fresh_sqlite_url(), args.seconds)
+        return appends / elapsed
+
+    sqlite_appends, runs = median_of(four, args.repeat)
+    print(f"sqlite four_event_appends_per_s={sqlite_appends:.0f} "
+          f"events_per_s={4 * sqlite_appends:.0f} (median; {spread(runs)})")
+    sqlite_batch, runs = median_of(lambda: batch_appends(fresh_sqlite_url(), args.seconds),
+                                   args.repeat)
+    print(f"sqlite batch1000_events_per_s={sqlite_batch:.0f} (median; {spread(runs)})")
     pg = fresh_pg_url()
     if pg:
         appends, elapsed = four_event_appends(pg, args.seconds)

@@ -1,8 +1,9 @@
 """read_all throughput over a store filled with step-shaped events (SQLite, and PostgreSQL when configured).
 
-Usage: python bench/store_read.py [--events N]. The store is read twice: filled by 1,000-event
-appends (an episode flushed at once, a bulk import) and by 4-event appends (one step per
-commit, the slowest shape to read). The last line carries the SQLite figure for the second.
+Usage: python bench/store_read.py [--events N] [--repeat R]. Two stores are read: one filled by
+1,000-event appends (an episode flushed at once, a bulk import) and one by 4-event appends (one
+step per commit, the slowest shape to read); each R times, figures are medians. The last line
+carries the SQLite figure for the second.
 """
 
 from __future__ import annotations
@@ -13,7 +14,14 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _common import fresh_pg_url, fresh_sqlite_url, open_store, step_events  # noqa: E402
+from _common import (  # noqa: E402
+    fresh_pg_url,
+    fresh_sqlite_url,
+    median_of,
+    open_store,
+    spread,
+    step_events,
+)
 
 
 def fill(url: str, total: int, steps_per_append: int = 250) -> None:
@@ -27,7 +35,7 @@ def fill(url: str, total: int, steps_per_append: int = 250) -> None:
     store.close()
 
 
-def read_rate(url: str) -> tuple[int, float]:
+def read_rate(url: str) -> float:
     store = open_store(url)
     start = time.perf_counter()
     count = 0
@@ -35,26 +43,30 @@ def read_rate(url: str) -> tuple[int, float]:
         count += 1
     elapsed = time.perf_counter() - start
     store.close()
-    return count, count / elapsed
+    return count / elapsed
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--events", type=int, default=1_000_000)
+    parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
     url = fresh_sqlite_url()
     fill(url, args.events)
-    count, rate = read_rate(url)
-    print(f"sqlite read_all events={count} events_per_s={rate:.0f} (1000-event appends)")
+    rate, rates = median_of(lambda: read_rate(url), args.repeat)
+    print(f"sqlite read_all events={args.events} events_per_s={rate:.0f} (1000-event appends; "
+          f"median, {spread(rates)})")
     url = fresh_sqlite_url()
     fill(url, args.events, steps_per_append=1)
-    count, sqlite_rate = read_rate(url)
-    print(f"sqlite read_all events={count} events_per_s={sqlite_rate:.0f} (4-event appends)")
+    sqlite_rate, rates = median_of(lambda: read_rate(url), args.repeat)
+    print(f"sqlite read_all events={args.events} events_per_s={sqlite_rate:.0f} (4-event appends; "
+          f"median, {spread(rates)})")
     pg = fresh_pg_url()
     if pg:
         fill(pg, min(args.events, 200_000))
-        count, rate = read_rate(pg)
-        print(f"postgresql read_all events={count} events_per_s={rate:.0f}")
+        rate, rates = median_of(lambda: read_rate(pg), args.repeat)
+        print(f"postgresql read_all events={min(args.events, 200_000)} events_per_s={rate:.0f} "
+              f"(median, {spread(rates)})")
     print(f"sqlite_read_all_events_per_s={sqlite_rate:.0f}")
 
 
