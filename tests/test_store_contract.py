@@ -43,6 +43,16 @@ def test_round_trip_keeps_order_versions_and_data(store):
     assert store.stream_version(unique_stream()) is None
 
 
+def test_read_all_is_lazy_and_sees_what_was_appended_before_iteration_began(store):
+    """A reader may set up its iterator early (a follower, a projection runner): it reads only
+    when iterated, so events appended in between are part of what it returns."""
+    stream = unique_stream()
+    first = store.append(stream, [NewEvent("A", {"n": 0})], None)[0]
+    events = store.read_all(after_position=first.position - 1)
+    store.append(stream, [NewEvent("A", {"n": 1}), NewEvent("A", {"n": 2})], 0)
+    assert [r.data["n"] for r in events if r.stream_id == stream] == [0, 1, 2]
+
+
 def test_digest_chains_type_version_and_data_but_not_meta(store):
     a, b = unique_stream(), unique_stream()
     ra = store.append(a, [NewEvent("E", {"x": 1}, meta={"who": "one"}), NewEvent("F", {})], None)
