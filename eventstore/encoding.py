@@ -54,12 +54,9 @@ def chain_digest(previous: str, type_: str, schema_version: int, data_json: str)
 
 def chain_digests(previous: str, types: list[str], schema_versions: list[int],
                   data_jsons: list[str]) -> list[str]:
-    """`chain_digest` over a batch, each event chained to the one before: one loop per append."""
-    fresh = _EMPTY_DIGEST_STATE.copy
+    """`chain_digest` over a batch, each event chained to the one before (an append's digests)."""
     digests = []
     for type_, schema_version, data_json in zip(types, schema_versions, data_jsons, strict=True):
-        hasher = fresh()
-        hasher.update(f"{previous}\x1f{type_}\x1f{schema_version}\x1f{data_json}".encode())
-        previous = hasher.hexdigest()
+        previous = chain_digest(previous, type_, schema_version, data_json)
         digests.append(previous)
     return digests

@@ -7,7 +7,6 @@ from collections.abc import Iterator, Sequence
 from itertools import chain, islice
 from typing import Any
 
-import orjson
 import sqlalchemy as sa
 
 from eventstore import migrate
@@ -260,14 +259,13 @@ def _encode(events: Sequence[NewEvent]) -> tuple[list, list, list, list, list]:
     The plain case (a NewEvent with neither id nor meta, valid at a glance, data that encodes
     and round-trips) takes a few inline checks; anything else goes through `_prepare`, which
     either accepts it or says in words what is wrong. This loop runs for every stored event, so
-    it fills the columns directly and calls orjson itself (what `canonical_json` does, inlined).
+    it fills the columns directly.
     """
     types: list[str] = []
     schemas: list[int] = []
     datas: list[str] = []
     ids: list[str | None] = []
     metas: list[dict | None] = []
-    dumps, loads, sort_keys = orjson.dumps, orjson.loads, orjson.OPT_SORT_KEYS
     for event in events:
         if type(event) is NewEvent:
             type_, data, schema_version, event_id, meta = event
@@ -275,13 +273,10 @@ def _encode(events: Sequence[NewEvent]) -> tuple[list, list, list, list, list]:
                     and 0 < len(type_) <= MAX_TYPE_LENGTH and type(data) is dict
                     and type(schema_version) is int and schema_version >= 1):
                 try:
-                    encoded = dumps(data, option=sort_keys)
-                except TypeError:
-                    encoded = None  # not encodable: `_prepare` says why
-                # orjson writes NaN as null: data that does not survive the round trip, too big
-                # or not encodable takes the careful path
-                if (encoded is not None and len(encoded) <= MAX_EVENT_BYTES
-                        and (b"null" not in encoded or loads(encoded) == data)):
+                    encoded = canonical_json(data)
+                except ValueError:
+                    encoded = b""  # not encodable: `_prepare` says why
+                if 0 < len(encoded) <= MAX_EVENT_BYTES:
                     types.append(type_)
                     schemas.append(schema_version)
                     datas.append(encoded.decode())
