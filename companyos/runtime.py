@@ -17,16 +17,9 @@ DURABILITY = ("step", "episode")
 
 
 def to_new_events(events: list) -> list[NewEvent]:
-    """Domain events as store envelopes, as `domain.to_envelope` makes them; inlined, because
-    this runs for every logged event."""
-    heads = domain.ENVELOPE_HEADS
-    new_events = []
-    for event in events:
-        name, schema_version, fields = heads[type(event)]
-        # A NamedTuple holds exactly its fields; zip's `strict` keyword alone costs 40% here.
-        data = dict(zip(fields, event))  # noqa: B905
-        new_events.append(_new(NewEvent, (name, data, schema_version, None, None)))
-    return new_events
+    """Domain events as store envelopes (built as plain tuples: this runs for every event)."""
+    to_envelope = domain.to_envelope
+    return [_new(NewEvent, (*to_envelope(event), None, None)) for event in events]
 
 
 _new = tuple.__new__

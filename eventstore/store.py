@@ -197,14 +197,10 @@ class EventStore:
             return
         # only the very first commit read may hold events at or before `after`
         yield (r for r in unpack(rows[0]) if r.position > after)
-        pages = rows[1:]
-        while True:
-            yield chain.from_iterable(map(unpack, pages))
-            if len(rows) < READ_PAGE_COMMITS:
-                return
-            rows = pages = fetch(sql, (rows[-1][0], READ_PAGE_COMMITS))
-            if not rows:
-                return
+        yield chain.from_iterable(map(unpack, rows[1:]))
+        while len(rows) == READ_PAGE_COMMITS:
+            rows = fetch(sql, (rows[-1][0], READ_PAGE_COMMITS))
+            yield chain.from_iterable(map(unpack, rows))
 
     def stream_version(self, stream_id: str) -> int | None:
         """Version of the stream's last event, or None when the stream does not exist."""
