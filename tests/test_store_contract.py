@@ -11,8 +11,17 @@ import uuid
 
 import pytest
 
-from eventstore import ConcurrencyError, EventStore, NewEvent, StoreUnavailable, Upcasters, chain_digest
+from eventstore import (
+    ConcurrencyError,
+    CorruptCommit,
+    EventStore,
+    NewEvent,
+    StoreUnavailable,
+    Upcasters,
+    chain_digest,
+)
 from eventstore.records import MAX_EVENT_BYTES
+from tests import tamper
 from tests.conftest import unique_stream
 
 
@@ -188,6 +197,24 @@ def test_read_all_pages_through_large_ranges_with_limit(store):
     got = list(store.read_all(after_position=start, limit=2500))
     assert [r.data["i"] for r in got if r.stream_id == stream] == list(range(2500))
     assert len(list(store.read_all(after_position=start, limit=7))) == 7
+
+
+@pytest.mark.parametrize("events, column", [
+    (4, "digest"),  # a step-sized commit
+    (100, "id"),  # a commit big enough to be read lazily
+    (4, "event_meta"),  # a commit whose events carry their own meta
+])
+def test_a_commit_with_a_column_cut_short_is_refused_not_read_short(store, events, column):
+    stream = unique_stream()
+    meta = {"agent": "a1"} if column == "event_meta" else None
+    recorded = store.append(stream, [NewEvent("N", {"i": i}, meta=meta) for i in range(events)],
+                            None)
+    position = recorded[-1].position
+    tamper.edit_payload(store.engine, position, lambda payload: payload[column].pop())
+    with pytest.raises(CorruptCommit, match=f"{stream}.*position {position}.*differ in length"):
+        list(store.read_stream(stream))
+    with pytest.raises(CorruptCommit, match=f"position {position}"):
+        list(store.read_all(after_position=recorded[0].position - 1))
 
 
 # -- across processes -------------------------------------------------------------------------
