@@ -1,9 +1,10 @@
 """read_all throughput over a store filled with step-shaped events (SQLite, and PostgreSQL when configured).
 
-Usage: python bench/store_read.py [--events N] [--repeat R]. Two stores are read: one filled by
-1,000-event appends (an episode flushed at once, a bulk import) and one by 4-event appends (one
-step per commit, the slowest shape to read); each R times, figures are medians. The last line
-carries the SQLite figure for the second.
+Usage: python bench/store_read.py [--events N] [--repeat R]. Three SQLite stores are read: one
+filled by 1,000-event appends (a bulk import), one by expert-agent episodes logged with
+`durability="episode"` (what `companyos run` writes: one append of ~65 events per episode), and
+one by 4-event appends (one step per commit, the slowest shape to read); each R times, figures
+are medians. The last line carries the SQLite figure for the 4-event appends.
 """
 
 from __future__ import annotations
@@ -37,6 +38,22 @@ def fill(url: str, total: int, steps_per_append: int = 250) -> int:
     return total // len(batch) * len(batch)
 
 
+def fill_with_episodes(url: str, total: int) -> int:
+    """Log expert episodes as `companyos run --durability episode` does until about `total`
+    events are stored; returns how many were."""
+    from companyos.batch import RunPlan, run_range
+
+    plan = RunPlan(url, "expert", "all", "medium", 0, 0, "episode")
+    store = open_store(url)
+    start = 0
+    while store.last_position() < total:
+        run_range(plan, start, start + 1000, store)
+        start += 1000
+    written = store.last_position()
+    store.close()
+    return written
+
+
 def read_rate(url: str) -> float:
     store = open_store(url)
     start = time.perf_counter()
@@ -58,6 +75,11 @@ def main() -> None:
     rate, rates = median_of(lambda: read_rate(url), args.repeat)
     print(f"sqlite read_all events={written} events_per_s={rate:.0f} (1000-event appends; "
           f"median, {spread(rates)})")
+    url = fresh_sqlite_url()
+    written = fill_with_episodes(url, args.events)
+    rate, rates = median_of(lambda: read_rate(url), args.repeat)
+    print(f"sqlite read_all events={written} events_per_s={rate:.0f} (expert episodes, one "
+          f"append each; median, {spread(rates)})")
     url = fresh_sqlite_url()
     written = fill(url, args.events, steps_per_append=1)
     sqlite_rate, rates = median_of(lambda: read_rate(url), args.repeat)
