@@ -58,6 +58,14 @@ def store_url(request, tmp_path):
     return request.getfixturevalue("pg_database_url")
 
 
+@pytest.fixture(params=["sqlite", "postgresql"])
+def empty_store_url(request, tmp_path):
+    """An empty store URL on each backend (PostgreSQL: a brand-new database, when configured)."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'store.db'}"
+    return request.getfixturevalue("fresh_pg_url")
+
+
 @pytest.fixture
 def sqlite_url(tmp_path):
     return f"sqlite:///{tmp_path / 'store.db'}"

@@ -310,26 +310,18 @@ def test_warehouse_refuses_another_store(filled, tmp_path):
         sync(other, path)
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def any_store(request, tmp_path):
-    """An empty store on each backend (PostgreSQL: a fresh database, when configured)."""
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'store.db'}"
-    return request.getfixturevalue("fresh_pg_url")
-
-
-def test_every_reader_gives_the_same_warehouse(any_store, tmp_path):
-    pending = fill(any_store, 0, 150, open_every=4)
+def test_every_reader_gives_the_same_warehouse(empty_store_url, tmp_path):
+    pending = fill(empty_store_url, 0, 150, open_every=4)
     live = tmp_path / "live.duckdb"
-    sync(any_store, live, batch_events=997)
-    finish(any_store, pending)
-    sync(any_store, live, batch_events=997)
-    expected = tally(any_store)
+    sync(empty_store_url, live, batch_events=997)
+    finish(empty_store_url, pending)
+    sync(empty_store_url, live, batch_events=997)
+    expected = tally(empty_store_url)
     with Warehouse(live) as wh:
         assert wh.counts()["episodes"] == len(expected["episodes"])
         assert wh.counts()["steps"] == expected["actions"]
     slow = tmp_path / "slow.duckdb"
-    sync(any_store, slow, prefer="store")  # EventStore.read_all: the reference reader
+    sync(empty_store_url, slow, prefer="store")  # EventStore.read_all: the reference reader
     assert dump(live) == dump(slow)
 
 

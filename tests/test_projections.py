@@ -471,15 +471,8 @@ def test_the_read_model_follows_a_running_episode(sqlite_url):
     store.close()
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def empty_url(request, tmp_path):
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'store.db'}"
-    return request.getfixturevalue("fresh_pg_url")
-
-
-def test_projections_on_each_backend(empty_url):
-    store = EventStore.open(empty_url)
+def test_projections_on_each_backend(empty_store_url):
+    store = EventStore.open(empty_store_url)
     lives = [play(store, task, 7, "medium", "expert", durability="episode")
              for task in list(domain.TASK_FAMILIES)[:3]]
     runner = ProjectionRunner(store, default_projections())
