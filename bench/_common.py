@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import sqlalchemy as sa
 
-from eventstore import EventStore, NewEvent
+from eventstore import NewEvent
 
 PG_URL = os.environ.get("COMPANYOS_BENCH_PG_URL") or os.environ.get("COMPANYOS_TEST_PG_URL")
 
@@ -42,10 +42,6 @@ def step_events(step: int) -> list[NewEvent]:
         NewEvent("RewardGranted", {"rule": "step", "value": -0.1, "cause": step * 4}),
         NewEvent("RewardGranted", {"rule": "set_priority", "value": 1.0, "cause": step * 4 + 1}),
     ]
-
-
-def open_store(url: str) -> EventStore:
-    return EventStore.open(url)
 
 
 def median_of(measure: Callable[[], float], repeat: int) -> tuple[float, list[float]]:

@@ -18,14 +18,15 @@ from _common import (  # noqa: E402
     fresh_pg_url,
     fresh_sqlite_url,
     median_of,
-    open_store,
     spread,
     step_events,
 )
 
+from eventstore import EventStore  # noqa: E402
+
 
 def four_event_appends(url: str, seconds: float, stream_prefix: str = "s") -> tuple[int, float]:
-    store = open_store(url)
+    store = EventStore.open(url)
     appends = 0
     version = None
     stream = 0
@@ -44,7 +45,7 @@ def four_event_appends(url: str, seconds: float, stream_prefix: str = "s") -> tu
 
 
 def batch_appends(url: str, seconds: float, batch: int = 1000) -> float:
-    store = open_store(url)
+    store = EventStore.open(url)
     events = [e for i in range(batch // 4) for e in step_events(i)]
     n = 0
     start = time.perf_counter()
@@ -80,7 +81,7 @@ def main() -> None:
     if pg:
         appends, elapsed = four_event_appends(pg, args.seconds)
         print(f"postgresql four_event_appends_per_s={appends / elapsed:.0f} (1 writer)")
-        open_store(pg).close()
+        EventStore.open(pg).close()
         with mp.get_context("spawn").Pool(4) as pool:
             results = pool.map(_writer, [(pg, args.seconds, f"w{i}") for i in range(4)])
         total = sum(a for a, _ in results) / max(e for _, e in results)

@@ -19,15 +19,16 @@ from _common import (  # noqa: E402
     fresh_pg_url,
     fresh_sqlite_url,
     median_of,
-    open_store,
     spread,
     step_events,
 )
 
+from eventstore import EventStore  # noqa: E402
+
 
 def fill(url: str, total: int, steps_per_append: int = 250) -> int:
     """Write about `total` step-shaped events; returns how many were written."""
-    store = open_store(url)
+    store = EventStore.open(url)
     batch = [e for i in range(steps_per_append) for e in step_events(i)]
     version = None
     for n in range(total // len(batch)):
@@ -44,7 +45,7 @@ def fill_with_episodes(url: str, total: int) -> int:
     from companyos.batch import RunPlan, run_range
 
     plan = RunPlan(url, "expert", "all", "medium", 0, 0, "episode")
-    store = open_store(url)
+    store = EventStore.open(url)
     start = 0
     while store.last_position() < total:
         run_range(plan, start, start + 1000, store)
@@ -55,7 +56,7 @@ def fill_with_episodes(url: str, total: int) -> int:
 
 
 def read_rate(url: str) -> float:
-    store = open_store(url)
+    store = EventStore.open(url)
     start = time.perf_counter()
     count = 0
     for _ in store.read_all():
