@@ -137,6 +137,7 @@ _COMPILED: dict[str, dict[str, tuple]] = {app: {} for app in APPS}
 for _spec in TOOLS:
     _COMPILED[_spec.app][_spec.method] = _compile(_spec)
 _EMPTY: dict = {}
+_MISSING = object()  # "no such parameter": matches no JSON type, unlike an empty dict
 
 
 def parse_action(action) -> tuple[str, str, dict] | Invalid:
@@ -165,7 +166,7 @@ def parse_action(action) -> tuple[str, str, dict] | Invalid:
     if type(params) is dict and len(params) == len(checks):
         # fast path: every parameter given, nothing else (all tool parameters are required)
         for c in checks:
-            v = params.get(c.name, _EMPTY)
+            v = params.get(c.name, _MISSING)
             if type(v) not in c.types or (c.enum is not None and v not in c.enum):
                 break
         else:

@@ -45,6 +45,9 @@ def _rejected(state, action):
       "params": {"ticket_id": "T-1", "field": "colour", "value": "red"}}, "invalid_params"),
     ({"app": "approvalflow", "method": "submit_approval",
       "params": {"approval_type": "x", "approver": "y", "data": []}}, "invalid_params"),
+    # as many keys as the tool has parameters, one of them unknown and `data` (an object) absent
+    ({"app": "approvalflow", "method": "submit_approval",
+      "params": {"approval_type": "x", "approver": "y", "bogus": 1}}, "invalid_params"),
     ({"app": "ticketdesk", "method": "get_ticket", "params": {"ticket_id": "T-0"}},
      "not_found"),
     ({"app": "datahub", "method": "query_metric", "params": {"metric_name": "nope"}},
@@ -114,6 +117,8 @@ _tool = st.sampled_from(TOOLS)
 def _near_valid(draw):
     t = draw(_tool)
     params = {k: draw(_json) for k in t.parameters["properties"] if draw(st.booleans())}
+    if draw(st.booleans()):
+        params[draw(st.sampled_from(("bogus", "data", "ticket_id")))] = draw(_json)
     return {"app": t.app, "method": t.method, "params": params}
 
 
