@@ -11,7 +11,8 @@ from typing import Any
 
 import domain
 from companyos.agents import make_agent
-from companyos.env import CompanyEnv
+from companyos.env import CompanyEnv, spec_from_options
+from companyos.runtime import DURABILITY
 from eventstore import EventStore
 
 CHUNK = 50  # episodes per unit of work handed to a worker process
@@ -58,12 +59,13 @@ def validate(plan: RunPlan) -> None:
     """Fail before any process starts, with words, when the plan names something unknown."""
     if plan.task != "all" and plan.task not in domain.TASK_FAMILIES:
         raise ValueError(f"unknown task {plan.task!r}; known: all, {', '.join(domain.TASK_FAMILIES)}")
-    domain.parse_chaos(plan.chaos)
+    spec_from_options(plan.seed, {"task": None if plan.task == "all" else plan.task,
+                                  "chaos": plan.chaos, "reward_profile": plan.reward_profile})
     make_agent(plan.agent, 0)
     if plan.episodes < 0:
         raise ValueError("--episodes must be 0 or more")
-    if plan.durability not in ("step", "episode"):
-        raise ValueError("--durability must be 'step' or 'episode'")
+    if plan.durability not in DURABILITY:
+        raise ValueError(f"--durability must be one of {', '.join(DURABILITY)}")
 
 
 def run_range(plan: RunPlan, start: int, stop: int, store: EventStore | None = None) -> list[EpisodeResult]:

@@ -7,7 +7,7 @@ from typing import Any
 
 import domain
 from companyos.config import resolve_db
-from companyos.runtime import EpisodeRuntime
+from companyos.runtime import DURABILITY, EpisodeRuntime
 from eventstore import EventStore
 from projections.render import render_views
 
@@ -20,11 +20,14 @@ def spec_from_options(seed: int, options: dict[str, Any] | None) -> domain.Episo
     unknown = set(options) - {"task", "chaos", "reward_profile", "max_steps", "episode_id"}
     if unknown:
         raise ValueError(f"unknown reset options: {sorted(unknown)}")
+    for key in ("task", "reward_profile"):
+        if options.get(key) is not None and not isinstance(options[key], str):
+            raise ValueError(f"{key} must be a string")
     families = list(domain.TASK_FAMILIES)
     task = options.get("task") or families[seed % len(families)]
     if task not in domain.TASK_FAMILIES:
         raise ValueError(f"unknown task {task!r}; known tasks: {', '.join(families)}")
-    chaos = domain.parse_chaos(options.get("chaos", DEFAULT_CHAOS))
+    chaos = domain.parse_chaos(DEFAULT_CHAOS if options.get("chaos") is None else options["chaos"])
     profile = options.get("reward_profile") or "default"
     if profile not in domain.REWARD_PROFILES:
         raise ValueError(f"unknown reward_profile {profile!r}; known: {', '.join(domain.REWARD_PROFILES)}")
@@ -54,8 +57,8 @@ class CompanyEnv:
             self.store, self._owns_store = db, False
         else:
             self.store, self._owns_store = EventStore.open(resolve_db(db)), True
-        if durability not in ("step", "episode"):
-            raise ValueError(f"durability must be 'step' or 'episode', not {durability!r}")
+        if durability not in DURABILITY:
+            raise ValueError(f"durability must be one of {DURABILITY}, not {durability!r}")
         self.durability = durability
         self.agent = agent
         self.runtime: EpisodeRuntime | None = None

@@ -131,10 +131,18 @@ def test_same_seed_and_actions_give_the_same_digest_in_any_process(tmp_path):
     ({"reward_profile": "lavish"}, "reward_profile"),
     ({"max_steps": 0}, "max_steps"),
     ({"colour": "red"}, "unknown reset options"),
+    ({"task": ["vendor_onboarding"]}, "task must be a string"),
+    ({"reward_profile": {"a": 1}}, "reward_profile must be a string"),
 ])
 def test_bad_reset_options_are_refused_in_words(sqlite_url, options, message):
     with CompanyEnv(sqlite_url) as env, pytest.raises(ValueError, match=message):
         env.reset(seed=1, options=options)
+
+
+def test_a_null_chaos_option_means_the_default_level(sqlite_url):
+    with CompanyEnv(sqlite_url) as env:
+        env.reset(seed=1, options={"chaos": None})
+        assert env.state["chaos"] == domain.parse_chaos("medium")
 
 
 def test_stepping_before_reset_or_after_the_end_is_a_caller_error(sqlite_url):
@@ -181,10 +189,12 @@ def test_run_cli_json_reports_every_episode_with_its_digest(tmp_path):
 
 def test_run_cli_refuses_unknown_agents_and_tasks(tmp_path):
     url = f"sqlite:///{tmp_path / 'run.db'}"
-    for args in (["--agent", "genius"], ["--task", "nap"], ["--chaos", "extreme"]):
+    for args in (["--agent", "genius"], ["--task", "nap"], ["--chaos", "extreme"],
+                 ["--reward-profile", "lavish"]):
         out = subprocess.run([sys.executable, "-m", "companyos", "run", "--db", url, *args],
                              capture_output=True, text=True)
         assert out.returncode == 2 and "Invalid value" in out.stderr
+        assert "Traceback" not in out.stderr
 
 
 def test_cli_names_a_store_it_cannot_open_without_a_traceback(tmp_path):
