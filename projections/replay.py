@@ -12,6 +12,7 @@ from typing import Any
 import orjson
 
 import domain
+from domain.events import CHAOS
 from eventstore import EventStore, RecordedEvent
 from projections.views import APPS, decode, render_views, views_of
 
@@ -51,15 +52,8 @@ def replay_records(episode_id: str, records: list[RecordedEvent],
     end = bounds[step + 1] if step < last_step else len(records)
     events = [decode(r) for r in records[:end]]
     step_events = events[begin:end]
-    if step == 0:
-        state_before = None
-        state = domain.fold(events)
-    else:
-        state_before = domain.fold(events[:begin])
-        state = state_before
-        apply = domain.apply
-        for event in step_events:
-            state = apply(state, event)
+    state_before = domain.fold(events[:begin]) if step > 0 else None
+    state = domain.fold(step_events, state_before) if step > 0 else domain.fold(events)
     started = _loads(records[0].data_json)
     meta = _loads(records[0].meta_json)
     step_records = records[begin:end]
@@ -68,12 +62,12 @@ def replay_records(episode_id: str, records: list[RecordedEvent],
     rewards = []
     chaos = []
     ended = None
-    for record in step_records:
+    for record, event in zip(step_records, step_events, strict=True):
         if record.type == "RewardGranted":
             rewards.append(_loads(record.data_json))
         elif record.type == "EpisodeEnded":
             ended = _loads(record.data_json)
-        if '"cause":"chaos"' in record.data_json:
+        if getattr(event, "cause", None) == CHAOS:  # the parsed field: an action's text may say "chaos"
             chaos.append({"type": record.type, **_loads(record.data_json)})
     views = views_of(state)
     return {
@@ -97,13 +91,9 @@ def replay_records(episode_id: str, records: list[RecordedEvent],
 
 
 def _jsonable(value: Any) -> Any:
-    """StepInfo (a NamedTuple, dataclass or dict) as plain JSON values."""
+    """StepInfo (a NamedTuple) as plain JSON values."""
     if hasattr(value, "_asdict"):
         value = value._asdict()
-    elif hasattr(value, "__dataclass_fields__"):
-        import dataclasses
-
-        value = dataclasses.asdict(value)
     if isinstance(value, dict):
         return {str(k): _jsonable(v) for k, v in value.items()}
     if isinstance(value, list | tuple):

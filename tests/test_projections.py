@@ -116,6 +116,16 @@ def test_replay_reports_chaos_rewards_and_the_end(logged):
     store.close()
 
 
+def test_replay_does_not_take_an_action_that_mentions_chaos_for_chaos(tmp_path):
+    from companyos.env import CompanyEnv
+
+    with CompanyEnv(f"sqlite:///{tmp_path / 'store.db'}") as env:
+        _, info = env.reset(seed=1, options={"task": "bug_escalation", "chaos": "none"})
+        env.step({"app": "ticketdesk", "method": "list_tickets", "params": {"cause": "chaos"}})
+        step = replay(env.store, info["episode_id"], 1)
+    assert step["events"][0] == "ActionTaken" and step["chaos"] == []
+
+
 # -- rerun -----------------------------------------------------------------------------------
 
 
