@@ -42,9 +42,9 @@ def export(wh: Warehouse, target: str | Path, tables: tuple[str, ...] = tuple(_T
     for table in tables:
         staging = root / f".{table}.{uuid.uuid4().hex[:8]}.tmp"
         sql = _TABLES[table]
-        wh.con.execute(f"COPY ({sql}) TO '{_quote(staging)}' "
-                       "(FORMAT parquet, PARTITION_BY (task_family), COMPRESSION zstd)")
-        rows = wh.con.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+        rows = wh.con.execute(f"COPY ({sql}) TO '{_quote(staging)}' "
+                              "(FORMAT parquet, PARTITION_BY (task_family), COMPRESSION zstd)"
+                              ).fetchone()[0]  # COPY answers with the rows it wrote
         final = root / table
         if final.exists():
             trash = root / f".{table}.{uuid.uuid4().hex[:8]}.old"

@@ -12,6 +12,7 @@ from typing import Any
 
 from analytics.service import rows_of, run_named
 from analytics.warehouse import Warehouse
+from domain import CHAOS_LEVELS
 
 PALETTE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7",
            "#9c755f", "#bab0ac")
@@ -230,11 +231,13 @@ def grouped_bar_chart(groups: list[str], series: dict[str, list[float | None]], 
     return "".join(parts)
 
 
+_LEVEL_NAMES = {level: name for name, level in CHAOS_LEVELS.items()}
+
+
 def _chaos_label(value: float | None) -> str:
     if value is None:
         return "?"
-    names = {0.0: "none", 0.25: "low", 0.5: "medium", 0.8: "high"}
-    name = names.get(round(value, 6))
+    name = _LEVEL_NAMES.get(round(value, 6))
     return f"{name} ({value:g})" if name else f"{value:g}"
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from analytics import named
 from analytics.named import QueryError
-from analytics.sync import SyncResult, sync, warehouse_path
+from analytics.sync import sync, warehouse_path
 from analytics.warehouse import Warehouse, WarehouseError
 
 _LOCK = threading.Lock()
@@ -73,8 +73,3 @@ def answer(db_url: str, name: str, params: dict[str, Any] | None = None,
     with _LOCK, Warehouse(warehouse_path(db_url, warehouse)) as wh:
         sync(db_url, wh)
         return rows_of(wh.con.execute(query.sql, bound))
-
-
-def sync_only(db_url: str, warehouse: str | Path | None = None, **kwargs: Any) -> SyncResult:
-    with _LOCK:
-        return sync(db_url, warehouse, **kwargs)

@@ -27,6 +27,7 @@ import pyarrow.compute as pc
 from analytics.derive import annotate, derive_batch
 from analytics.sources import EVENT_SCHEMA, Source, open_source
 from analytics.warehouse import DERIVE_VERSION, Warehouse, WarehouseError, default_path, store_label
+from eventstore import canonical_json
 
 DEFAULT_BATCH = 500_000
 
@@ -229,7 +230,7 @@ def upcast(batch: pa.Table) -> pa.Table:
     for i in old:
         event = from_envelope(types[i], orjson.loads(data[i]), versions[i])
         _, payload, versions[i] = to_envelope(event)
-        data[i] = orjson.dumps(payload, option=orjson.OPT_SORT_KEYS).decode()
+        data[i] = canonical_json(payload).decode()
     columns = dict(zip(batch.column_names, batch.columns, strict=True))
     columns["data"] = pa.array(data, pa.string())
     columns["schema_version"] = pa.array(versions, pa.int32())

@@ -6,8 +6,7 @@ database, only in memory, so the next page resumes inside it by position.
 
 They keep the store's ordering guarantee: on PostgreSQL a page only reaches below the oldest
 transaction still in progress (the store's transaction-id high-water mark), exactly as
-`read_all` does. A `partition=(k, n)` keeps the streams whose key falls in part k of n, so
-several processes can fold disjoint sets of streams from one log.
+`read_all` does.
 """
 
 from __future__ import annotations
@@ -28,26 +27,15 @@ def _commits_for(limit: int) -> int:
 
 
 @cache
-def _sql(dialect: str, upto: bool, partition: tuple[int, int] | None) -> str:
+def _sql(dialect: str, upto: bool) -> str:
     mark = "%s" if dialect == "postgresql" else "?"
     where = [f"position > {mark}"]
     if upto:
         where.append(f"position <= {mark}")
     if dialect == "postgresql":
         where.append(PG_VISIBLE)
-    if partition is not None:
-        k, n = partition
-        where.append(f"{partition_key(dialect)} % {n} = {k}")
     return (f"SELECT {READ_COLUMNS} FROM commits WHERE {' AND '.join(where)} "
             f"ORDER BY position LIMIT {mark}")
-
-
-def partition_key(dialect: str) -> str:
-    """SQL for a stream's partition key: the code points of its last two characters, summed."""
-    if dialect == "postgresql":
-        return "(ascii(right(stream_id, 1)) + ascii(left(right(stream_id, 2), 1)))"
-    return ("(coalesce(unicode(substr(stream_id, -1)), 0) + "
-            "coalesce(unicode(substr(stream_id, -2, 1)), 0))")
 
 
 def _events_of(row: tuple) -> Iterable[RecordedEvent]:
@@ -68,8 +56,8 @@ def _upcast(store: EventStore, records: list[RecordedEvent]) -> list[RecordedEve
     return records
 
 
-def fetch_page(store: EventStore, after: int, limit: int, upto: int | None = None,
-               partition: tuple[int, int] | None = None) -> list[RecordedEvent]:
+def fetch_page(store: EventStore, after: int, limit: int, upto: int | None = None
+               ) -> list[RecordedEvent]:
     """Up to `limit` events after position `after` (and at most `upto`), in position order;
     empty only when there are none."""
     dialect = store.engine.dialect.name
@@ -80,7 +68,7 @@ def fetch_page(store: EventStore, after: int, limit: int, upto: int | None = Non
     raw = store.engine.raw_connection()
     try:
         cur = raw.cursor()
-        cur.execute(_sql(dialect, upto is not None, partition), params)
+        cur.execute(_sql(dialect, upto is not None), params)
         rows = cur.fetchall()
         cur.close()
         raw.rollback()
