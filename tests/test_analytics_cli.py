@@ -10,6 +10,7 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
+from analytics.export import MARKER
 from analytics.sync import sync
 from analytics.warehouse import Warehouse
 from api.analytics_routes import analytics_router
@@ -115,6 +116,8 @@ def test_sync_sql_report_and_export(logged, tmp_path, cli):
     n = con.execute(f"SELECT count(*) FROM read_parquet('{target}/episodes/*/*.parquet', "
                     "hive_partitioning = true)").fetchone()[0]
     assert n == len(reported)
+    manifest = json.loads((target / MARKER).read_text())
+    assert manifest["tables"]["episodes"]["rows"] == n
     # a second export replaces the first
     assert cli("export", str(target), "--db", url, "--warehouse", wh).exit_code == 0
 
