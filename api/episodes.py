@@ -16,7 +16,6 @@ from projections.replay import EpisodeNotFound, StepNotFound, replay
 from projections.runner import ProjectionRunner
 from projections.schema import episodes as episodes_table
 
-OUTCOMES = ("success", "failure", "truncated", "running")
 _HIDDEN_COLUMNS = ("first_position", "last_position")
 
 

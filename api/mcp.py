@@ -139,7 +139,7 @@ def _initialize(manager: SessionManager, params: dict, ctx: McpContext,
             options["text"] = options["text"].lower() in ("1", "true", "yes")
         session, _, payload = manager.start(options)
         key = payload["metadata"]["session_id"]
-    goal = _goal(manager, session)
+    goal = _goal(session)
     instructions = ("You are working in CompanyOS, a company's TicketDesk, DataHub and "
                     "ApprovalFlow. Each tool call is one step of the episode; the result tells "
                     "you what happened, the reward and whether the episode is over."
@@ -151,7 +151,7 @@ def _initialize(manager: SessionManager, params: dict, ctx: McpContext,
     return McpReply(_result(request_id, result), session_key=key)
 
 
-def _goal(manager: SessionManager, session: Session) -> str | None:
+def _goal(session: Session) -> str | None:
     runtime = session.runtime
     return runtime.state.goal if runtime is not None else None
 

@@ -217,13 +217,7 @@ class SessionManager:
         episode_id = check_episode_id(episode_id)
         session = self._cache.get(episode_id)
         if session is None:
-            try:
-                runtime = EpisodeRuntime.load(self.store, episode_id)
-            except EpisodeNotFound:
-                raise ApiError(404, "episode_not_found", f"no episode {episode_id!r}") from None
-            except CorruptCommit as exc:
-                raise log_damaged(exc) from None
-            session = self._insert(Session(runtime))
+            session = self._insert(Session(self._reload(episode_id)))
         else:
             with self._mutex:
                 if episode_id in self._cache:
@@ -256,11 +250,9 @@ class SessionManager:
             runtime = session.runtime
             if runtime is None or (check_fresh and self._stale(runtime)):
                 runtime = session.runtime = self._reload(session.episode_id)
-            if runtime.state.done:
-                raise _finished(session.episode_id)
             try:
                 info = runtime.step(action)
-            except domain.EpisodeFinished:
+            except domain.EpisodeFinished:  # the domain refuses a step after the end
                 raise _finished(session.episode_id) from None
             except ConcurrencyError:
                 session.runtime = None  # its state ran ahead of the log: reload next time

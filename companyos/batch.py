@@ -120,30 +120,27 @@ def run(plan: RunPlan, workers: int = 1,
         progress: Callable[[int], None] | None = None) -> list[EpisodeResult]:
     """All episodes of the plan, in index order; `progress(n)` is told as chunks finish."""
     validate(plan)
-    EventStore.open(plan.db).close()  # migrate once, before workers race to
     size = max(CHUNK, min(2_000, plan.episodes // max(1, workers * 40)))
     chunks = [(plan, s, min(s + size, plan.episodes)) for s in range(0, plan.episodes, size)]
     results: list[EpisodeResult] = []
-    for chunk in _execute(chunks, workers):
+    for chunk in _execute(plan, chunks, workers):
         results.extend(chunk)
         if progress:
             progress(len(chunk))
     return results
 
 
-def _execute(chunks, workers: int) -> Iterator[list[EpisodeResult]]:
+def _execute(plan: RunPlan, chunks, workers: int) -> Iterator[list[EpisodeResult]]:
     if workers <= 1 or len(chunks) <= 1:
-        if not chunks:
-            return
-        plan = chunks[0][0]
-        store = EventStore.open(plan.db)
+        store = EventStore.open(plan.db)  # opening migrates a new store
         try:
             for _, start, stop in chunks:
                 yield run_range(plan, start, stop, store)
         finally:
             store.close()
         return
-    with mp.get_context("spawn").Pool(workers, _init_worker, (chunks[0][0].db,)) as pool:
+    EventStore.open(plan.db).close()  # migrate once, before the workers race to
+    with mp.get_context("spawn").Pool(workers, _init_worker, (plan.db,)) as pool:
         yield from pool.imap(_work, chunks)
 
 

@@ -40,9 +40,6 @@ FAILURE_MODES: dict[str, str] = {
                              "stuck)",
 }
 
-OUTCOMES = ("success", "failure", "truncated")
-
-
 # --- comparing submitted values with the records -----------------------------------------
 
 

@@ -33,8 +33,7 @@ def run(
     from companyos.batch import RunPlan, summarise, validate
     from companyos.batch import run as run_plan
 
-    chaos_value: str | float = _chaos_arg(chaos)
-    plan = RunPlan(resolve_db(db), agent, task, chaos_value, episodes, seed, durability,
+    plan = RunPlan(resolve_db(db), agent, task, chaos, episodes, seed, durability,
                    reward_profile)
     try:
         validate(plan)
@@ -54,13 +53,6 @@ def run(
         sys.stdout.buffer.write(orjson.dumps(document) + b"\n")
         return
     _print_summary(plan, summary)
-
-
-def _chaos_arg(chaos: str) -> str | float:
-    try:
-        return float(chaos)
-    except ValueError:
-        return chaos
 
 
 def _print_summary(plan, summary: dict) -> None:
