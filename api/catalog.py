@@ -30,8 +30,7 @@ def version() -> str:
 def _by_name() -> dict[str, tuple[str, str]]:
     names: dict[str, tuple[str, str]] = {}
     for tool in domain.TOOLS:
-        names[f"{tool.app}.{tool.method}"] = (tool.app, tool.method)
-        names[f"{tool.app}_{tool.method}"] = (tool.app, tool.method)
+        names[tool.name] = names[tool.function_name] = (tool.app, tool.method)
     return names
 
 
@@ -55,7 +54,7 @@ def action_from_tool_call(name: Any, arguments: Any) -> dict[str, Any]:
 def openai_tools() -> list[dict[str, Any]]:
     """Tools in OpenAI function-calling format (names `app_method`: dots are not allowed there)."""
     return [{"type": "function",
-             "function": {"name": f"{t.app}_{t.method}", "description": t.description,
+             "function": {"name": t.function_name, "description": t.description,
                           "parameters": t.parameters}}
             for t in domain.TOOLS]
 
@@ -63,7 +62,7 @@ def openai_tools() -> list[dict[str, Any]]:
 @cache
 def mcp_tools() -> list[dict[str, Any]]:
     """Tools as MCP `tools/list` returns them; `tools/call` also accepts `app.method` names."""
-    return [{"name": f"{t.app}_{t.method}", "title": f"{t.app}.{t.method}",
+    return [{"name": t.function_name, "title": t.name,
              "description": t.description, "inputSchema": t.parameters}
             for t in domain.TOOLS]
 
@@ -82,7 +81,7 @@ def tasks() -> dict[str, Any]:
 @cache
 def action_schema() -> dict[str, Any]:
     apps = sorted({t.app for t in domain.TOOLS})
-    variants = [{"title": f"{t.app}.{t.method}", "description": t.description,
+    variants = [{"title": t.name, "description": t.description,
                  "type": "object",
                  "properties": {"app": {"const": t.app}, "method": {"const": t.method},
                                 "params": t.parameters},
@@ -145,7 +144,7 @@ def readme() -> str:
     lines += [f"- `{f.name}`: {f.description}" for f in domain.TASK_FAMILIES.values()]
     lines += ["", f"Chaos levels: {', '.join(domain.CHAOS_LEVELS)} (or a number in [0, 1]).",
               "", "## Tools", ""]
-    lines += [f"- `{t.app}.{t.method}`: {t.description}" for t in domain.TOOLS]
+    lines += [f"- `{t.name}`: {t.description}" for t in domain.TOOLS]
     return "\n".join(lines) + "\n"
 
 

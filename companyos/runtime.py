@@ -108,4 +108,4 @@ class EpisodeRuntime:
 
 
 # Every observation lists the tools by reference: one shared tuple, never copied per step.
-TOOL_NAMES: tuple[str, ...] = tuple(f"{t.app}.{t.method}" for t in domain.TOOLS)
+TOOL_NAMES: tuple[str, ...] = tuple(t.name for t in domain.TOOLS)

@@ -21,8 +21,6 @@ from domain.events import (
     refused,
 )
 
-APP = "approvalflow"
-
 # Building a NamedTuple through its class runs a Python-level __new__; on the hot path we call
 # tuple.__new__ directly, which builds the same value in C (fields in declaration order).
 _new = tuple.__new__

@@ -88,7 +88,8 @@ def _k(value, scale) -> int:
     return round(value / scale)
 
 
-def _val(k: int, scale) -> int | float:
+def value_of(k: int, scale: float) -> int | float:
+    """A family's integer grid value `k` in its metric's unit."""
     return k if scale == 1 else round(k * scale, 1)
 
 
@@ -124,7 +125,7 @@ def with_static_chaos(inst, seed: int, level: float):
         published = next(e for e in inst.events
                          if type(e) is MetricPublished and e.name == tg["metric"])
         stale_k = _stale_value(tg, _k(published.value, tg["scale"]), u[7] < 0.5, u[8])
-        events.append(MetricWentStale(tg["metric"], _val(stale_k, tg["scale"]), published.value,
+        events.append(MetricWentStale(tg["metric"], value_of(stale_k, tg["scale"]), published.value,
                                       f"2024-02-{10 + int(u[9] * 18):02d}", CHAOS,
                                       "stale_metric"))
     if u[10] < _P["ooo_approver"] * L:
@@ -242,9 +243,9 @@ def _drift(tg: dict, value, u: float):
     lo, hi = tg["bounds"]
     delta = 1 + int(u * max(1, tg["spread"] // 2))
     if tg["op"] == "==":
-        return value if k == thr_k else _val(k + 1 if k + 1 != thr_k else k + 2, scale)
+        return value if k == thr_k else value_of(k + 1 if k + 1 != thr_k else k + 2, scale)
     if k >= thr_k:
         new = k - delta if k - delta >= thr_k else min(hi, k + delta)
     else:
         new = k + delta if k + delta < thr_k else max(lo, k - delta)
-    return _val(new, scale)
+    return value_of(new, scale)

@@ -18,7 +18,6 @@ from domain.events import (
     refused,
 )
 
-APP = "datahub"
 TODAY = "2024-03-15"  # the simulated date of every episode (time inside events is simulated)
 _EPOCH = datetime.fromisoformat(TODAY).replace(hour=9, tzinfo=UTC)
 

@@ -36,6 +36,7 @@ from domain.events import (
     RewardGranted,
     TicketBlocked,
     TicketFieldCleared,
+    refused,
     to_json_value,
 )
 from domain.outcomes import is_success, judge, truncation_mode
@@ -80,10 +81,6 @@ class EpisodeState(NamedTuple):
     paid: dict  # once-per-episode rules paid so far -> version of the grant's cause
     mistakes: tuple  # MistakeRecorded events, in order
     rejected_calls: int  # ActionRejected not caused by chaos
-
-    @property
-    def spec(self) -> EpisodeSpec:
-        return EpisodeSpec(self.task, self.seed, self.chaos, self.reward_profile, self.max_steps)
 
     @property
     def steps_remaining(self) -> int:
@@ -203,7 +200,7 @@ def step(state: EpisodeState, action) -> tuple[EpisodeState, list, StepInfo]:
     rejected_calls = state.rejected_calls
     params = None
     if type(parsed) is Invalid:
-        effects = [ActionRejected(n, parsed.code, parsed.reason, "rules", None)]
+        effects = refused(n, parsed.code, parsed.reason)
         rejected_calls += 1
     else:
         app, method, params = parsed
@@ -315,7 +312,7 @@ def observe(state: EpisodeState, info: StepInfo) -> dict:
     return {
         "goal": state.goal,
         "step": state.step,
-        "steps_remaining": state.max_steps - state.step,
+        "steps_remaining": state.steps_remaining,
         "result": info.result,
         "message": info.message,
         "error": info.rejected,

@@ -417,8 +417,6 @@ def to_json_value(value: Any, depth: int = 0) -> Any:
         return to_json_value(dict(value), depth)
     if isinstance(value, (list, tuple)):
         return [to_json_value(v, depth + 1) for v in value]
-    if isinstance(value, bool):
-        return bool(value)
     if isinstance(value, int):
         return to_json_value(int(value), depth)
     if isinstance(value, float):

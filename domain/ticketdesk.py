@@ -22,10 +22,8 @@ from domain.events import (
     refused,
 )
 
-APP = "ticketdesk"
 PRIORITIES = ("low", "medium", "high", "critical")
 SETTABLE_STATUSES = ("open", "in_progress", "resolved", "closed")
-STATUSES = ("open", "in_progress", "blocked", "resolved", "closed")
 FIELDS = ("priority", "assignee", "status", "verified", "linked_approval")
 MAX_TEXT = 1000
 
@@ -231,9 +229,7 @@ def warnings_of(t: dict) -> list[str]:
 def result(method: str, state: TicketDeskState, params: dict, events: list):
     """(result, message) of a successful call, from the state before it and its events."""
     if method == "list_tickets":
-        tickets = [{"ticket_id": t["ticket_id"], "title": t["title"], "status": t["status"],
-                    "priority": t["priority"], "assignee": t["assignee"]}
-                   for t in state.tickets.values()]
+        tickets = [summary(t) for t in state.tickets.values()]
         return {"tickets": tickets}, f"{len(tickets)} tickets."
     if method == "search_tickets":
         q = params["query"].strip().casefold()

@@ -95,8 +95,6 @@ TOOLS: tuple[ToolSpec, ...] = (
 )
 
 APPS: tuple[str, ...] = ("ticketdesk", "datahub", "approvalflow")
-TOOL_INDEX: dict[tuple[str, str], ToolSpec] = {(t.app, t.method): t for t in TOOLS}
-_METHODS = {app: [t.method for t in TOOLS if t.app == app] for app in APPS}
 
 # --- validation --------------------------------------------------------------------------
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import NamedTuple
 
+from domain.chaos import value_of
 from domain.datahub import TODAY
 from domain.events import (
     ApprovalTypeDefined,
@@ -105,10 +106,6 @@ class Instance(NamedTuple):
     target: dict
 
 
-def value_of(k: int, scale: float) -> int | float:
-    return k if scale == 1 else round(k * scale, 1)
-
-
 def people(rng: Stream, n: int) -> list[str]:
     return [f"{f} {last}" for f, last in zip(rng.arrangement(FIRST, n),
                                              rng.arrangement(LAST, n), strict=True)]
@@ -120,10 +117,6 @@ def email(name: str) -> str:
 
 def slug(text: str) -> str:
     return "".join(c if c.isalnum() else "_" for c in text.lower()).strip("_")
-
-
-def policy_holds(op: str, value, threshold) -> bool:
-    return value >= threshold if op == ">=" else value == threshold
 
 
 def build(fam: Family, seed: int) -> Instance:
