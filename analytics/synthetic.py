@@ -18,9 +18,10 @@ from typing import Any
 from domain.chaos import CHAOS_LEVELS as CHAOS_LEVEL_NAMES
 from domain.chaos import MECHANISMS as CHAOS_MECHANISMS
 from domain.outcomes import FAILURE_MODES
-from eventstore import GENESIS_DIGEST, NewEvent, canonical_json, chain_digest
-from eventstore.ids import new_event_id
-from eventstore.packing import pack
+from eventstore import GENESIS_DIGEST, NewEvent, canonical_json
+from eventstore.encoding import chain_digests
+from eventstore.ids import new_event_ids
+from eventstore.packing import COMMIT_COLUMNS, make_commit
 
 TASKS = ("vendor_onboarding", "expense_report", "bug_escalation", "license_renewal", "handbook_update")
 CHAOS_LEVELS = tuple(CHAOS_LEVEL_NAMES.values())
@@ -195,30 +196,23 @@ _RECORDED = {"recorded_at": "2026-01-01T00:00:00+00:00"}
 
 
 def commit_row(ep: Episode, after: int) -> tuple:
-    """The `commits` row of `ep` as one append after position `after`: (position, stream_id,
-    first_version, last_version, last_digest, payload), encoded exactly as EventStore.append does."""
+    """The `commits` row of `ep` as one append after position `after`, in COMMIT_COLUMNS order,
+    built by the store's own encoding, digest chain and packing."""
     plain = canonical_json(_RECORDED).decode()
-    digest = GENESIS_DIGEST
-    ids, types, schemas, datas, digests, metas = [], [], [], [], [], []
-    for e in ep.events:
-        data = canonical_json(e.data).decode()
-        digest = chain_digest(digest, e.type, e.schema_version, data)
-        ids.append(new_event_id())
-        types.append(e.type)
-        schemas.append(e.schema_version)
-        datas.append(data)
-        digests.append(digest)
-        metas.append(canonical_json({**e.meta, **_RECORDED}).decode() if e.meta else None)
-    own_meta = metas if any(metas) else None
-    n = len(ep.events)
-    return (after + n, ep.episode_id, 0, n - 1, digest,
-            pack(ids, types, schemas, datas, digests, plain, own_meta))
+    types = [e.type for e in ep.events]
+    schemas = [e.schema_version for e in ep.events]
+    datas = [canonical_json(e.data).decode() for e in ep.events]
+    metas = [canonical_json({**e.meta, **_RECORDED}).decode() if e.meta else None
+             for e in ep.events]
+    commit = make_commit(ep.episode_id, 0, new_event_ids(len(types)), types, schemas, datas,
+                         chain_digests(GENESIS_DIGEST, types, schemas, datas), plain,
+                         metas if any(metas) else None, [])
+    return (after + commit.count, *commit[:5])
 
 
 def _insert_commits(con, rows: list[tuple]) -> None:
     if not rows:
         return
     con.execute("BEGIN")
-    con.executemany("INSERT INTO commits (position, stream_id, first_version, last_version, "
-                    "last_digest, payload) VALUES (?, ?, ?, ?, ?, ?)", rows)
+    con.executemany(f"INSERT INTO commits ({COMMIT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)", rows)
     con.execute("COMMIT")

@@ -45,8 +45,6 @@ BuildCommit = Callable[[Head | None], Commit]
 
 
 class Backend:
-    mark = "?"
-
     def __init__(self, engine: sa.Engine) -> None:
         self.engine = engine
 

@@ -314,6 +314,4 @@ def _prepare(event: NewEvent) -> tuple[str, int, str, str | None, dict]:
 
 
 def _meta_json(meta: dict, plain: str) -> str:
-    if not meta:
-        return plain
     return canonical_json({**meta, **decode_json(plain)}).decode()

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import os
 
-import sqlalchemy as sa
 from alembic import context
 
+from eventstore.engine import create_engine
+from eventstore.store import DEFAULT_URL
 from migrations.target import target_metadata
 
 config = context.config
@@ -14,20 +15,19 @@ config = context.config
 
 def run_migrations_online() -> None:
     connection = config.attributes.get("connection")
-    if connection is not None:
-        context.configure(connection=connection, target_metadata=target_metadata,
-                          render_as_batch=connection.dialect.name == "sqlite")
-        with context.begin_transaction():
-            context.run_migrations()
+    if connection is not None:  # the store runs us on its own connection
+        _run(connection)
         return
-    url = config.get_main_option("sqlalchemy.url") or os.environ.get(
-        "COMPANYOS_DB", "sqlite:///companyos.db")
-    engine = sa.create_engine(url)
-    with engine.begin() as conn:
-        context.configure(connection=conn, target_metadata=target_metadata,
-                          render_as_batch=conn.dialect.name == "sqlite")
-        with context.begin_transaction():
-            context.run_migrations()
+    url = config.get_main_option("sqlalchemy.url") or os.environ.get("COMPANYOS_DB", DEFAULT_URL)
+    with create_engine(url).begin() as conn:  # the alembic CLI: the store's engine rules apply
+        _run(conn)
+
+
+def _run(connection) -> None:
+    context.configure(connection=connection, target_metadata=target_metadata,
+                      render_as_batch=connection.dialect.name == "sqlite")
+    with context.begin_transaction():
+        context.run_migrations()
 
 
 if context.is_offline_mode():

@@ -2,19 +2,7 @@
 
 from __future__ import annotations
 
-import importlib
+import eventstore.schema
+import projections.schema
 
-import sqlalchemy as sa
-
-
-def _collect() -> list[sa.MetaData]:
-    found = []
-    for module in ("eventstore.schema", "projections.schema"):
-        try:
-            found.append(importlib.import_module(module).metadata)
-        except ModuleNotFoundError:
-            continue
-    return found
-
-
-target_metadata = _collect()
+target_metadata = [eventstore.schema.metadata, projections.schema.metadata]

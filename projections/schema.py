@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 
-metadata = sa.MetaData()
+from eventstore.records import MAX_STREAM_ID_LENGTH as STREAM_ID
 
-STREAM_ID = 200  # eventstore.records.MAX_STREAM_ID_LENGTH
+metadata = sa.MetaData()
 
 projection_checkpoints = sa.Table(
     "projection_checkpoints",
