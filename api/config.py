@@ -74,13 +74,3 @@ class ServerConfig:
             except ValueError:
                 raise ValueError(f"{var}={raw!r} is not a valid {kind.split()[0]}") from None
         return cls(**kwargs)
-
-    def to_env(self) -> dict[str, str]:
-        """The environment variables that make `from_env` rebuild this config in a worker."""
-        out = {}
-        for name, var in _ENV.items():
-            value = getattr(self, name)
-            if value is None:
-                continue
-            out[var] = ("1" if value else "0") if isinstance(value, bool) else str(value)
-        return out

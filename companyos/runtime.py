@@ -12,6 +12,7 @@ from typing import Any
 import domain
 from companyos.observation import Observation
 from eventstore import EventStore, NewEvent
+from projections.replay import EpisodeNotFound  # one class for 'no such episode', every layer
 
 DURABILITY = ("step", "episode")
 
@@ -23,10 +24,6 @@ def to_new_events(events: list) -> list[NewEvent]:
 
 
 _new = tuple.__new__
-
-
-class EpisodeNotFound(LookupError):
-    """No stream with that episode id exists in the store."""
 
 
 class EpisodeRuntime:

@@ -14,10 +14,7 @@ import orjson
 
 import domain
 from eventstore import GENESIS_DIGEST, EventStore, RecordedEvent, canonical_json, chain_digest
-
-
-class EpisodeNotFound(LookupError):
-    """No stream with that id in the store."""
+from projections.replay import EpisodeNotFound
 
 
 @dataclass(frozen=True, slots=True)

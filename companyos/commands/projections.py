@@ -147,7 +147,7 @@ def rerun(
     as_json: bool = JsonOption,
 ) -> None:
     """Re-simulate an episode from its seed, options and actions; exit 1 if the digest differs."""
-    from projections.rerun import EpisodeNotFound
+    from projections.replay import EpisodeNotFound
     from projections.rerun import rerun as rerun_episode
 
     store = _open(db)
