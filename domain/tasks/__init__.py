@@ -4,6 +4,7 @@ success criteria and a step budget."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import NamedTuple
 
 from domain.tasks import (
@@ -13,7 +14,7 @@ from domain.tasks import (
     license_renewal,
     vendor_onboarding,
 )
-from domain.tasks.common import Instance
+from domain.tasks.common import Instance, generate
 
 
 class TaskFamily(NamedTuple):
@@ -23,7 +24,7 @@ class TaskFamily(NamedTuple):
 
 
 TASK_FAMILIES: dict[str, TaskFamily] = {
-    m.FAMILY.name: TaskFamily(m.FAMILY.name, m.FAMILY.description, m.generate)
+    m.FAMILY.name: TaskFamily(m.FAMILY.name, m.FAMILY.description, partial(generate, m.FAMILY))
     for m in (vendor_onboarding, expense_report, bug_escalation, license_renewal,
               handbook_update)
 }

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from domain.chaos import with_static_chaos
-from domain.tasks.common import Family, build, goal_text
+from domain.tasks.common import Family, goal_text
 
 _SERVICES = ("checkout", "search", "payments", "login", "notifications", "reporting",
              "media_upload", "billing")
@@ -56,7 +55,3 @@ FAMILY = Family(
     goal=_goal,
     proceed_requirements={"priority": "critical"},
 )
-
-
-def generate(seed: int, chaos: float):
-    return with_static_chaos(build(FAMILY, seed), seed, chaos)

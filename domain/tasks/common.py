@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import NamedTuple
 
-from domain.chaos import value_of
+from domain.chaos import value_of, with_static_chaos
 from domain.datahub import TODAY
 from domain.events import (
     ApprovalTypeDefined,
@@ -226,3 +226,8 @@ def goal_text(intro: str, policy: str, ticket: str, atype: str, role: str, role_
         f"verified and resolve it. If it does not qualify: submit nothing, add a comment to "
         f"{ticket} explaining why and close it."
     )
+
+
+def generate(fam: Family, seed: int, chaos: float) -> Instance:
+    """The family's instance for `seed`, with the chaos that strikes at reset applied."""
+    return with_static_chaos(build(fam, seed), seed, chaos)

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from domain.chaos import with_static_chaos
-from domain.tasks.common import Family, build, goal_text
+from domain.tasks.common import Family, goal_text
 
 _DEPTS = ("marketing", "sales", "engineering", "support", "design", "research")
 _PURPOSE = ("a client dinner", "conference travel", "a team offsite", "software training",
@@ -57,7 +56,3 @@ FAMILY = Family(
     goal=_goal,
     proceed_requirements={},
 )
-
-
-def generate(seed: int, chaos: float):
-    return with_static_chaos(build(FAMILY, seed), seed, chaos)

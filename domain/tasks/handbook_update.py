@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from domain.chaos import with_static_chaos
-from domain.tasks.common import Family, build, goal_text
+from domain.tasks.common import Family, goal_text
 
 _SECTIONS = ("remote_work", "parental_leave", "travel_policy", "code_of_conduct",
              "expense_policy", "security_training", "holiday_calendar", "onboarding")
@@ -55,7 +54,3 @@ FAMILY = Family(
     goal=_goal,
     proceed_requirements={},
 )
-
-
-def generate(seed: int, chaos: float):
-    return with_static_chaos(build(FAMILY, seed), seed, chaos)

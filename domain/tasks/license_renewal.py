@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from domain.chaos import with_static_chaos
-from domain.tasks.common import Family, build, goal_text, slug
+from domain.tasks.common import Family, goal_text, slug
 
 _PRODUCTS = ("Figma", "Jira", "Slack", "Zoom", "Tableau", "Miro", "GitHub", "Salesforce",
              "Notion", "Datadog")
@@ -54,7 +53,3 @@ FAMILY = Family(
     goal=_goal,
     proceed_requirements={},
 )
-
-
-def generate(seed: int, chaos: float):
-    return with_static_chaos(build(FAMILY, seed), seed, chaos)
