@@ -83,7 +83,9 @@ class Source(Protocol):
 
     def first_event_id(self) -> str: ...
 
-    def last_position(self) -> int: ...
+    def remaining(self, after: int) -> int | None:
+        """How many events follow position `after`, when that is cheap to know (else None)."""
+        ...
 
     def close(self) -> None: ...
 
@@ -158,8 +160,9 @@ class _SqliteSource:
     def first_event_id(self) -> str:
         return _first_id(self._scalar(_FIRST_SQL))
 
-    def last_position(self) -> int:
-        return int(self._scalar(_LAST_SQL))
+    def remaining(self, after: int) -> int:
+        """Positions are dense on SQLite: the count is a subtraction."""
+        return max(int(self._scalar(_LAST_SQL)) - after, 0)
 
     def fetch_range(self, after: int, upto: int) -> pa.Table: ...
 
@@ -299,9 +302,9 @@ class PostgresSource:
         with self._engine.connect() as conn:
             return _first_id(conn.execute(sa.text(self._FIRST)).scalar())
 
-    def last_position(self) -> int:
-        with self._engine.connect() as conn:
-            return int(conn.execute(sa.text(_LAST_SQL)).scalar())
+    def remaining(self, after: int) -> None:
+        """Positions have gaps on PostgreSQL: unknown without counting."""
+        return None
 
     def close(self) -> None:
         """The engine belongs to the caller; the unpacker is ours."""
@@ -331,8 +334,8 @@ class StoreSource:
     def first_event_id(self) -> str:
         return next((r.event_id for r in self._store.read_all(0, 1)), "")
 
-    def last_position(self) -> int:
-        return self._store.last_position()
+    def remaining(self, after: int) -> None:
+        return None
 
     def close(self) -> None:
         """The store belongs to the caller."""

@@ -129,8 +129,7 @@ def _batches(wh: Warehouse, source: Source, identity: Identity, batch_events: in
              after_batch: AfterBatch | None, started: float) -> SyncResult:
     con = wh.con
     checkpoint = wh.checkpoint
-    # SQLite positions are dense, so the remaining count is a subtraction; elsewhere it is unknown
-    total = max(source.last_position() - checkpoint, 0) if source.name.startswith("sqlite") else None
+    total = source.remaining(checkpoint)
     moved = episodes = batches = 0
     for batch in _prefetch(source, checkpoint, batch_events):
         lo = batch["position"][0].as_py()
