@@ -382,13 +382,15 @@ def _sqlite_upsert_sql(table: str, names: tuple[str, ...], key: str) -> str:
             f"ON CONFLICT ({key}) DO UPDATE SET {updates}")
 
 
-def read_rows(conn: sa.Connection, table: sa.Table, key: str,
-              keys: Sequence[str]) -> dict[str, dict[str, Any]]:
-    """Rows of `table` by key, in chunks so huge key lists stay within the driver's limits."""
+def read_rows(conn: sa.Connection, table: sa.Table, key: str, keys: Sequence[str],
+              columns: Sequence[str] | None = None) -> dict[str, dict[str, Any]]:
+    """Rows of `table` by key (only `columns` and the key, when given), in chunks so huge key
+    lists stay within the driver's limits."""
     column = table.c[key]
+    selected = sa.select(table) if columns is None else sa.select(column, *(table.c[c] for c in columns))
     found: dict[str, dict[str, Any]] = {}
     for i in range(0, len(keys), _CHUNK):
-        for row in conn.execute(sa.select(table).where(column.in_(keys[i:i + _CHUNK]))).mappings():
+        for row in conn.execute(selected.where(column.in_(keys[i:i + _CHUNK]))).mappings():
             found[row[key]] = dict(row)
     return found
 

@@ -85,7 +85,7 @@ class ViewsProjection(Projection):
     def load(self, store: EventStore, conn: sa.Connection,
              stream_ids: Sequence[str]) -> dict[str, tuple[int, Any]]:
         """Re-fold each stream from the log up to the version its stored row reflects."""
-        rows = read_rows(conn, episode_views, "episode_id", stream_ids)
+        rows = read_rows(conn, episode_views, "episode_id", stream_ids, ("last_version",))
         out = {}
         for sid, row in rows.items():
             upto = row["last_version"]
