@@ -45,6 +45,10 @@ BuildCommit = Callable[[Head | None], Commit]
 
 
 class Backend:
+    mark: str
+    visible: tuple[str, ...] = ()
+    """Conditions a reader of the global order adds to its WHERE (PostgreSQL: PG_VISIBLE)."""
+
     def __init__(self, engine: sa.Engine) -> None:
         self.engine = engine
 
@@ -57,10 +61,24 @@ class Backend:
         return (f"SELECT {READ_COLUMNS} FROM commits WHERE stream_id = {m} "
                 f"AND last_version >= {m} ORDER BY first_version")
 
-    def page_sql(self) -> str:
+    def page_sql(self, upto: bool = False) -> str:
+        """Commit rows after a position (and, with `upto`, at most another), in position order."""
         m = self.mark
-        return (f"SELECT {READ_COLUMNS} FROM commits WHERE position > {m} "
+        where = [f"position > {m}", *([f"position <= {m}"] if upto else []), *self.visible]
+        return (f"SELECT {READ_COLUMNS} FROM commits WHERE {' AND '.join(where)} "
                 f"ORDER BY position LIMIT {m}")
+
+    def stream_order_sql(self, bounded: bool) -> str:
+        """Commit rows after a (stream_id, first_version) key, below a stream id when `bounded`,
+        at positions up to a bound, in stream order (the (stream_id, first_version) index)."""
+        m = self.mark
+        below = f" AND stream_id < {m}" if bounded else ""
+        return (f"SELECT {READ_COLUMNS} FROM commits WHERE (stream_id, first_version) > ({m}, {m})"
+                f"{below} AND position <= {m} ORDER BY stream_id, first_version LIMIT {m}")
+
+    def stream_starts_sql(self) -> str:
+        return (f"SELECT stream_id FROM commits WHERE first_version = 0 AND position <= {self.mark} "
+                "ORDER BY stream_id")
 
     def close(self) -> None:
         """Release connections the backend holds outside the pool."""
@@ -188,10 +206,7 @@ _PG_INSERT = (f"INSERT INTO commits ({COMMIT_COLUMNS}) VALUES "
 
 class PostgresBackend(Backend):
     mark = "%s"
-
-    def page_sql(self) -> str:
-        return (f"SELECT {READ_COLUMNS} FROM commits WHERE position > %s AND {PG_VISIBLE} "
-                "ORDER BY position LIMIT %s")
+    visible = (PG_VISIBLE,)
 
     def append(self, stream_id: str, build: BuildCommit, expected_version: int | None,
                cached_head: Head | None) -> tuple[int, Commit]:

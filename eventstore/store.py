@@ -190,17 +190,39 @@ class EventStore:
 
     def _pages(self, after: int) -> Iterator[Iterator[RecordedEvent]]:
         """The events after `after`, one iterator per page of commits."""
-        sql = self._backend.page_sql()
-        fetch = self._backend.fetch
-        rows = fetch(sql, (after, READ_PAGE_COMMITS))
+        rows = self.commit_rows(after, READ_PAGE_COMMITS)
         if not rows:
             return
         # only the very first commit read may hold events at or before `after`
         yield (r for r in unpack(rows[0]) if r.position > after)
         yield chain.from_iterable(map(unpack, rows[1:]))
         while len(rows) == READ_PAGE_COMMITS:
-            rows = fetch(sql, (rows[-1][0], READ_PAGE_COMMITS))
+            rows = self.commit_rows(rows[-1][0], READ_PAGE_COMMITS)
             yield chain.from_iterable(map(unpack, rows))
+
+    # -- raw commit rows, for readers that unpack (and survive damage) themselves ---------------
+
+    def commit_rows(self, after: int, commits: int, upto: int | None = None) -> list[tuple]:
+        """Up to `commits` stored commit rows (READ_COLUMNS; see eventstore.packing) ending after
+        position `after` and, if given, at or before `upto`, in position order.
+
+        The first row may hold events at or before `after` (a commit is one row). On PostgreSQL
+        only rows below the transaction-id high-water mark, as `read_all`.
+        """
+        if upto is None:
+            return self._backend.fetch(self._backend.page_sql(), (after, commits))
+        return self._backend.fetch(self._backend.page_sql(upto=True), (after, upto, commits))
+
+    def commit_rows_by_stream(self, after: tuple[str, int], below: str | None, upto: int,
+                              commits: int) -> list[tuple]:
+        """Up to `commits` commit rows after the key `after` = (stream_id, first_version), of
+        streams below `below` (None: no bound), at positions up to `upto`, in stream order."""
+        params = [*after, *([below] if below is not None else []), upto, commits]
+        return self._backend.fetch(self._backend.stream_order_sql(below is not None), params)
+
+    def stream_ids(self, upto: int) -> list[str]:
+        """The ids of the streams begun at or before position `upto`, in id order."""
+        return [row[0] for row in self._backend.fetch(self._backend.stream_starts_sql(), (upto,))]
 
     def stream_version(self, stream_id: str) -> int | None:
         """Version of the stream's last event, or None when the stream does not exist."""
