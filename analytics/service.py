@@ -19,7 +19,8 @@ from analytics.warehouse import Warehouse, WarehouseError
 
 _LOCK = threading.Lock()
 
-__all__ = ["QueryError", "WarehouseError", "answer", "describe", "run_named", "run_sql", "rows_of"]
+__all__ = ["QueryError", "WarehouseError", "answer", "as_objects", "describe", "run_named", "run_sql",
+           "rows_of"]
 
 
 def describe() -> list[dict[str, Any]]:
@@ -32,8 +33,12 @@ def describe() -> list[dict[str, Any]]:
 
 def rows_of(cursor) -> list[dict[str, Any]]:
     """A DuckDB result as JSON-able row objects (non-finite floats become null)."""
-    names = [d[0] for d in cursor.description]
-    return [{k: _clean(v) for k, v in zip(names, row, strict=True)} for row in cursor.fetchall()]
+    return as_objects([d[0] for d in cursor.description], cursor.fetchall())
+
+
+def as_objects(names: list[str], rows: list[tuple]) -> list[dict[str, Any]]:
+    """Rows as JSON-able objects keyed by column name (non-finite floats become null)."""
+    return [{k: _clean(v) for k, v in zip(names, row, strict=True)} for row in rows]
 
 
 def _clean(value: Any) -> Any:

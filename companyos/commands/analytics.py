@@ -13,6 +13,7 @@ from typing import Any
 import typer
 
 from companyos.commands.options import DbOption
+from companyos.commands.output import fail, print_json, stdout_console
 from companyos.config import resolve_db
 
 analytics_app = typer.Typer(help="Failure-mode analytics: a DuckDB warehouse fed from the store.",
@@ -27,11 +28,6 @@ def register(app: typer.Typer) -> None:
     app.add_typer(analytics_app, name="analytics")
 
 
-def _fail(message: str, code: int = 1) -> None:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(code)
-
-
 def _open_synced(db: str | None, warehouse: Path | None, quiet: bool = False):
     """Sync, then hand back the open warehouse (the caller closes it)."""
     from analytics.sync import warehouse_path
@@ -41,12 +37,12 @@ def _open_synced(db: str | None, warehouse: Path | None, quiet: bool = False):
     try:
         wh = Warehouse(warehouse_path(url, warehouse))
     except WarehouseError as exc:
-        _fail(str(exc))
+        fail(str(exc), 1)
     try:
         _run_sync(url, wh, quiet)
     except WarehouseError as exc:
         wh.close()
-        _fail(str(exc))
+        fail(str(exc), 1)
     except BaseException:
         wh.close()
         raise
@@ -89,13 +85,13 @@ def sync_command(
             result = _run_sync(url, wh, as_json)
             counts = wh.counts()
     except WarehouseError as exc:
-        _fail(str(exc))
+        fail(str(exc), 1)
     document = {"events_synced": result.events, "episodes_written": result.episodes,
                 "batches": result.batches, "seconds": round(result.seconds, 3),
                 "events_per_s": round(result.events_per_s), "checkpoint": result.checkpoint,
                 "reader": result.source, "warehouse": str(warehouse_path(url, warehouse)), "tables": counts}
     if as_json:
-        _print_json(document)
+        print_json(document)
         return
     typer.echo(f"synced {result.events} events in {result.seconds:.2f}s ({result.events_per_s:,.0f} "
                f"events/s, reader {result.source}); checkpoint {result.checkpoint}")
@@ -122,7 +118,7 @@ def query_command(
         query = named.get(name)
         bound = query.bind(named.parse_assignments(param))
     except named.QueryError as exc:
-        _fail(str(exc), 2)
+        fail(str(exc))
     wh = _open_synced(db, warehouse, quiet=fmt != "table")
     try:
         cursor = wh.con.execute(query.sql, bound)
@@ -150,7 +146,7 @@ def sql_command(
     try:
         names, rows = run_sql(wh, statement)
     except duckdb.Error as exc:
-        _fail(str(exc).strip(), 2)
+        fail(str(exc).strip())
     finally:
         wh.close()
     _print_rows(names, rows, fmt)
@@ -169,7 +165,7 @@ def report_command(
     from analytics import report
 
     if markdown and html:
-        _fail("choose one of --markdown and --html", 2)
+        fail("choose one of --markdown and --html")
     wh = _open_synced(db, warehouse, quiet=markdown)
     try:
         data = report.build(wh, agent=agent, task=task)
@@ -199,7 +195,7 @@ def export_command(
     try:
         manifest = export(wh, directory)
     except FileExistsError as exc:
-        _fail(str(exc), 2)
+        fail(str(exc))
     finally:
         wh.close()
     typer.echo(f"exported to {directory} (store position {manifest['position']}): " +
@@ -211,21 +207,14 @@ def export_command(
 
 def _check_format(fmt: str) -> None:
     if fmt not in ("table", "json", "csv"):
-        _fail(f"--format must be table, json or csv, not {fmt!r}", 2)
-
-
-def _print_json(value: Any) -> None:
-    import orjson
-
-    sys.stdout.write(orjson.dumps(value, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS,
-                                  default=str).decode() + "\n")
+        fail(f"--format must be table, json or csv, not {fmt!r}")
 
 
 def _print_rows(names: list[str], rows: list[tuple], fmt: str, title: str | None = None) -> None:
     if fmt == "json":
-        from analytics.service import _clean
+        from analytics.service import as_objects
 
-        _print_json([{k: _clean(v) for k, v in zip(names, row, strict=True)} for row in rows])
+        print_json(as_objects(names, rows))
         return
     if fmt == "csv":
         import csv
@@ -236,7 +225,6 @@ def _print_rows(names: list[str], rows: list[tuple], fmt: str, title: str | None
             writer.writerow(["" if v is None else ";".join(map(str, v)) if isinstance(v, list) else v
                              for v in row])
         return
-    from rich.console import Console
     from rich.table import Table
 
     table = Table(title=title, title_justify="left")
@@ -244,7 +232,7 @@ def _print_rows(names: list[str], rows: list[tuple], fmt: str, title: str | None
         table.add_column(n, overflow="fold")
     for row in rows:
         table.add_row(*[_text(v) for v in row])
-    Console().print(table)
+    stdout_console().print(table)
     if not rows:
         typer.echo("(no rows)")
 
@@ -264,7 +252,7 @@ def _text(value: Any, short: bool = False) -> str:
 
 def _print_catalogue(queries: list[dict], fmt: str) -> None:
     if fmt == "json":
-        _print_json(queries)
+        print_json(queries)
         return
     for q in queries:
         typer.echo(f"{q['name']}\n    {q['description']}")
@@ -274,14 +262,13 @@ def _print_catalogue(queries: list[dict], fmt: str) -> None:
 
 
 def _print_report(data: dict) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    from analytics.report import SECTIONS, _summary_line, _title
+    from analytics.report import SECTIONS, report_title, summary_line
 
-    console = Console()
-    console.print(f"[bold]{_title(data)}[/bold]")
-    console.print(_summary_line(data["summary"]))
+    console = stdout_console()
+    console.print(f"[bold]{report_title(data)}[/bold]")
+    console.print(summary_line(data["summary"]))
     for key, title in SECTIONS:
         rows = data[key]
         if not rows:

@@ -9,11 +9,11 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
 
 import typer
 
 from companyos.commands.options import DbOption, JsonOption
+from companyos.commands.output import fail, print_json, stdout_console
 from companyos.config import resolve_db
 
 
@@ -34,12 +34,6 @@ def _open(db: str | None):
     return EventStore.open(resolve_db(db))
 
 
-def _print_json(value: Any) -> None:
-    import orjson
-
-    sys.stdout.write(orjson.dumps(value, option=orjson.OPT_INDENT_2).decode() + "\n")
-
-
 @contextmanager
 def _progress(total: int, label: str) -> Iterator[Callable[[int], None] | None]:
     """A rich progress bar on a terminal; nothing (None) when stdout is piped or captured."""
@@ -53,18 +47,6 @@ def _progress(total: int, label: str) -> Iterator[Callable[[int], None] | None]:
     with Progress(*columns, transient=True) as bar:
         task = bar.add_task(label, total=total)
         yield lambda n: bar.advance(task, n)
-
-
-def _console():
-    """A rich console; piped output gets a wide page so ids and values are never cut."""
-    from rich.console import Console
-
-    return Console() if sys.stdout.isatty() else Console(width=200)
-
-
-def _fail(message: str, code: int = 2) -> typer.Exit:
-    typer.echo(message, err=True)
-    return typer.Exit(code)
 
 
 # -- commands --------------------------------------------------------------------------------
@@ -95,7 +77,7 @@ def episodes(
     finally:
         store.close()
     if as_json:
-        _print_json({"episodes": rows})
+        print_json({"episodes": rows})
         return
     from rich.table import Table
 
@@ -108,7 +90,7 @@ def episodes(
         table.add_row(r["episode_id"], r["task"], str(r["seed"]), f"{r['chaos']:g}",
                       r["agent"] or "-", r["outcome"] or "running", r["failure_mode"] or "-",
                       str(r["steps"]), f"{r['total_return']:.2f}", (r["started_at"] or "")[:19])
-    _console().print(table)
+    stdout_console().print(table)
     if not rows:
         typer.echo("no episodes match")
 
@@ -132,11 +114,11 @@ def replay(
     try:
         result = replay_episode(store, episode, step)
     except (EpisodeNotFound, StepNotFound) as exc:
-        raise _fail(str(exc)) from None
+        fail(str(exc))
     finally:
         store.close()
     if as_json:
-        _print_json(result)
+        print_json(result)
     else:
         typer.echo(render_replay(result))
 
@@ -154,11 +136,11 @@ def rerun(
     try:
         result = rerun_episode(store, episode)
     except EpisodeNotFound as exc:
-        raise _fail(str(exc)) from None
+        fail(str(exc))
     finally:
         store.close()
     if as_json:
-        _print_json(result.to_json())
+        print_json(result.to_json())
     elif result.match:
         typer.echo(f"{episode}: match — {result.rerun_events} events, {result.actions} actions, "
                    f"digest {result.rerun_digest}")
@@ -172,7 +154,7 @@ def _print_mismatch(result) -> None:
     import orjson
     from rich.table import Table
 
-    console = _console()
+    console = stdout_console()
     console.print(f"[bold red]{result.episode_id}: MISMATCH[/] — stored digest "
                   f"{result.stored_digest}, re-simulated {result.rerun_digest} "
                   f"({result.stored_events} stored events, {result.rerun_events} re-simulated)")
@@ -220,7 +202,7 @@ def verify(
     finally:
         store.close()
     if as_json:
-        _print_json(report.to_json())
+        print_json(report.to_json())
     else:
         models = ", ".join(f"{name} {m['rows']} rows" for name, m in report.read_models.items())
         typer.echo(f"{report.streams} streams, {report.events} events checked; read models: {models}")
@@ -245,7 +227,7 @@ def rebuild(
     from projections.runner import count_events
 
     if projection is not None and projection not in PROJECTION_NAMES:
-        raise _fail(f"unknown projection {projection!r}; known: {', '.join(PROJECTION_NAMES)}")
+        fail(f"unknown projection {projection!r}; known: {', '.join(PROJECTION_NAMES)}")
     store = _open(db)
     try:
         runner = ProjectionRunner(store, default_projections())

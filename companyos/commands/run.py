@@ -8,6 +8,7 @@ import orjson
 import typer
 
 from companyos.commands.options import DbOption, JsonOption
+from companyos.commands.output import stdout_console
 from companyos.config import resolve_db
 
 
@@ -56,7 +57,6 @@ def run(
 
 
 def _print_summary(plan, summary: dict) -> None:
-    from rich.console import Console
     from rich.table import Table
 
     table = Table(title=f"{plan.agent} agent, task {plan.task}, chaos {plan.chaos}")
@@ -70,7 +70,7 @@ def _print_summary(plan, summary: dict) -> None:
         table.add_row(f"outcome: {outcome}", str(count))
     for mode, count in summary["failure_modes"].items():
         table.add_row(f"failure mode: {mode}", str(count))
-    Console().print(table)
+    stdout_console().print(table)
 
 
 def tasks(as_json: bool = JsonOption) -> None:
