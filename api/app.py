@@ -44,10 +44,11 @@ from api.sessions import ApiError, SessionManager, split_session_key
 from api.ws import websocket_app
 from companyos.config import resolve_db
 from eventstore import EventStore
+from projections.episodes import OUTCOMES
 
 T = TypeVar("T")
 EpisodeId = Annotated[str, Path(max_length=200)]
-Outcome = Literal["success", "failure", "truncated", "running"]
+Outcome = Literal[OUTCOMES]  # the episode listing's own list: one list for every reader
 IDLE_SWEEP_MIN_S = 1.0
 
 

@@ -11,7 +11,7 @@ import sqlalchemy as sa
 
 from api.sessions import EPISODE_ID_RE, ApiError, log_damaged, public_meta
 from eventstore import CorruptCommit, EventStore
-from projections.episodes import EpisodesProjection, summarize
+from projections.episodes import EpisodesProjection, episode_filters, summarize
 from projections.replay import EpisodeNotFound, StepNotFound, replay
 from projections.runner import ProjectionRunner
 from projections.schema import episodes as episodes_table
@@ -33,15 +33,7 @@ class EpisodeLog:
         with self._catch_up_lock:
             self._runner.catch_up()
         table = episodes_table
-        where = []
-        if task:
-            where.append(table.c.task == task)
-        if agent:
-            where.append(table.c.agent == agent)
-        if outcome == "running":
-            where.append(table.c.outcome.is_(None))
-        elif outcome:
-            where.append(table.c.outcome == outcome)
+        where = episode_filters(task, agent, outcome)
         columns = [c for c in table.c if c.name not in _HIDDEN_COLUMNS]
         query = (sa.select(*columns).where(*where)
                  .order_by(table.c.first_position.desc()).limit(limit).offset(offset))

@@ -112,18 +112,32 @@ def _settle_return(state: dict[str, Any]) -> float:
     return state["total_return"]
 
 
+OUTCOMES = ("success", "failure", "truncated", "running")
+"""What an episode listing filters on: the three ends, and `running` for episodes not ended."""
+
+
+def episode_filters(task: str | None = None, agent: str | None = None,
+                    outcome: str | None = None) -> list[sa.ColumnElement[bool]]:
+    """The WHERE clauses of an episode listing (every reader of the read model uses these);
+    ValueError, in words, for an outcome that no episode can have."""
+    if outcome and outcome not in OUTCOMES:
+        raise ValueError(f"unknown outcome {outcome!r}; choose one of {', '.join(OUTCOMES)}")
+    where = []
+    if task:
+        where.append(episodes.c.task == task)
+    if agent:
+        where.append(episodes.c.agent == agent)
+    if outcome == "running":
+        where.append(episodes.c.outcome.is_(None))
+    elif outcome:
+        where.append(episodes.c.outcome == outcome)
+    return where
+
+
 def list_episodes(conn: sa.Connection, task: str | None = None, agent: str | None = None,
                   outcome: str | None = None, limit: int | None = 50) -> list[dict[str, Any]]:
     """Episodes, newest first; `outcome="running"` selects episodes that have not ended."""
-    query = sa.select(episodes)
-    if task:
-        query = query.where(episodes.c.task == task)
-    if agent:
-        query = query.where(episodes.c.agent == agent)
-    if outcome == "running":
-        query = query.where(episodes.c.outcome.is_(None))
-    elif outcome:
-        query = query.where(episodes.c.outcome == outcome)
+    query = sa.select(episodes).where(*episode_filters(task, agent, outcome))
     query = query.order_by(episodes.c.first_position.desc())
     if limit:
         query = query.limit(limit)

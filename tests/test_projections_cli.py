@@ -42,6 +42,9 @@ def test_episodes_lists_filters_and_prints_json(cli, db):
     assert [e["episode_id"] for e in json.loads(out.stdout)["episodes"]] == [ids[2]]
     out = cli("episodes", "--db", url, "--limit", "2")
     assert out.exit_code == 0 and ids[2] in out.stdout and ids[0] not in out.stdout
+    wrong = cli("episodes", "--db", url, "--outcome", "won")
+    assert wrong.exit_code == 2 and "unknown outcome 'won'" in wrong.stderr
+    assert "success, failure, truncated, running" in wrong.stderr and not wrong.stdout
 
 
 def test_replay_prints_the_apps_at_a_step(cli, db):

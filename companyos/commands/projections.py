@@ -63,9 +63,13 @@ def episodes(
 ) -> None:
     """List logged episodes (the read models catch up with the log first)."""
     from projections import ProjectionRunner, default_projections
-    from projections.episodes import list_episodes
+    from projections.episodes import episode_filters, list_episodes
     from projections.runner import count_events
 
+    try:
+        episode_filters(task, agent, outcome)  # a wrong filter is told before any catching up
+    except ValueError as exc:
+        fail(str(exc))
     store = _open(db)
     try:
         runner = ProjectionRunner(store, default_projections())
