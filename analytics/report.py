@@ -32,25 +32,17 @@ FROM episodes
 WHERE ($agent IS NULL OR agent = $agent) AND ($task IS NULL OR task = $task)
 """
 
-_BY_CHAOS = """
-SELECT chaos, count(*) AS episodes,
-       round(count(*) FILTER (WHERE outcome = 'success') / count(*), 4) AS success_rate
-FROM episodes
-WHERE outcome IS NOT NULL AND ($agent IS NULL OR agent = $agent) AND ($task IS NULL OR task = $task)
-GROUP BY chaos ORDER BY chaos
-"""
-
-
 def build(wh: Warehouse, agent: str | None = None, task: str | None = None) -> dict[str, Any]:
     """Every section of the report as rows (JSON-able)."""
     started = time.perf_counter()
     f = {"agent": agent, "task": task}
     summary = rows_of(wh.con.execute(_SUMMARY, f))[0]
+    by_task_and_chaos = run_named(wh, "success_by_task_and_chaos", f)
     data = {
         "filters": {k: v for k, v in f.items() if v is not None},
         "summary": summary,
-        "success_by_chaos": rows_of(wh.con.execute(_BY_CHAOS, f)),
-        "success_by_task_and_chaos": run_named(wh, "success_by_task_and_chaos", f),
+        "success_by_chaos": success_by_chaos(by_task_and_chaos),
+        "success_by_task_and_chaos": by_task_and_chaos,
         "failure_modes": run_named(wh, "failure_modes", {**f, "examples": 3}),
         "first_mistake_step": run_named(wh, "first_mistake_step", f),
         "chaos_impact": run_named(wh, "chaos_impact", f),
@@ -59,6 +51,18 @@ def build(wh: Warehouse, agent: str | None = None, task: str | None = None) -> d
     }
     data["seconds"] = round(time.perf_counter() - started, 3)
     return data
+
+
+def success_by_chaos(by_task_and_chaos: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Success per chaos level, summed from the per-task rows (no second pass over episodes)."""
+    totals: dict[float | None, list[int]] = {}
+    for row in by_task_and_chaos:
+        total = totals.setdefault(row["chaos"], [0, 0])
+        total[0] += row["episodes"]
+        total[1] += row["successes"]
+    order = sorted(totals, key=lambda chaos: (chaos is None, chaos or 0.0))  # NULL last, as SQL
+    return [{"chaos": chaos, "episodes": totals[chaos][0],
+             "success_rate": round(totals[chaos][1] / totals[chaos][0], 4)} for chaos in order]
 
 
 # -- text / markdown -------------------------------------------------------------------------------

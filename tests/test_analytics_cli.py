@@ -122,6 +122,26 @@ def test_sync_sql_report_and_export(logged, tmp_path, cli):
     assert cli("export", str(target), "--db", url, "--warehouse", wh).exit_code == 0
 
 
+def test_report_success_by_chaos_agrees_with_what_run_reported(logged, tmp_path):
+    from analytics import report
+
+    url, reported = logged
+    tally: dict[float, list[int]] = {}
+    for r in reported:
+        counts = tally.setdefault(r["chaos"], [0, 0])
+        counts[0] += 1
+        counts[1] += r["outcome"] == "success"
+    with Warehouse(tmp_path / "w.duckdb") as wh:
+        sync(url, wh)
+        data = report.build(wh)
+        only_random = report.build(wh, agent="random")
+    assert data["success_by_chaos"] == [
+        {"chaos": chaos, "episodes": n, "success_rate": round(wins / n, 4)}
+        for chaos, (n, wins) in sorted(tally.items())]
+    assert [r["chaos"] for r in only_random["success_by_chaos"]] == [0.5]  # random ran at medium only
+    assert data["summary"]["episodes"] == len(reported)
+
+
 def test_http_route_answers_named_queries_only(logged, tmp_path):
     url, reported = logged
     app = FastAPI()
