@@ -276,11 +276,7 @@ def _mcp_http(server: Server, body: bytes, session_key: str | None, episode_id: 
     if reply.body is None:
         return Response(status_code=reply.status)
     headers = {"Mcp-Session-Id": reply.session_key} if reply.session_key else None
-    error = reply.body.get("error")
-    status = 200
-    if session_key and error and error.get("data", {}).get("code") == "episode_not_found":
-        status = 404  # MCP: an unknown session id is a 404, and the client re-initializes
-    return JSON(reply.body, status_code=status, headers=headers)
+    return JSON(reply.body, status_code=reply.status, headers=headers)
 
 
 def _register_log(app: FastAPI, server: Server) -> None:

@@ -88,7 +88,9 @@ def handle(manager: SessionManager, message: Any, ctx: McpContext) -> McpReply:
     try:
         return _dispatch(manager, method, params, ctx, request_id)
     except ApiError as exc:
-        return McpReply(_api_error(exc, request_id))
+        # MCP over HTTP: an unknown Mcp-Session-Id is a 404, and the client re-initializes
+        unknown_session = bool(ctx.session_key) and exc.code == "episode_not_found"
+        return McpReply(_api_error(exc, request_id), status=404 if unknown_session else 200)
 
 
 def _dispatch(manager: SessionManager, method: str, params: dict, ctx: McpContext,
