@@ -199,6 +199,32 @@ def test_read_all_pages_through_large_ranges_with_limit(store):
     assert len(list(store.read_all(after_position=start, limit=7))) == 7
 
 
+def test_raw_commit_rows_page_by_position_and_by_stream(store):
+    """Readers that unpack commits themselves (the projections) get the rows `read_all` reads:
+    bounded by position, paged, and in stream order for parallel scans."""
+    from eventstore.packing import unpack
+
+    streams = sorted(unique_stream() for _ in range(3))
+    commits = []  # (stream, last position) in append order
+    for i in range(2):
+        for stream in streams:
+            version = None if i == 0 else 1
+            last = store.append(stream, [NewEvent("N", {"i": i}), NewEvent("M", {})], version)[-1]
+            commits.append((stream, last.position))
+    start, end = commits[0][1] - 2, commits[-1][1]
+    rows = store.commit_rows(start, 100, upto=end)
+    assert [(r[1], r[0]) for r in rows] == commits
+    assert [e for r in rows for e in unpack(r)] == list(store.read_all(start, limit=12))
+    assert [r[0] for r in store.commit_rows(start, 2)] == [p for _, p in commits[:2]]
+    assert [r[0] for r in store.commit_rows(start, 100, upto=commits[2][1])] == [p for _, p in commits[:3]]
+    by_stream = [(r[1], r[2]) for r in store.commit_rows_by_stream((streams[0], -1), streams[2], end, 100)
+                 if r[1] in streams]
+    assert by_stream == [(streams[0], 0), (streams[0], 2), (streams[1], 0), (streams[1], 2)]
+    assert [r[2] for r in store.commit_rows_by_stream((streams[0], 0), None, end, 1)] == [2]
+    assert set(streams) <= set(store.stream_ids(end))
+    assert not set(streams) & set(store.stream_ids(start))
+
+
 @pytest.mark.parametrize("events, column", [
     (4, "digest"),  # a step-sized commit
     (100, "id"),  # a commit big enough to be read lazily
