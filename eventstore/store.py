@@ -37,6 +37,8 @@ _HEAD_CACHE_SIZE = 4096
 _EVENT_IDS_SQL = sa.text(
     "SELECT stream_id, min(version) FROM event_ids WHERE event_id IN :ids GROUP BY stream_id"
 ).bindparams(sa.bindparam("ids", expanding=True))
+
+
 class _VersionMismatch(Exception):
     def __init__(self, actual: int | None) -> None:
         self.actual = actual
@@ -242,6 +244,13 @@ class EventStore:
     def last_position(self) -> int:
         with self.engine.connect() as conn:
             return conn.execute(sa.text("SELECT max(position) FROM commits")).scalar() or 0
+
+    def count_events(self, after_position: int = 0) -> int:
+        """How many events lie after a position (the total of a progress bar)."""
+        with self.engine.connect() as conn:
+            return conn.execute(sa.text(
+                "SELECT coalesce(sum(last_version - first_version + 1), 0) FROM commits "
+                "WHERE position > :p"), {"p": after_position}).scalar() or 0
 
 
 def _as_retry(stream_id: str, stored: list[RecordedEvent], supplied_ids: list[str],

@@ -395,14 +395,6 @@ def read_rows(conn: sa.Connection, table: sa.Table, key: str, keys: Sequence[str
     return found
 
 
-def count_events(store: EventStore, after_position: int = 0) -> int:
-    """How many events lie after a position (the total of a progress bar)."""
-    with store.engine.connect() as conn:
-        return conn.execute(sa.text(
-            "SELECT coalesce(sum(last_version - first_version + 1), 0) FROM commits "
-            "WHERE position > :p"), {"p": after_position}).scalar() or 0
-
-
 @contextmanager
 def bulk() -> Iterator[None]:
     """Pause the cyclic garbage collector during a bulk fold.

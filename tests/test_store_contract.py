@@ -214,6 +214,7 @@ def test_raw_commit_rows_page_by_position_and_by_stream(store):
     start, end = commits[0][1] - 2, commits[-1][1]
     rows = store.commit_rows(start, 100, upto=end)
     assert [(r[1], r[0]) for r in rows] == commits
+    assert store.count_events(start) == 12
     assert [e for r in rows for e in unpack(r)] == list(store.read_all(start, limit=12))
     assert [r[0] for r in store.commit_rows(start, 2)] == [p for _, p in commits[:2]]
     assert [r[0] for r in store.commit_rows(start, 100, upto=commits[2][1])] == [p for _, p in commits[:3]]

@@ -64,7 +64,6 @@ def episodes(
     """List logged episodes (the read models catch up with the log first)."""
     from projections import ProjectionRunner, default_projections
     from projections.episodes import episode_filters, list_episodes
-    from projections.runner import count_events
 
     try:
         episode_filters(task, agent, outcome)  # a wrong filter is told before any catching up
@@ -74,7 +73,7 @@ def episodes(
     try:
         runner = ProjectionRunner(store, default_projections())
         behind = min(runner.checkpoints().values())
-        with _progress(count_events(store, behind), "catching up") as advance:
+        with _progress(store.count_events(behind), "catching up") as advance:
             runner.catch_up(progress=advance)
         with store.engine.connect() as conn:
             rows = list_episodes(conn, task=task, agent=agent, outcome=outcome, limit=limit or None)
@@ -196,12 +195,11 @@ def verify(
 ) -> None:
     """Check every stream (versions, digest chain, episode shape, known types) and every read
     model against its rebuild; exit 1 naming each broken episode."""
-    from projections.runner import count_events
     from projections.verify import verify as verify_store
 
     store = _open(db)
     try:
-        with _progress(count_events(store), "verifying") as advance:
+        with _progress(store.count_events(), "verifying") as advance:
             report = verify_store(store, progress=advance, workers=workers)
     finally:
         store.close()
@@ -228,7 +226,6 @@ def rebuild(
     import time
 
     from projections import PROJECTION_NAMES, ProjectionRunner, default_projections
-    from projections.runner import count_events
 
     if projection is not None and projection not in PROJECTION_NAMES:
         fail(f"unknown projection {projection!r}; known: {', '.join(PROJECTION_NAMES)}")
@@ -237,7 +234,7 @@ def rebuild(
         runner = ProjectionRunner(store, default_projections())
         names = None if projection is None else [projection]
         start = time.perf_counter()
-        with _progress(count_events(store), "rebuilding") as advance:
+        with _progress(store.count_events(), "rebuilding") as advance:
             read = runner.rebuild(names, progress=advance, workers=workers)
         elapsed = time.perf_counter() - start
     finally:
