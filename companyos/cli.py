@@ -38,14 +38,15 @@ COMMAND_MODULES: tuple[str, ...] = ("run", "projections", "serve", "analytics")
 
 
 def main() -> None:
+    from companyos.commands.output import say_error
     from eventstore import CorruptCommit, StoreUnavailable
 
     _register_commands()
     try:
         app()
     except StoreUnavailable as exc:  # a bad --db is the user's input, not a crash
-        typer.echo(f"error: {exc}", err=True)
+        say_error(str(exc))
         raise SystemExit(2) from None
     except CorruptCommit as exc:  # the log was damaged behind the store's back
-        typer.echo(f"error: {exc}; `companyos verify` names every damaged episode", err=True)
+        say_error(f"{exc}; `companyos verify` names every damaged episode")
         raise SystemExit(1) from None

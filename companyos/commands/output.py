@@ -8,10 +8,15 @@ from typing import Any, NoReturn
 import typer
 
 
-def fail(message: str, code: int = 2) -> NoReturn:
-    """Print `error: message` on stderr and exit with `code` (2: the call was wrong, 1: the
-    world was, e.g. a warehouse in use)."""
+def say_error(message: str) -> None:
+    """One `error: message` line on stderr: how every command reports what went wrong."""
     typer.echo(f"error: {message}", err=True)
+
+
+def fail(message: str, code: int = 2) -> NoReturn:
+    """Say the error and exit with `code` (2: the call was wrong, 1: the world was, e.g. a
+    warehouse in use)."""
+    say_error(message)
     raise typer.Exit(code)
 
 
