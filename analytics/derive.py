@@ -148,8 +148,6 @@ def _chaos_hint_sql() -> str:
             f"AND data LIKE '{_CHAOS_LIKE}')")
 
 
-
-
 _FACTS = """
 CREATE OR REPLACE TEMP TABLE t_facts AS
 WITH parsed AS ({source}),

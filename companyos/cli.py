@@ -13,7 +13,6 @@ db_app = typer.Typer(help="Database maintenance.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
 
 
-
 @db_app.command("upgrade")
 def db_upgrade(db: str | None = DbOption) -> None:
     """Create the store or bring it to the newest migration."""
