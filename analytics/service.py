@@ -59,7 +59,13 @@ def run_named(warehouse: Warehouse, name: str, params: dict[str, Any] | None = N
 
 
 def run_sql(warehouse: Warehouse, sql: str) -> tuple[list[str], list[tuple]]:
-    """Ad-hoc SQL for the local command line (never exposed over the network)."""
+    """Ad-hoc SQL for the local command line (never exposed over the network).
+
+    Only on a warehouse opened read-only: the tables are a projection the sync owns, and a stray
+    DELETE would leave them disagreeing with the checkpoint, so every later answer would be wrong.
+    """
+    if not warehouse.read_only:
+        raise ValueError("ad-hoc SQL runs on a read-only warehouse: open it with read_only=True")
     cursor = warehouse.con.execute(sql)
     if cursor.description is None:
         return [], []

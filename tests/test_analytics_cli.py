@@ -99,6 +99,13 @@ def test_sync_sql_report_and_export(logged, tmp_path, cli):
     assert json.loads(out.stdout) == [{"n": len(reported)}]
     out = cli("sql", "SELECT * FROM nowhere", "--db", url, "--warehouse", wh)
     assert out.exit_code == 2 and "nowhere" in out.output
+    # ad-hoc SQL only reads: a write is refused and the warehouse still agrees with its checkpoint
+    for statement in ("DELETE FROM events", "DROP TABLE episodes", "UPDATE steps SET reward = 0"):
+        out = cli("sql", statement, "--db", url, "--warehouse", wh)
+        assert out.exit_code == 2 and "read-only" in out.output, out.output
+    with Warehouse(wh, read_only=True) as opened:
+        assert opened.counts()["events"] == opened.checkpoint  # SQLite positions are dense
+        assert opened.counts()["episodes"] == len(reported)
     out = cli("report", "--markdown", "--db", url, "--warehouse", wh)
     assert "## Failure modes" in out.stdout and "| failure_mode |" in out.stdout
     page = tmp_path / "report.html"

@@ -136,20 +136,34 @@ def sql_command(
     db: str | None = DbOption,
     warehouse: Path | None = WarehouseOption,
 ) -> None:
-    """Ad-hoc SQL against the warehouse (local only: the HTTP API runs named queries only)."""
+    """Ad-hoc SQL against the warehouse, read-only (local only: the HTTP API runs named queries only)."""
     import duckdb
 
     from analytics.service import run_sql
+    from analytics.warehouse import Warehouse, WarehouseError
 
     _check_format(fmt)
-    wh = _open_synced(db, warehouse, quiet=fmt != "table")
+    synced = _open_synced(db, warehouse, quiet=fmt != "table")
+    synced.close()  # DuckDB opens a file one way per process: reopen it read-only for the statement
+    try:
+        wh = Warehouse(synced.path, read_only=True)
+    except WarehouseError as exc:
+        fail(str(exc), 1)
     try:
         names, rows = run_sql(wh, statement)
     except duckdb.Error as exc:
-        fail(str(exc).strip())
+        fail(_read_only_hint(str(exc).strip()))
     finally:
         wh.close()
     _print_rows(names, rows, fmt)
+
+
+def _read_only_hint(message: str) -> str:
+    """DuckDB's refusal to write, with why: the warehouse is rebuilt from the store, never edited."""
+    if "read-only" in message:
+        return (f"{message} (`analytics sql` only reads: the warehouse is derived from the store; "
+                "`companyos analytics sync --rebuild` builds it afresh)")
+    return message
 
 
 @analytics_app.command("report")
