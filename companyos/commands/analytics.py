@@ -29,24 +29,23 @@ def register(app: typer.Typer) -> None:
 
 
 def _open_synced(db: str | None, warehouse: Path | None, quiet: bool = False):
-    """Sync, then hand back the open warehouse (the caller closes it)."""
+    """Sync, then hand back the warehouse open read-only (the caller closes it).
+
+    Every command after the sync only reads, and the tables are a projection the sync owns: a
+    statement that wrote would leave them disagreeing with the checkpoint. DuckDB opens a file
+    one way per process, so the synced warehouse is closed and reopened read-only.
+    """
     from analytics.sync import warehouse_path
     from analytics.warehouse import Warehouse, WarehouseError
 
     url = resolve_db(db)
+    path = warehouse_path(url, warehouse)
     try:
-        wh = Warehouse(warehouse_path(url, warehouse))
+        with Warehouse(path) as wh:
+            _run_sync(url, wh, quiet)
+        return Warehouse(path, read_only=True)
     except WarehouseError as exc:
         fail(str(exc), 1)
-    try:
-        _run_sync(url, wh, quiet)
-    except WarehouseError as exc:
-        wh.close()
-        fail(str(exc), 1)
-    except BaseException:
-        wh.close()
-        raise
-    return wh
 
 
 def _run_sync(url: str, wh, quiet: bool, **kwargs: Any):
@@ -140,15 +139,9 @@ def sql_command(
     import duckdb
 
     from analytics.service import run_sql
-    from analytics.warehouse import Warehouse, WarehouseError
 
     _check_format(fmt)
-    synced = _open_synced(db, warehouse, quiet=fmt != "table")
-    synced.close()  # DuckDB opens a file one way per process: reopen it read-only for the statement
-    try:
-        wh = Warehouse(synced.path, read_only=True)
-    except WarehouseError as exc:
-        fail(str(exc), 1)
+    wh = _open_synced(db, warehouse, quiet=fmt != "table")
     try:
         names, rows = run_sql(wh, statement)
     except duckdb.Error as exc:
