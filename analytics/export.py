@@ -17,6 +17,10 @@ from analytics.warehouse import Warehouse
 
 MARKER = "_companyos_export.json"
 
+
+class ExportRefused(ValueError):
+    """The target is not a directory companyos may write an export into (the caller's choice)."""
+
 # Every exported table gets a `task` column to partition on (events and rewards through their episode).
 _TABLES = {
     "episodes": "SELECT *, coalesce(task, '(unknown)') AS task_family FROM episodes",
@@ -29,14 +33,22 @@ _TABLES = {
 
 
 def export(wh: Warehouse, target: str | Path, tables: tuple[str, ...] = tuple(_TABLES)) -> dict:
-    """Write each table as Parquet partitioned by task family; returns the manifest."""
+    """Write each table as Parquet partitioned by task family; returns the manifest.
+
+    Raises ExportRefused for a target that is a file or holds tables companyos did not write, and
+    OSError (or duckdb.IOException) when the file system refuses. Each table is written to a staging
+    directory and swapped in only once complete (DuckDB removes a failed COPY's files), so a failed
+    export leaves the tables exported before as they were.
+    """
     root = Path(target)
+    if root.exists() and not root.is_dir():
+        raise ExportRefused(f"{root} is a file, not a directory")
     root.mkdir(parents=True, exist_ok=True)
     marker = root / MARKER
     existing = [t for t in tables if (root / t).exists()]
     if existing and not marker.exists():
-        raise FileExistsError(f"{root} already holds {', '.join(existing)} that companyos did not export; "
-                              "choose an empty directory")
+        raise ExportRefused(f"{root} already holds {', '.join(existing)} that companyos did not export; "
+                            "choose an empty directory")
     manifest = {"position": wh.checkpoint, "exported_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 "partitioning": "hive: task_family", "tables": {}}
     for table in tables:

@@ -129,6 +129,45 @@ def test_sync_sql_report_and_export(logged, tmp_path, cli):
     assert cli("export", str(target), "--db", url, "--warehouse", wh).exit_code == 0
 
 
+def test_report_and_export_to_places_they_cannot_write_fail_in_words(logged, tmp_path, cli):
+    url, _ = logged
+    wh = str(tmp_path / "w.duckdb")
+    blocker = tmp_path / "blocker"
+    blocker.write_text("a file, not a directory")
+    out = cli("report", "--html", str(blocker / "report.html"), "--db", url, "--warehouse", wh)
+    assert out.exit_code == 1 and "error: cannot write the report" in out.output, out.output
+    out = cli("export", str(blocker), "--db", url, "--warehouse", wh)
+    assert out.exit_code == 2 and "is a file, not a directory" in out.output, out.output
+    out = cli("export", str(blocker / "sub"), "--db", url, "--warehouse", wh)
+    assert out.exit_code == 1 and "error: cannot export" in out.output, out.output
+    foreign = tmp_path / "foreign"
+    (foreign / "episodes").mkdir(parents=True)
+    out = cli("export", str(foreign), "--db", url, "--warehouse", wh)
+    assert out.exit_code == 2 and "did not export" in out.output, out.output
+    assert blocker.read_text() == "a file, not a directory"
+
+
+def test_an_export_that_fails_midway_leaves_the_previous_export_and_no_staging(logged, tmp_path,
+                                                                                 monkeypatch):
+    from analytics import export as exporting
+
+    url, reported = logged
+    target = tmp_path / "export"
+    with Warehouse(tmp_path / "w.duckdb") as wh:
+        sync(url, wh)
+        exporting.export(wh, target)
+        before = sorted(p.relative_to(target) for p in target.rglob("*"))
+        monkeypatch.setitem(exporting._TABLES, "steps",
+                            "SELECT *, CASE WHEN step > 3 THEN error('disk gone') ELSE task END "
+                            "AS task_family FROM steps")
+        with pytest.raises(duckdb.Error, match="disk gone"):
+            exporting.export(wh, target)
+    assert sorted(p.relative_to(target) for p in target.rglob("*")) == before
+    n = duckdb.connect().execute(f"SELECT count(*) FROM read_parquet('{target}/episodes/*/*.parquet')"
+                                 ).fetchone()[0]
+    assert n == len(reported)
+
+
 def test_report_success_by_chaos_agrees_with_what_run_reported(logged, tmp_path):
     from analytics import report
 

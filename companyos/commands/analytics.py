@@ -179,8 +179,11 @@ def report_command(
     finally:
         wh.close()
     if html:
-        html.parent.mkdir(parents=True, exist_ok=True)
-        html.write_text(report.to_html(data), encoding="utf-8")
+        try:
+            html.parent.mkdir(parents=True, exist_ok=True)
+            html.write_text(report.to_html(data), encoding="utf-8")
+        except OSError as exc:
+            fail(f"cannot write the report to {html}: {exc.strerror or exc}", code=1)
         typer.echo(f"wrote {html} ({data['summary']['episodes']} episodes, {data['seconds']:.2f}s)")
         return
     if markdown:
@@ -196,13 +199,17 @@ def export_command(
     warehouse: Path | None = WarehouseOption,
 ) -> None:
     """Write the warehouse as Parquet partitioned by task family (Spark, Trino, another DuckDB)."""
-    from analytics.export import export
+    import duckdb
+
+    from analytics.export import ExportRefused, export
 
     wh = _open_synced(db, warehouse)
     try:
         manifest = export(wh, directory)
-    except FileExistsError as exc:
+    except ExportRefused as exc:
         fail(str(exc))
+    except (OSError, duckdb.IOException) as exc:
+        fail(f"cannot export to {directory}: {getattr(exc, 'strerror', None) or exc}", code=1)
     finally:
         wh.close()
     typer.echo(f"exported to {directory} (store position {manifest['position']}): " +
