@@ -100,6 +100,10 @@ class WarehouseError(RuntimeError):
     """The warehouse cannot be used as asked (busy, built from another store, ...)."""
 
 
+class WarehousePathError(WarehouseError):
+    """The path given for the warehouse cannot hold one (a directory, the SQLite store, not DuckDB)."""
+
+
 def default_path(db_url: str) -> Path:
     """The warehouse file beside a SQLite store (x/companyos.db -> x/companyos.duckdb), else ./."""
     parsed = normalise_url(db_url)
@@ -124,8 +128,15 @@ class Warehouse:
         if read_only and not self.path.exists():
             raise WarehouseError(f"no warehouse at {self.path}; run `companyos analytics sync` first")
         if not read_only:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-        config = {"memory_limit": memory_limit}
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise WarehousePathError(f"cannot create the warehouse {self.path}: {exc.strerror or exc}"
+                                         ) from exc
+        # Only what the wheel has built in (JSON, Parquet): DuckDB would otherwise fetch an extension
+        # over the network to open, say, a SQLite file given as the warehouse, and write into it.
+        config = {"memory_limit": memory_limit, "autoinstall_known_extensions": False,
+                  "autoload_known_extensions": False}
         if threads:
             config["threads"] = str(threads)
         self.con = _connect(self.path, read_only, config, wait)
@@ -183,8 +194,21 @@ class Warehouse:
                 for t in ("events", "episodes", "steps", "rewards")}
 
 
+SQLITE_HEADER = b"SQLite format 3\x00"
+
+
 def _connect(path: Path, read_only: bool, config: dict, wait: float) -> duckdb.DuckDBPyConnection:
-    """Connect, waiting a while if another process holds the file (DuckDB allows one writer)."""
+    """Connect, waiting a while if another process holds the file (DuckDB allows one writer).
+
+    A path that is no DuckDB file (a directory, the SQLite store itself, anything else) is a
+    WarehouseError in words, never opened for writing.
+    """
+    if path.is_dir():
+        raise WarehousePathError(f"the warehouse {path} is a directory; pass a file, "
+                                 f"e.g. {path / 'companyos.duckdb'}")
+    if _starts_with(path, SQLITE_HEADER):
+        raise WarehousePathError(f"{path} is a SQLite database (the event store?), not a DuckDB warehouse; "
+                             "pass another --warehouse, e.g. the same name ending in .duckdb")
     deadline = time.monotonic() + wait
     delay = 0.05
     while True:
@@ -192,10 +216,22 @@ def _connect(path: Path, read_only: bool, config: dict, wait: float) -> duckdb.D
             return duckdb.connect(str(path), read_only=read_only, config=config)
         except duckdb.IOException as exc:
             if "lock" not in str(exc).lower():
-                raise
+                raise WarehousePathError(f"cannot open the warehouse {path}: {_first_line(exc)}") from exc
             if time.monotonic() >= deadline:
                 raise WarehouseError(
                     f"the warehouse {path} is in use by another process (DuckDB allows one writer); "
                     "try again when it is done") from exc
             time.sleep(delay)
             delay = min(delay * 2, 1.0)
+
+
+def _starts_with(path: Path, header: bytes) -> bool:
+    try:
+        with path.open("rb") as file:
+            return file.read(len(header)) == header
+    except OSError:  # missing or unreadable: DuckDB says which when it opens the file
+        return False
+
+
+def _first_line(exc: Exception) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

@@ -4,6 +4,8 @@ CLI, the report, the Parquet export and the HTTP route work end to end."""
 from __future__ import annotations
 
 import json
+import pathlib
+import shutil
 
 import duckdb
 import pytest
@@ -166,6 +168,32 @@ def test_an_export_that_fails_midway_leaves_the_previous_export_and_no_staging(l
     n = duckdb.connect().execute(f"SELECT count(*) FROM read_parquet('{target}/episodes/*/*.parquet')"
                                  ).fetchone()[0]
     assert n == len(reported)
+
+
+def _unfit_warehouse(case: str, tmp: pathlib.Path, store: str) -> pathlib.Path:
+    """A --warehouse path that cannot hold a warehouse, made as `case` says."""
+    if case == "the-sqlite-store":
+        return pathlib.Path(shutil.copyfile(store, tmp / "store-copy.db"))
+    if case == "not-duckdb":
+        (tmp / "junk.duckdb").write_text("not a database")
+        return tmp / "junk.duckdb"
+    if case == "a-directory":
+        (tmp / "adir").mkdir()
+        return tmp / "adir"
+    (tmp / "afile").write_text("x")
+    return tmp / "afile" / "w.duckdb"
+
+
+@pytest.mark.parametrize("case, words", [
+    ("the-sqlite-store", "is a SQLite database"), ("not-duckdb", "not a valid DuckDB"),
+    ("a-directory", "is a directory"), ("under-a-file", "cannot create the warehouse")])
+def test_a_warehouse_path_that_cannot_hold_one_is_refused_and_left_alone(logged, tmp_path, cli, case, words):
+    url, _ = logged
+    path = _unfit_warehouse(case, tmp_path, url.removeprefix("sqlite:///"))
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    out = cli("query", "failure_modes", "--db", url, "--warehouse", str(path))
+    assert out.exit_code == 2 and "error: " in out.output and words in out.output, out.output
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
 
 
 def test_report_success_by_chaos_agrees_with_what_run_reported(logged, tmp_path):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import typer
 
@@ -45,7 +45,14 @@ def _open_synced(db: str | None, warehouse: Path | None, quiet: bool = False):
             _run_sync(url, wh, quiet)
         return Warehouse(path, read_only=True)
     except WarehouseError as exc:
-        fail(str(exc), 1)
+        _warehouse_failed(exc)
+
+
+def _warehouse_failed(exc: Exception) -> NoReturn:
+    """A --warehouse that cannot hold a warehouse is a wrong call (2); busy or another store's, 1."""
+    from analytics.warehouse import WarehousePathError
+
+    fail(str(exc), 2 if isinstance(exc, WarehousePathError) else 1)
 
 
 def _run_sync(url: str, wh, quiet: bool, **kwargs: Any):
@@ -84,7 +91,7 @@ def sync_command(
             result = _run_sync(url, wh, as_json)
             counts = wh.counts()
     except WarehouseError as exc:
-        fail(str(exc), 1)
+        _warehouse_failed(exc)
     document = {"events_synced": result.events, "episodes_written": result.episodes,
                 "batches": result.batches, "seconds": round(result.seconds, 3),
                 "events_per_s": round(result.events_per_s), "checkpoint": result.checkpoint,
