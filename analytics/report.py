@@ -95,8 +95,9 @@ def report_title(data: dict[str, Any]) -> str:
 
 def summary_line(s: dict[str, Any]) -> str:
     rate = "n/a" if s["success_rate"] is None else f"{100 * s['success_rate']:.1f}%"
+    mean_return, mean_steps = ("n/a" if s[k] is None else s[k] for k in ("mean_return", "mean_steps"))
     return (f"{s['episodes']} episodes ({s['finished']} finished, {s['running']} running), "
-            f"success {rate}, mean return {s['mean_return']}, mean steps {s['mean_steps']}, "
+            f"success {rate}, mean return {mean_return}, mean steps {mean_steps}, "
             f"{s['agents']} agent(s), {s['tasks']} task(s)")
 
 

@@ -170,6 +170,15 @@ def test_an_export_that_fails_midway_leaves_the_previous_export_and_no_staging(l
     assert n == len(reported)
 
 
+def test_a_report_over_no_matching_episodes_says_n_a_not_none(logged, tmp_path, cli):
+    url, _ = logged
+    out = cli("report", "--markdown", "--agent", "nobody", "--db", url,
+              "--warehouse", str(tmp_path / "w.duckdb"))
+    assert out.exit_code == 0, out.output
+    assert "0 episodes" in out.stdout and "success n/a, mean return n/a, mean steps n/a" in out.stdout
+    assert "None" not in out.stdout
+
+
 def _unfit_warehouse(case: str, tmp: pathlib.Path, store: str) -> pathlib.Path:
     """A --warehouse path that cannot hold a warehouse, made as `case` says."""
     if case == "the-sqlite-store":
