@@ -93,11 +93,19 @@ def report_title(data: dict[str, Any]) -> str:
     return "CompanyOS failure-mode report" + (f" ({filters})" if filters else "")
 
 
+def _shown(value: Any) -> Any:
+    """A summary figure as a person reads it: n/a when there is nothing to average."""
+    return "n/a" if value is None else value
+
+
+def _rate(s: dict[str, Any]) -> str:
+    return "n/a" if s["success_rate"] is None else f"{100 * s['success_rate']:.1f}%"
+
+
 def summary_line(s: dict[str, Any]) -> str:
-    rate = "n/a" if s["success_rate"] is None else f"{100 * s['success_rate']:.1f}%"
-    mean_return, mean_steps = ("n/a" if s[k] is None else s[k] for k in ("mean_return", "mean_steps"))
     return (f"{s['episodes']} episodes ({s['finished']} finished, {s['running']} running), "
-            f"success {rate}, mean return {mean_return}, mean steps {mean_steps}, "
+            f"success {_rate(s)}, mean return {_shown(s['mean_return'])}, "
+            f"mean steps {_shown(s['mean_steps'])}, "
             f"{s['agents']} agent(s), {s['tasks']} task(s)")
 
 
@@ -295,10 +303,10 @@ td,th{border:1px solid #ddd;padding:3px 8px;text-align:left}th{background:#f5f5f
 
 def to_html(data: dict[str, Any]) -> str:
     s = data["summary"]
-    rate = "n/a" if s["success_rate"] is None else f"{100 * s['success_rate']:.1f}%"
     top_mode = data["failure_modes"][0]["failure_mode"] if data["failure_modes"] else "none"
-    kpis = [("episodes", s["episodes"]), ("success rate", rate), ("mean return", s["mean_return"]),
-            ("mean steps", s["mean_steps"]), ("top failure mode", top_mode)]
+    kpis = [("episodes", s["episodes"]), ("success rate", _rate(s)),
+            ("mean return", _shown(s["mean_return"])), ("mean steps", _shown(s["mean_steps"])),
+            ("top failure mode", top_mode)]
     body = [f"<h1>{_esc(report_title(data))}</h1>",
             '<div class="summary">' + "".join(f'<span class="kpi">{_esc(k)}<b>{_esc(v)}</b></span>'
                                               for k, v in kpis) + "</div>",

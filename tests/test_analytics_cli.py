@@ -177,6 +177,11 @@ def test_a_report_over_no_matching_episodes_says_n_a_not_none(logged, tmp_path, 
     assert out.exit_code == 0, out.output
     assert "0 episodes" in out.stdout and "success n/a, mean return n/a, mean steps n/a" in out.stdout
     assert "None" not in out.stdout
+    page = tmp_path / "empty.html"
+    out = cli("report", "--html", str(page), "--agent", "nobody", "--db", url,
+              "--warehouse", str(tmp_path / "w.duckdb"))
+    assert out.exit_code == 0, out.output
+    assert "mean return<b>n/a</b>" in page.read_text() and "None" not in page.read_text()
 
 
 def _unfit_warehouse(case: str, tmp: pathlib.Path, store: str) -> pathlib.Path:
