@@ -15,7 +15,10 @@ from importlib.resources import files
 from typing import Any
 
 _PARAM = re.compile(r"^param\s+(?P<name>[a-z_][a-z0-9_]*)\s+(?P<type>[A-Z]+)"
+                    r"(?:\[(?P<lo>-?\d+)?\.\.(?P<hi>-?\d+)?\])?"
                     r"(?:\s*=\s*(?P<default>'[^']*'|[^:]+?))?\s*:\s*(?P<doc>.*)$")
+"""`-- param NAME TYPE[lo..hi] = default: what it means`; the range (INTEGER only, either end may be
+left open) and the default are optional; without a default the parameter is required."""
 TYPES = ("VARCHAR", "INTEGER", "DOUBLE", "BOOLEAN", "CHAOS")
 MAX_TEXT = 1000
 
@@ -35,10 +38,18 @@ class Param:
     default: Any
     required: bool
     doc: str
+    lo: int | None = None  # the smallest value accepted (INTEGER), None: no bound
+    hi: int | None = None
 
     def describe(self) -> str:
         default = "required" if self.required else f"default {self.default!r}"
-        return f"{self.name} ({self.type.lower()}, {default}): {self.doc}"
+        return f"{self.name} ({self.type.lower()}{self.bounds()}, {default}): {self.doc}"
+
+    def bounds(self) -> str:
+        """The accepted range as the header writes it ('' when unbounded)."""
+        if self.lo is None and self.hi is None:
+            return ""
+        return f" {'' if self.lo is None else self.lo}..{'' if self.hi is None else self.hi}"
 
 
 @dataclass(frozen=True)
@@ -100,6 +111,10 @@ def convert(query: str, p: Param, value: Any) -> Any:
             raise bad("an integer")
         if abs(number) > 2**31 - 1:
             raise bad("a 32-bit integer")
+        if (p.lo is not None and number < p.lo) or (p.hi is not None and number > p.hi):
+            if p.lo is not None and p.hi is not None:
+                raise bad(f"between {p.lo} and {p.hi}")
+            raise bad(f"at least {p.lo}" if p.lo is not None else f"at most {p.hi}")
         return number
     if p.type == "CHAOS":
         from domain.chaos import parse_chaos
@@ -120,7 +135,7 @@ def convert(query: str, p: Param, value: Any) -> Any:
     return number
 
 
-def _default(query: str, type_: str, raw: str | None) -> tuple[Any, bool]:
+def _default(query: str, type_: str, raw: str | None, lo: int | None, hi: int | None) -> tuple[Any, bool]:
     if raw is None:
         return None, True
     raw = raw.strip()
@@ -128,7 +143,7 @@ def _default(query: str, type_: str, raw: str | None) -> tuple[Any, bool]:
         return None, False
     if raw.startswith("'"):
         return raw[1:-1], False
-    p = Param("default", type_, None, False, "")
+    p = Param("default", type_, None, False, "", lo, hi)
     return convert(query, p, raw), False
 
 
@@ -144,10 +159,11 @@ def parse(name: str, text: str) -> NamedQuery:
             comment = stripped[2:].strip()
             if comment.startswith("param "):
                 m = _PARAM.match(comment)
-                if not m or m["type"] not in TYPES:
+                if not m or m["type"] not in TYPES or (m["lo"] or m["hi"]) and m["type"] != "INTEGER":
                     raise ValueError(f"{name}.sql: bad parameter line {comment!r}")
-                default, required = _default(name, m["type"], m["default"])
-                params.append(Param(m["name"], m["type"], default, required, m["doc"].strip()))
+                lo, hi = (None if m[k] is None else int(m[k]) for k in ("lo", "hi"))
+                default, required = _default(name, m["type"], m["default"], lo, hi)
+                params.append(Param(m["name"], m["type"], default, required, m["doc"].strip(), lo, hi))
             elif comment:
                 description.append(comment)
             continue

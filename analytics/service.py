@@ -27,7 +27,8 @@ def describe() -> list[dict[str, Any]]:
     """Every named query with its description and parameters (for `query --list` and the API)."""
     return [{"name": q.name, "description": q.description,
              "params": [{"name": p.name, "type": p.type.lower(), "required": p.required,
-                         "default": p.default, "description": p.doc} for p in q.params]}
+                         "default": p.default, "min": p.lo, "max": p.hi, "description": p.doc}
+                        for p in q.params]}
             for q in named.registry().values()]
 
 

@@ -273,9 +273,37 @@ def test_bad_query_names_and_parameters_give_clear_errors(filled, tmp_path):
             service.run_named(wh, "first_mistake_step", {"chaos": "wild"})
         with pytest.raises(QueryError, match="must be an integer"):
             service.run_named(wh, "pass_at_k", {"k": "1; DROP TABLE episodes"})
+        # a value outside the declared range is refused, not clamped into it
+        with pytest.raises(QueryError, match="'k' must be between 1 and 64, got '0'"):
+            service.run_named(wh, "pass_at_k", {"k": "0"})
+        with pytest.raises(QueryError, match="'examples' must be between 0 and 100, got 101"):
+            service.run_named(wh, "failure_modes", {"examples": 101})
+        with pytest.raises(QueryError, match="'min_calls' must be at least 0"):
+            service.run_named(wh, "tool_error_rates", {"min_calls": "-1"})
+        assert [len(r["example_episode_ids"]) for r in service.run_named(wh, "failure_modes", {"examples": 0})
+                ] == [0] * len(service.run_named(wh, "failure_modes", {}))
         # a value that looks like SQL is only ever a bound value
         assert service.run_named(wh, "compare_agents", {"task": "x' OR '1'='1"}) == []
         assert wh.counts()["episodes"] > 0
+
+
+def test_parameter_ranges_are_declared_in_the_header_and_published():
+    from analytics.named import parse
+
+    query = parse("q", "-- Counts.\n-- param n INTEGER[2..9] = 3: how many\n"
+                       "-- param m INTEGER[..0] = 0: at most 0\nSELECT $n + $m")
+    assert query.bind({"n": "9", "m": "-5"}) == {"n": 9, "m": -5}
+    with pytest.raises(QueryError, match="'n' must be between 2 and 9, got '1'"):
+        query.bind({"n": "1"})
+    with pytest.raises(QueryError, match="'m' must be at most 0, got 1"):
+        query.bind({"m": 1})
+    with pytest.raises(ValueError, match="bad parameter line"):
+        parse("q", "-- param s VARCHAR[1..2] = 'a': text has no range\nSELECT $s")
+    with pytest.raises(QueryError, match="between 2 and 9"):  # a default outside its own range
+        parse("q", "-- param n INTEGER[2..9] = 10: how many\nSELECT $n")
+    catalogue = {q["name"]: {p["name"]: p for p in q["params"]} for q in service.describe()}
+    assert (catalogue["pass_at_k"]["k"]["min"], catalogue["pass_at_k"]["k"]["max"]) == (1, 64)
+    assert catalogue["failure_modes"]["agent"]["min"] is None
 
 
 def test_every_named_query_runs_and_returns_row_objects(filled, tmp_path):

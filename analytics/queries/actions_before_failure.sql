@@ -1,11 +1,11 @@
 -- The most common action sequences leading into each failure mode: the last k tools up to the decisive step (the first mistake, else the last step).
 -- param agent VARCHAR = NULL: only episodes of this agent
 -- param task VARCHAR = NULL: only this task family
--- param k INTEGER = 3: tools per sequence (1 to 5)
--- param top INTEGER = 5: sequences per failure mode
+-- param k INTEGER[1..5] = 3: tools per sequence
+-- param top INTEGER[1..1000] = 5: sequences per failure mode
 WITH failed AS (
     SELECT failure_mode,
-           array_to_string(lead_in[greatest(len(lead_in) - least(greatest($k, 1), 5) + 1, 1):], ' > ')
+           array_to_string(lead_in[greatest(len(lead_in) - $k + 1, 1):], ' > ')
                AS sequence
     FROM episodes
     WHERE outcome IS NOT NULL AND outcome <> 'success'

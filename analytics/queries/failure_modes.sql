@@ -2,7 +2,7 @@
 -- param agent VARCHAR = NULL: only episodes of this agent
 -- param task VARCHAR = NULL: only this task family
 -- param chaos CHAOS = NULL: only this chaos level (none, low, medium, high or a number)
--- param examples INTEGER = 3: example episode ids per failure mode (0 to 100)
+-- param examples INTEGER[0..100] = 3: example episode ids per failure mode
 WITH failed AS (
     SELECT episode_id, failure_mode, first_position
     FROM episodes
@@ -14,7 +14,7 @@ WITH failed AS (
 SELECT coalesce(failure_mode, '(none recorded)') AS failure_mode,
        count(*) AS episodes,
        round(count(*) / sum(count(*)) OVER (), 6) AS share,
-       list(episode_id ORDER BY first_position)[1:least(greatest($examples, 0), 100)] AS example_episode_ids
+       list(episode_id ORDER BY first_position)[1:$examples] AS example_episode_ids
 FROM failed
 GROUP BY failure_mode
 ORDER BY episodes DESC, failure_mode

@@ -1,5 +1,5 @@
 -- tau-bench pass^k per task: the chance that k independent trials of the same instance (task, seed, chaos) all succeed, estimated without bias from n >= k trials per instance as C(c,k)/C(n,k), averaged over instances.
--- param k INTEGER = 4: largest k reported (rows for 1..k)
+-- param k INTEGER[1..64] = 4: largest k reported (rows for 1..k)
 -- param agent VARCHAR = NULL: only episodes of this agent
 -- param task VARCHAR = NULL: only this task family
 WITH trials AS (
@@ -11,7 +11,7 @@ WITH trials AS (
       AND ($task IS NULL OR task = $task)
     GROUP BY ALL
 ),
-ks AS (SELECT range AS k FROM range(1, least(greatest($k, 1), 64) + 1))
+ks AS (SELECT range AS k FROM range(1, $k + 1))
 SELECT t.agent, t.task, ks.k,
        count(*) AS instances,
        round(avg(t.n), 2) AS mean_trials,

@@ -1,7 +1,7 @@
 -- How often each tool call is rejected, how many rejections chaos caused, and the most common rejection code.
 -- param agent VARCHAR = NULL: only steps of this agent
 -- param task VARCHAR = NULL: only this task family
--- param min_calls INTEGER = 1: leave out tools called fewer times
+-- param min_calls INTEGER[0..] = 1: leave out tools called fewer times
 SELECT tool,
        count(*) AS calls,
        count(*) FILTER (WHERE NOT accepted) AS rejected,

@@ -279,7 +279,13 @@ def _print_catalogue(queries: list[dict], fmt: str) -> None:
         typer.echo(f"{q['name']}\n    {q['description']}")
         for p in q["params"]:
             default = "required" if p["required"] else f"default {p['default']}"
+            if p["min"] is not None or p["max"] is not None:
+                default = f"{_or_blank(p['min'])}..{_or_blank(p['max'])}, {default}"
             typer.echo(f"    --param {p['name']}=<{p['type']}>  ({default}) {p['description']}")
+
+
+def _or_blank(bound: int | None) -> str:
+    return "" if bound is None else str(bound)
 
 
 def _print_report(data: dict) -> None:
