@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cache
 from importlib.resources import files
 from typing import Any
@@ -42,14 +42,14 @@ class Param:
     hi: int | None = None
 
     def describe(self) -> str:
-        default = "required" if self.required else f"default {self.default!r}"
-        return f"{self.name} ({self.type.lower()}{self.bounds()}, {default}): {self.doc}"
+        return f"{self.name} ({self.type.lower()}, {self.terms()}): {self.doc}"
 
-    def bounds(self) -> str:
-        """The accepted range as the header writes it ('' when unbounded)."""
+    def terms(self) -> str:
+        """Its range, as the header writes it, and its default: `1..5, default 3`."""
+        default = "required" if self.required else f"default {self.default!r}"
         if self.lo is None and self.hi is None:
-            return ""
-        return f" {'' if self.lo is None else self.lo}..{'' if self.hi is None else self.hi}"
+            return default
+        return f"{'' if self.lo is None else self.lo}..{'' if self.hi is None else self.hi}, {default}"
 
 
 @dataclass(frozen=True)
@@ -135,16 +135,16 @@ def convert(query: str, p: Param, value: Any) -> Any:
     return number
 
 
-def _default(query: str, type_: str, raw: str | None, lo: int | None, hi: int | None) -> tuple[Any, bool]:
+def _with_default(query: str, p: Param, raw: str | None) -> Param:
+    """`p` with the header's default (checked like a caller's value); required when there is none."""
     if raw is None:
-        return None, True
+        return replace(p, required=True)
     raw = raw.strip()
     if raw.upper() == "NULL":
-        return None, False
+        return p
     if raw.startswith("'"):
-        return raw[1:-1], False
-    p = Param("default", type_, None, False, "", lo, hi)
-    return convert(query, p, raw), False
+        return replace(p, default=raw[1:-1])
+    return replace(p, default=convert(query, p, raw))
 
 
 def parse(name: str, text: str) -> NamedQuery:
@@ -162,8 +162,8 @@ def parse(name: str, text: str) -> NamedQuery:
                 if not m or m["type"] not in TYPES or (m["lo"] or m["hi"]) and m["type"] != "INTEGER":
                     raise ValueError(f"{name}.sql: bad parameter line {comment!r}")
                 lo, hi = (None if m[k] is None else int(m[k]) for k in ("lo", "hi"))
-                default, required = _default(name, m["type"], m["default"], lo, hi)
-                params.append(Param(m["name"], m["type"], default, required, m["doc"].strip(), lo, hi))
+                declared = Param(m["name"], m["type"], None, False, m["doc"].strip(), lo, hi)
+                params.append(_with_default(name, declared, m["default"]))
             elif comment:
                 description.append(comment)
             continue

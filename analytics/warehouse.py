@@ -207,8 +207,8 @@ def _connect(path: Path, read_only: bool, config: dict, wait: float) -> duckdb.D
         raise WarehousePathError(f"the warehouse {path} is a directory; pass a file, "
                                  f"e.g. {path / 'companyos.duckdb'}")
     if _starts_with(path, SQLITE_HEADER):
-        raise WarehousePathError(f"{path} is a SQLite database (the event store?), not a DuckDB warehouse; "
-                             "pass another --warehouse, e.g. the same name ending in .duckdb")
+        raise WarehousePathError(f"{path} is a SQLite database (the event store?), not a DuckDB "
+                                 "warehouse; pass another --warehouse, e.g. the same name ending in .duckdb")
     deadline = time.monotonic() + wait
     delay = 0.05
     while True:

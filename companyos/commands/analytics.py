@@ -114,10 +114,10 @@ def query_command(
     warehouse: Path | None = WarehouseOption,
 ) -> None:
     """Answer a named question (see `companyos analytics query` for the list)."""
-    from analytics import named, service
+    from analytics import named
 
     if name is None:
-        _print_catalogue(service.describe(), fmt)
+        _print_catalogue(fmt)
         return
     _check_format(fmt)
     try:
@@ -271,21 +271,17 @@ def _text(value: Any, short: bool = False) -> str:
     return str(value)
 
 
-def _print_catalogue(queries: list[dict], fmt: str) -> None:
+def _print_catalogue(fmt: str) -> None:
+    """The named queries: JSON as `GET /analytics` serves it, or a listing with `--param` usage."""
+    from analytics import named, service
+
     if fmt == "json":
-        print_json(queries)
+        print_json(service.describe())
         return
-    for q in queries:
-        typer.echo(f"{q['name']}\n    {q['description']}")
-        for p in q["params"]:
-            default = "required" if p["required"] else f"default {p['default']}"
-            if p["min"] is not None or p["max"] is not None:
-                default = f"{_or_blank(p['min'])}..{_or_blank(p['max'])}, {default}"
-            typer.echo(f"    --param {p['name']}=<{p['type']}>  ({default}) {p['description']}")
-
-
-def _or_blank(bound: int | None) -> str:
-    return "" if bound is None else str(bound)
+    for q in named.registry().values():
+        typer.echo(f"{q.name}\n    {q.description}")
+        for p in q.params:
+            typer.echo(f"    --param {p.name}=<{p.type.lower()}>  ({p.terms()}) {p.doc}")
 
 
 def _print_report(data: dict) -> None:
