@@ -37,15 +37,28 @@ COMMAND_MODULES: tuple[str, ...] = ("run", "projections", "serve", "analytics")
 
 
 def main() -> None:
-    from companyos.commands.output import say_error
+    import sys
+
+    from companyos.commands.output import OutputFailed, discard_stdout, guard_stdout, say_error
     from eventstore import CorruptCommit, StoreUnavailable
 
     _register_commands()
+    guard_stdout()
     try:
-        app()
+        try:
+            app()
+        finally:
+            sys.stdout.flush()  # what the buffer still holds fails here, not at exit
     except StoreUnavailable as exc:  # a bad --db is the user's input, not a crash
         say_error(str(exc))
         raise SystemExit(2) from None
     except CorruptCommit as exc:  # the log was damaged behind the store's back
         say_error(f"{exc}; `companyos verify` names every damaged episode")
+        raise SystemExit(1) from None
+    except BrokenPipeError:  # the reader left (`| head`): stop quietly, as Unix tools do
+        discard_stdout()
+        raise SystemExit(1) from None
+    except OutputFailed as exc:  # e.g. `> file` on a full disk: say so, not a traceback
+        discard_stdout()
+        say_error(f"cannot write the output: {exc.strerror}")
         raise SystemExit(1) from None

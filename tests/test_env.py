@@ -217,3 +217,31 @@ def test_cli_names_a_damaged_commit_without_a_traceback(tmp_path):
     assert out.returncode == 1
     assert episode_id in out.stderr and "does not unpack" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs Linux's /dev/full")
+@pytest.mark.parametrize("args", [["tasks"], ["run", "--episodes", "2"],
+                                  ["run", "--episodes", "2", "--json"]])
+def test_cli_says_when_its_output_cannot_be_written(tmp_path, args):
+    """Output redirected to a full disk: one error line and exit 1, and the run still logged."""
+    url = f"sqlite:///{tmp_path}/store.db"
+    extra = ["--db", url] if args[0] == "run" else []
+    with open("/dev/full", "w") as full:
+        out = subprocess.run([sys.executable, "-m", "companyos", *args, *extra], stdout=full,
+                             stderr=subprocess.PIPE, text=True)
+    assert out.returncode == 1
+    assert out.stderr == "error: cannot write the output: No space left on device\n"
+    if extra:
+        with EventStore.open(url) as store:
+            assert len(store.stream_ids(store.last_position())) == 2
+
+
+@pytest.mark.parametrize("args", [["tasks"], ["run", "--episodes", "2", "--json"]])
+def test_cli_stops_quietly_when_its_reader_goes_away(tmp_path, args):
+    """`companyos tasks | head -1`: the reader closes the pipe; no traceback, as Unix tools do."""
+    extra = ["--db", f"sqlite:///{tmp_path}/store.db"] if args[0] == "run" else []
+    cli = subprocess.Popen([sys.executable, "-m", "companyos", *args, *extra],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    cli.stdout.close()  # the reader leaves before reading a byte
+    _, err = cli.communicate()
+    assert cli.returncode == 1 and b"Traceback" not in err and err == b""

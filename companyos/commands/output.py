@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import io
+import os
 import sys
 from typing import Any, NoReturn
 
@@ -33,3 +35,45 @@ def stdout_console():
     from rich.console import Console
 
     return Console() if sys.stdout.isatty() else Console(width=200)
+
+
+class OutputFailed(OSError):
+    """Stdout refused a write (a full disk, an I/O error): the output, not the command, failed."""
+
+
+class _OutputFile(io.FileIO):
+    """Stdout's file descriptor, telling its own write failures apart from every other OSError.
+
+    A closed pipe stays BrokenPipeError: rich and Python's own recipe handle that one quietly.
+    """
+
+    def write(self, data) -> int | None:
+        try:
+            return super().write(data)
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            raise OutputFailed(exc.errno, exc.strerror) from None
+
+
+def guard_stdout() -> None:
+    """Route sys.stdout through `_OutputFile`, keeping its encoding and buffering."""
+    old = sys.stdout
+    if old is None or not hasattr(old, "fileno"):
+        return
+    try:
+        fd = old.fileno()
+    except (OSError, ValueError):  # stdout is not a file (e.g. a test's capture)
+        return
+    old.flush()
+    raw = _OutputFile(fd, "w", closefd=False)
+    sys.stdout = io.TextIOWrapper(io.BufferedWriter(raw), encoding=old.encoding,
+                                  errors=old.errors, line_buffering=old.line_buffering)
+
+
+def discard_stdout() -> None:
+    """Point stdout at /dev/null once it has failed, so the flush at exit does not fail again
+    (the recipe Python's docs give for a closed pipe)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
