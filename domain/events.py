@@ -386,12 +386,23 @@ def _key(k) -> str:
     return f"<{type(k).__name__}>"
 
 
+def _unicode(text: str) -> str:
+    """The text itself when it is valid Unicode; lone surrogates (which no UTF-8 log can hold,
+    e.g. a JSON "\\ud800") spelled out as the escape `\\ud800` instead."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode()
+    return text
+
+
 def to_json_value(value: Any, depth: int = 0) -> Any:
     """A fresh JSON value equal to ``value`` where possible.
 
-    Tuples become lists, non-str keys become str, NaN/inf become None, integers beyond 64 bits
-    and anything not JSON become a short deterministic string. The copy also protects recorded
-    events from callers that mutate their action objects afterwards.
+    Tuples become lists, non-str keys become str, NaN/inf become None, lone surrogates in text
+    become their escape, integers beyond 64 bits and anything not JSON become a short
+    deterministic string. The copy also protects recorded events from callers that mutate
+    their action objects afterwards.
     """
     t = type(value)
     if t is dict and depth < 32:
@@ -399,10 +410,15 @@ def to_json_value(value: Any, depth: int = 0) -> Any:
         for k, v in value.items():
             if type(k) is not str:
                 k = _key(k)
+            elif not k.isascii():
+                k = _unicode(k)
             tv = type(v)
-            out[k] = v if tv is str or v is None or tv is bool else to_json_value(v, depth + 1)
+            out[k] = (v if (tv is str and v.isascii()) or v is None or tv is bool
+                      else to_json_value(v, depth + 1))
         return out
-    if t is str or t is bool or value is None:
+    if t is str:
+        return value if value.isascii() else _unicode(value)
+    if t is bool or value is None:
         return value
     if t is int:
         return value if -_MAX_INT <= value <= _MAX_INT else str(value)
@@ -422,5 +438,5 @@ def to_json_value(value: Any, depth: int = 0) -> Any:
     if isinstance(value, float):
         return to_json_value(float(value), depth)
     if isinstance(value, str):
-        return str(value)
+        return _unicode(str(value))
     return f"<unserializable {type(value).__name__}>"

@@ -114,6 +114,22 @@ def test_unknown_tool_is_a_rejection_not_an_http_error(sqlite_url):
         assert "delete_everything" in body["observation"]["message"]
 
 
+def test_text_that_is_not_unicode_is_logged_spelled_out_not_a_500(sqlite_url):
+    """A JSON "\\ud800" (a lone surrogate) has no UTF-8 form: the action is taken with the
+    escape spelled out, logged, and the episode goes on."""
+    with client(sqlite_url) as c:
+        episode_id, token, _ = reset(c)
+        action = '{"app": "ticketdesk", "method": "search_tickets", "params": {"query": "renew \\ud800"}}'
+        body = f'{{"episode_id": "{episode_id}", "action": {action}}}'
+        r = c.post("/step", content=body.encode(), headers={
+            "content-type": "application/json", "X-Episode-Token": token})
+        assert r.status_code == 200, r.text
+        assert step(c, episode_id, token, ACTIONS[0]).status_code == 200
+        logged = c.get(f"/episodes/{episode_id}/events").json()
+    actions = [e["data"]["action"] for e in logged["events"] if e["type"] == "ActionTaken"]
+    assert actions[0]["params"]["query"] == "renew \\ud800" and len(actions) == 2
+
+
 def test_text_rendering_on_request(sqlite_url):
     with client(sqlite_url) as c:
         _, _, plain = reset(c)

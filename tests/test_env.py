@@ -64,6 +64,23 @@ def test_the_log_holds_exactly_the_domains_envelopes(sqlite_url):
         domain.to_envelope(e) for e in events]
 
 
+@pytest.mark.parametrize("durability", ["step", "episode"])
+def test_an_action_with_text_that_is_not_unicode_loses_nothing(sqlite_url, durability):
+    """A lone surrogate has no UTF-8 form; held back until the episode ends, it used to make the
+    whole episode's append fail. It is logged spelled out, like other values JSON cannot hold."""
+    odd = {"app": "ticketdesk", "method": "search_tickets", "params": {"query": "x\ud800"},
+           "\udfff": 1}
+    with CompanyEnv(sqlite_url, durability=durability) as env:
+        env.reset(seed=2, options={"task": FAMILIES[0], "max_steps": 2})
+        env.step(odd)
+        env.step(odd)
+        records = list(env.store.read_stream(env.state["episode_id"]))
+    taken = [r.data["action"] for r in records if r.type == "ActionTaken"]
+    assert taken == [{"app": "ticketdesk", "method": "search_tickets",
+                      "params": {"query": "x\\ud800"}, "\\udfff": 1}] * 2
+    assert records[-1].type == "EpisodeEnded"
+
+
 @pytest.mark.parametrize("task", FAMILIES)
 def test_both_durabilities_log_identical_streams(sqlite_url, task):
     digests = []
