@@ -267,7 +267,13 @@ class SessionManager:
             session.lock.release()
 
     def state(self, session: Session) -> dict[str, Any]:
-        runtime = session.runtime or self._reload(session.episode_id)
+        """The state the log holds: the cached copy unless another process stepped it since."""
+        runtime = session.runtime
+        if runtime is None or self._stale(runtime):
+            runtime = self._reload(session.episode_id)
+            if session.lock.acquire(blocking=False):  # a running step refreshes it itself
+                session.runtime = runtime
+                session.lock.release()
         return episode_state(runtime)
 
     def _stale(self, runtime: EpisodeRuntime) -> bool:

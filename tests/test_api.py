@@ -167,6 +167,20 @@ def test_any_worker_serves_any_episode(sqlite_url, tmp_path):
     assert stream_digest(sqlite_url, episode_id) == digest_uninterrupted(tmp_path, ACTIONS)
 
 
+def test_state_from_any_worker_is_the_logs(sqlite_url):
+    """A worker that cached an episode reports the steps another worker took since."""
+    with client(sqlite_url) as a, client(sqlite_url) as b:
+        episode_id, token, _ = reset(a)
+        auth = {"X-Episode-Token": token}
+        assert b.get("/state", params={"episode_id": episode_id}, headers=auth
+                     ).json()["step_count"] == 0
+        for action in ACTIONS[:3]:
+            assert step(a, episode_id, token, action).status_code == 200
+        assert b.get("/state", params={"episode_id": episode_id}, headers=auth
+                     ).json()["step_count"] == 3
+        assert step(b, episode_id, token, ACTIONS[3]).json()["metadata"]["step"] == 4
+
+
 def test_idle_sessions_leave_the_cache_not_the_log(sqlite_url):
     with client(sqlite_url, idle_timeout_s=60) as c:
         sessions = c.app.server.sessions
