@@ -169,7 +169,12 @@ def _register_errors(app: FastAPI) -> None:
         return JSON({"detail": str(exc), "code": "body_too_large"}, status_code=413)
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, exc: StarletteHTTPException) -> JSON:
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSON:
+        cause = exc.__cause__  # FastAPI's "error parsing the body" hides what went wrong
+        if isinstance(cause, BodyTooLarge):  # a chunked body, cut off at the limit
+            return await too_large(request, cause)
+        if exc.status_code == 400 and isinstance(cause, RecursionError | UnicodeDecodeError):
+            return _unparsable_body(cause)
         code = HTTPStatus(exc.status_code).phrase.lower().replace(" ", "_").replace("-", "_")
         return JSON({"detail": str(exc.detail), "code": code}, status_code=exc.status_code,
                     headers=exc.headers)
@@ -179,6 +184,14 @@ def _register_errors(app: FastAPI) -> None:
         errors = [{"loc": list(e.get("loc", ())), "msg": str(e.get("msg", "")),
                    "type": str(e.get("type", ""))} for e in exc.errors()]
         return JSON({"detail": errors}, status_code=422)
+
+
+def _unparsable_body(cause: BaseException) -> JSON:
+    """A body the JSON parser gave up on: a malformed request (422), said in words."""
+    msg = ("the JSON body is nested too deeply to parse" if isinstance(cause, RecursionError)
+           else f"the body is not valid UTF-8 ({cause.reason} at byte {cause.start})")
+    return JSON({"detail": [{"loc": ["body"], "msg": msg, "type": "json_invalid"}]},
+                status_code=422)
 
 
 def _token(header: str | None, body: str | None) -> str | None:

@@ -323,6 +323,20 @@ def test_bad_inputs_are_4xx_with_a_message(sqlite_url):
         assert cases[15].status_code == 413
 
 
+def test_bodies_the_parser_gives_up_on_are_said_in_words(sqlite_url):
+    """Chunked (no Content-Length) past the limit: 413 as with one; too deep or not UTF-8: 422."""
+    json_type = {"content-type": "application/json"}
+    with client(sqlite_url, max_body_bytes=4096) as c:
+        chunked = c.post("/reset", content=(b'{"task": "' + b"x" * 1000 for _ in range(10)),
+                         headers=json_type)
+        deep = c.post("/reset", content=b"[" * 2000 + b"]" * 2000, headers=json_type)
+        not_utf8 = c.post("/reset", content=b'{"task": "\xff"}', headers=json_type)
+        assert chunked.status_code == 413 and chunked.json()["code"] == "body_too_large"
+        assert deep.status_code == 422 and "nested too deeply" in deep.json()["detail"][0]["msg"]
+        assert not_utf8.status_code == 422 and "not valid UTF-8" in not_utf8.json()["detail"][0]["msg"]
+        assert reset(c)[0]  # and the server goes on serving
+
+
 def test_finished_episode_is_a_409(sqlite_url):
     with client(sqlite_url) as c:
         episode_id, token, _ = reset(c, seed=4, max_steps=1)
