@@ -120,6 +120,10 @@ def _dispatch(manager: SessionManager, method: str, params: dict, ctx: McpContex
     return McpReply(error(METHOD_NOT_FOUND, f"Method not found: {method}", request_id))
 
 
+_FLAGS = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False}
+"""Query-string spellings of a boolean option."""
+
+
 def _initialize(manager: SessionManager, params: dict, ctx: McpContext,
                 request_id: Any) -> McpReply:
     wanted = params.get("protocolVersion")
@@ -138,7 +142,11 @@ def _initialize(manager: SessionManager, params: dict, ctx: McpContext,
                 except ValueError:
                     raise ApiError(400, "invalid_reset", f"{name} must be an integer") from None
         if "text" in options:
-            options["text"] = options["text"].lower() in ("1", "true", "yes")
+            flag = _FLAGS.get(options["text"].lower())
+            if flag is None:
+                raise ApiError(400, "invalid_reset", "text must be true or false (or 1/0, yes/no), "
+                               f"not {options['text'][:40]!r}")
+            options["text"] = flag
         session, _, payload = manager.start(options)
         key = payload["metadata"]["session_id"]
     goal = _goal(session)

@@ -32,9 +32,12 @@ def ERROR_RESPONSES(*codes: int) -> dict[int | str, dict[str, Any]]:
 
 
 class ResetRequest(BaseModel):
-    """POST /reset (and the WebSocket reset `data`). Every field is optional."""
+    """POST /reset (and the WebSocket reset `data`). Every field is optional.
 
-    model_config = ConfigDict(extra="forbid", json_schema_extra={
+    Strict: `"seed": "7"`, `"chaos": true` or `"text": "yes"` are refused in words, as over the
+    WebSocket, rather than quietly converted."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={
         "examples": [{"seed": 42, "task": "expense_report", "chaos": "medium"}, {}]})
 
     seed: int | None = Field(default=None, ge=0, le=2**63 - 1,

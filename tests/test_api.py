@@ -323,6 +323,24 @@ def test_bad_inputs_are_4xx_with_a_message(sqlite_url):
         assert cases[15].status_code == 413
 
 
+@pytest.mark.parametrize("body", [{"chaos": True}, {"seed": True}, {"seed": "7"}, {"seed": 7.0},
+                                  {"text": "yes"}, {"max_steps": "5"}])
+def test_reset_refuses_values_of_the_wrong_type_instead_of_converting_them(sqlite_url, body):
+    """As the WebSocket does: `"chaos": true` is not chaos 1.0, `"seed": "7"` is not seed 7."""
+    with client(sqlite_url) as c:
+        r = c.post("/reset", json=body)
+        assert r.status_code == 422 and r.json()["detail"][0]["loc"][:2] == ["body", *body]
+        assert c.get("/episodes").json()["total"] == 0
+
+
+def test_mcp_initialize_refuses_a_text_flag_it_cannot_read(sqlite_url):
+    with client(sqlite_url) as c:
+        r = rpc(c, "initialize", {"protocolVersion": "2025-06-18"}, path="/mcp?text=maybe")
+        assert "text must be true or false" in r.json()["error"]["message"]
+        r = rpc(c, "initialize", {"protocolVersion": "2025-06-18"}, path="/mcp?text=no&seed=2")
+        assert "result" in r.json()
+
+
 def test_bodies_the_parser_gives_up_on_are_said_in_words(sqlite_url):
     """Chunked (no Content-Length) past the limit: 413 as with one; too deep or not UTF-8: 422."""
     json_type = {"content-type": "application/json"}
