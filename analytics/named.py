@@ -85,7 +85,9 @@ def convert(query: str, p: Param, value: Any) -> Any:
     """A caller's value as the parameter's type (text from a command line or URL, or JSON)."""
 
     def bad(why: str) -> QueryError:
-        return QueryError(f"query {query!r}: parameter {p.name!r} must be {why}, got {value!r}")
+        shown = repr(value)
+        shown = shown if len(shown) <= 60 else f"{shown[:57]}..."
+        return QueryError(f"query {query!r}: parameter {p.name!r} must be {why}, got {shown}")
 
     text = value.strip() if isinstance(value, str) else None
     if p.type == "VARCHAR":
@@ -105,16 +107,16 @@ def convert(query: str, p: Param, value: Any) -> Any:
             raise bad("an integer")
         if isinstance(value, int):
             number = value
-        elif text is not None and re.fullmatch(r"[+-]?\d{1,12}", text):
-            number = int(text)
+        elif text is not None and re.fullmatch(r"[+-]?\d+", text):
+            number = int(text) if len(text) <= 20 else int(text[0] + "9" * 20)  # beyond any range
         else:
             raise bad("an integer")
-        if abs(number) > 2**31 - 1:
-            raise bad("a 32-bit integer")
         if (p.lo is not None and number < p.lo) or (p.hi is not None and number > p.hi):
             if p.lo is not None and p.hi is not None:
                 raise bad(f"between {p.lo} and {p.hi}")
             raise bad(f"at least {p.lo}" if p.lo is not None else f"at most {p.hi}")
+        if abs(number) > 2**31 - 1:
+            raise bad("a 32-bit integer")
         return number
     if p.type == "CHAOS":
         from domain.chaos import parse_chaos

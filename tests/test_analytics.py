@@ -280,6 +280,11 @@ def test_bad_query_names_and_parameters_give_clear_errors(filled, tmp_path):
             service.run_named(wh, "failure_modes", {"examples": 101})
         with pytest.raises(QueryError, match="'min_calls' must be at least 0"):
             service.run_named(wh, "tool_error_rates", {"min_calls": "-1"})
+        # a long number is out of range, not 'not an integer'; the message stays short
+        with pytest.raises(QueryError, match=r"'k' must be between 1 and 64, got '9{56}\.\.\.$"):
+            service.run_named(wh, "pass_at_k", {"k": "9" * 5000})
+        with pytest.raises(QueryError, match="'min_calls' must be a 32-bit integer"):
+            service.run_named(wh, "tool_error_rates", {"min_calls": "99999999999999"})
         assert [len(r["example_episode_ids"]) for r in service.run_named(wh, "failure_modes", {"examples": 0})
                 ] == [0] * len(service.run_named(wh, "failure_modes", {}))
         # a value that looks like SQL is only ever a bound value
