@@ -9,9 +9,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import sqlalchemy
+
 import domain
 from companyos.agents import make_agent
-from companyos.env import CompanyEnv, spec_from_options
+from companyos.env import SEED_MAX, CompanyEnv, spec_from_options
 from companyos.runtime import DURABILITY
 from eventstore import EventStore
 
@@ -64,8 +66,23 @@ def validate(plan: RunPlan) -> None:
     make_agent(plan.agent, 0)
     if plan.episodes < 0:
         raise ValueError("--episodes must be 0 or more")
+    last_seed = plan.seed + max(plan.episodes, 1) - 1
+    if last_seed > SEED_MAX:
+        raise ValueError(f"episode i uses seed {plan.seed}+i, so the last one would be "
+                         f"{last_seed}, past the largest seed {SEED_MAX}")
+    if _in_memory(plan.db):
+        raise ValueError(f"--db {plan.db!r} is an in-memory SQLite store: every episode would "
+                         "be gone when the run ends; name a file, e.g. sqlite:///companyos.db")
     if plan.durability not in DURABILITY:
         raise ValueError(f"--durability must be one of {', '.join(DURABILITY)}")
+
+
+def _in_memory(url: str) -> bool:
+    try:
+        parsed = sqlalchemy.make_url(url)
+    except sqlalchemy.exc.ArgumentError:
+        return False  # opening the store says what is wrong with it
+    return parsed.get_backend_name() == "sqlite" and parsed.database in (None, "", ":memory:")
 
 
 def run_range(plan: RunPlan, start: int, stop: int, store: EventStore | None = None) -> list[EpisodeResult]:

@@ -62,3 +62,22 @@ def main() -> None:
         discard_stdout()
         say_error(f"cannot write the output: {exc.strerror}")
         raise SystemExit(1) from None
+    except Exception as exc:
+        if not _store_error(exc):
+            raise
+        say_error(f"the store failed: {getattr(exc, 'orig', None) or exc}")
+        raise SystemExit(1) from None
+
+
+def _store_error(exc: BaseException) -> bool:
+    """A database error from the store (a read-only or damaged file, a lost server): the world's
+    fault, not the call's. SQLAlchemy wraps most; the store's raw cursors raise the driver's own.
+    psycopg is only consulted when loaded: importing it costs every command 0.14 s."""
+    import sqlite3
+    import sys
+
+    from sqlalchemy.exc import DBAPIError
+
+    psycopg = sys.modules.get("psycopg")
+    return isinstance(exc, DBAPIError | sqlite3.Error) or (
+        psycopg is not None and isinstance(exc, psycopg.Error))

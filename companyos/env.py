@@ -14,8 +14,21 @@ from projections.render import render_views
 DEFAULT_CHAOS = "medium"
 
 
+SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
+"""Seeds are stored in 64-bit columns (the read models, the warehouse)."""
+
+
+def check_seed(seed: Any) -> None:
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ValueError(f"seed must be an integer, not {type(seed).__name__}")
+    if not SEED_MIN <= seed <= SEED_MAX:
+        raise ValueError(f"seed {seed} is outside the 64-bit range the log's readers hold "
+                         f"({SEED_MIN} to {SEED_MAX})")
+
+
 def spec_from_options(seed: int, options: dict[str, Any] | None) -> domain.EpisodeSpec:
     """Turn reset options into a domain spec, with words for every bad value."""
+    check_seed(seed)
     options = dict(options or {})
     unknown = set(options) - {"task", "chaos", "reward_profile", "max_steps", "episode_id"}
     if unknown:

@@ -33,11 +33,24 @@ def current_revision(connection: sa.Connection) -> str | None:
     return MigrationContext.configure(connection).get_current_revision()
 
 
+class NewerStore(Exception):
+    """The store was migrated by a newer companyos: this code must not read or write it."""
+
+
+@cache
+def known_revisions() -> frozenset[str]:
+    return frozenset(s.revision for s in ScriptDirectory.from_config(alembic_config()).walk_revisions())
+
+
 def upgrade(engine: sa.Engine) -> None:
     """Run pending migrations inside one write transaction so concurrent openers queue, not clash."""
     with engine.connect() as probe:
-        if current_revision(probe) == head_revision():
+        current = current_revision(probe)
+        if current == head_revision():
             return
+        if current is not None and current not in known_revisions():
+            raise NewerStore(f"migration {current!r}, which this companyos does not know (its "
+                             f"newest is {head_revision()!r}): upgrade companyos to use it")
     with engine.connect().execution_options(companyos_write=True) as conn, conn.begin():
         if conn.dialect.name == "postgresql":
             conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": _PG_MIGRATION_LOCK})

@@ -68,6 +68,9 @@ class EventStore:
         shown = _shown_url(url)
         try:
             engine = create_engine(url, synchronous)
+        except ImportError as exc:
+            raise StoreUnavailable(f"{shown} needs a database driver that is not installed "
+                                   f"({exc}); the store runs on SQLite and PostgreSQL") from None
         except (sa.exc.ArgumentError, sa.exc.NoSuchModuleError) as exc:
             raise StoreUnavailable(f"{shown} is not a database URL the store can open ({exc}); "
                                    "use e.g. sqlite:///companyos.db or postgresql://user@host/db"
@@ -77,6 +80,9 @@ class EventStore:
         except sa.exc.DBAPIError as exc:
             engine.dispose()
             raise StoreUnavailable(f"cannot open the store at {shown}: {exc.orig}") from None
+        except migrate.NewerStore as exc:
+            engine.dispose()
+            raise StoreUnavailable(f"the store at {shown} is at {exc}") from None
         return cls(engine, upcasters)
 
     def close(self) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -262,3 +263,71 @@ def test_cli_stops_quietly_when_its_reader_goes_away(tmp_path, args):
     cli.stdout.close()  # the reader leaves before reading a byte
     _, err = cli.communicate()
     assert cli.returncode == 1 and b"Traceback" not in err and err == b""
+
+
+def _unboxed(text: str) -> str:
+    """A usage error's words without the box rich draws around them."""
+    return " ".join(re.sub("[│╭╮╰╯─]", " ", text).split())
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "companyos", *args], capture_output=True,
+                          text=True)
+
+
+def test_run_refuses_seeds_past_64_bits_before_logging_anything(tmp_path):
+    """Seeds are 64-bit in every reader of the log: one past it used to be stored, then break
+    `episodes` and `rebuild` for the whole store."""
+    url = f"sqlite:///{tmp_path / 'run.db'}"
+    for seed, why in ((2**63 - 1, "past the largest seed"),  # its second episode's seed
+                      (2**64 - 1, "outside the 64-bit range")):
+        out = _cli("run", "--episodes", "2", "--seed", str(seed), "--db", url)
+        assert out.returncode == 2 and why in _unboxed(out.stderr), out.stderr
+    assert _cli("run", "--episodes", "1", "--seed", str(2**63 - 1), "--db", url).returncode == 0
+    listed = _cli("episodes", "--db", url, "--json")
+    assert listed.returncode == 0
+    assert [e["seed"] for e in json.loads(listed.stdout)["episodes"]] == [2**63 - 1]
+    with pytest.raises(ValueError, match="outside the 64-bit range"):
+        CompanyEnv(url).reset(seed=-(2**63) - 1)
+
+
+def test_run_refuses_an_in_memory_store_and_outsized_counts(tmp_path):
+    for args in (["--db", "sqlite://"], ["--db", "sqlite:///"],
+                 ["--episodes", str(2**62)], ["--workers", "1000"]):
+        out = _cli("run", *args)
+        assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    assert "in-memory SQLite store" in _unboxed(_cli("run", "--db", "sqlite://").stderr)
+
+
+def test_a_store_the_database_refuses_is_one_error_line(tmp_path):
+    """A damaged file (or a read-only one, or a driver that is not installed) is the world's
+    problem: one `error:` line, no traceback."""
+    path = tmp_path / "s.db"
+    assert _cli("run", "--episodes", "20", "--db", f"sqlite:///{path}").returncode == 0
+    data = bytearray(path.read_bytes())
+    middle = len(data) * 6 // 10
+    data[middle:middle + 3000] = bytes((i * 7 + 13) % 256 for i in range(3000))
+    path.write_bytes(bytes(data))
+    out = _cli("verify", "--db", f"sqlite:///{path}")
+    assert out.returncode == 1 and out.stderr.startswith("error: the store failed: "), out.stderr
+    assert "Traceback" not in out.stderr
+    out = _cli("episodes", "--db", "mysql://a@127.0.0.1:1/x")
+    assert out.returncode == 2 and "needs a database driver that is not installed" in out.stderr
+
+
+def test_serve_says_in_one_line_why_it_cannot_listen(tmp_path):
+    """Before its banner, and with the project's exit codes (Uvicorn's own is 3)."""
+    import socket
+
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        out = _cli("serve", "--port", port, "--db", url)
+    assert out.returncode == 1 and out.stdout == ""
+    assert out.stderr == f"error: cannot listen on 127.0.0.1:{port}: Address already in use\n"
+    out = _cli("serve", "--host", "no-such-host.invalid", "--db", url)
+    assert out.returncode == 2 and out.stderr.startswith("error: cannot listen on 'no-such-host")
+    out = _cli("serve", "--log-level", "loud", "--db", url)
+    assert out.returncode == 2 and "--log-level must be one of critical" in out.stderr

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import pytest
 import sqlalchemy as sa
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 
-from eventstore import GENESIS_DIGEST, EventStore, NewEvent, chain_digest
+from eventstore import GENESIS_DIGEST, EventStore, NewEvent, StoreUnavailable, chain_digest
 from eventstore.engine import create_engine
 from eventstore.migrate import alembic_config, head_revision
 from migrations.target import target_metadata
@@ -97,3 +98,19 @@ def test_upgrading_a_one_row_per_event_sqlite_store_keeps_every_event(sqlite_url
 
 def test_upgrading_a_one_row_per_event_postgres_store_keeps_every_event(fresh_pg_url):
     _upgrade_keeps_every_event(fresh_pg_url)
+
+
+def test_a_store_from_a_newer_companyos_is_refused_in_words_and_left_alone(sqlite_url):
+    EventStore.open(sqlite_url).close()
+    engine = create_engine(sqlite_url, None)
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE alembic_version SET version_num = '9999_future'"))
+    try:
+        with pytest.raises(StoreUnavailable, match="migration '9999_future', which this companyos "
+                                                   "does not know"):
+            EventStore.open(sqlite_url)
+        with engine.connect() as conn:
+            assert conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalar() \
+                == "9999_future"
+    finally:
+        engine.dispose()

@@ -57,7 +57,8 @@ def episodes(
     agent: str | None = typer.Option(None, "--agent", help="Only episodes run by this agent."),
     outcome: str | None = typer.Option(None, "--outcome",
                                        help="success, failure, truncated or running."),
-    limit: int = typer.Option(50, "--limit", min=0, help="At most this many, newest first (0: all)."),
+    limit: int = typer.Option(50, "--limit", min=0, max=10**9,
+                              help="At most this many, newest first (0: all)."),
     db: str | None = DbOption,
     as_json: bool = JsonOption,
 ) -> None:
@@ -183,7 +184,7 @@ def _print_mismatch(result) -> None:
     console.print(table)
 
 
-WorkersOption = typer.Option(None, "--workers", min=1,
+WorkersOption = typer.Option(None, "--workers", min=1, max=64,
                              help="Processes to split the streams over (SQLite files; default: "
                                   "2 on big logs when there are cores, else 1).")
 

@@ -11,6 +11,9 @@ from companyos.commands.options import DbOption, JsonOption
 from companyos.commands.output import stdout_console
 from companyos.config import resolve_db
 
+MAX_EPISODES = 10**8
+"""One run's results stay in memory for its summary (~0.26 KB each): 10^8 is ~26 GB."""
+
 
 def register(app: typer.Typer) -> None:
     app.command("run")(run)
@@ -21,9 +24,10 @@ def run(
     agent: str = typer.Option("expert", help="Baseline agent: random, expert or noop."),
     task: str = typer.Option("all", help="A task family, or 'all' to cycle through them."),
     chaos: str = typer.Option("medium", help="none, low, medium, high, or a number in [0, 1]."),
-    episodes: int = typer.Option(10, min=0, help="How many episodes; episode i uses seed S+i."),
+    episodes: int = typer.Option(10, min=0, max=MAX_EPISODES,
+                                 help="How many episodes; episode i uses seed S+i."),
     seed: int = typer.Option(0, help="Seed of the first episode."),
-    workers: int = typer.Option(1, min=1, help="Processes sharing the store."),
+    workers: int = typer.Option(1, min=1, max=64, help="Processes sharing the store."),
     durability: str = typer.Option("step", help="step: commit every step; episode: commit each "
                                    "episode at its end (faster, a crash loses it)."),
     reward_profile: str = typer.Option("default", help="default or sparse."),

@@ -9,14 +9,17 @@ environment variables, which `api.config.ServerConfig.from_env` reads.
 from __future__ import annotations
 
 import os
+import socket
 
 import typer
 
 from companyos.commands.options import DbOption
+from companyos.commands.output import fail
 from companyos.config import resolve_db
 
 APP_FACTORY = "api.app:create_app"
 DEFAULT_MAX_BODY = 256 * 1024
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")  # Uvicorn's
 
 
 def register(app: typer.Typer) -> None:
@@ -39,7 +42,8 @@ def serve(
                                             "(never the log)."),
     max_body: int = typer.Option(DEFAULT_MAX_BODY, "--max-body", min=1024,
                                  help="Largest request body / WebSocket message in bytes."),
-    log_level: str = typer.Option("warning", "--log-level", help="Uvicorn log level."),
+    log_level: str = typer.Option("warning", "--log-level",
+                                  help=f"Uvicorn log level: {', '.join(LOG_LEVELS)}."),
 ) -> None:
     """Serve environments to agents: OpenEnv HTTP/WebSocket, MCP, and the episode log.
 
@@ -47,6 +51,9 @@ def serve(
     """
     import uvicorn
 
+    if log_level not in LOG_LEVELS:
+        fail(f"--log-level must be one of {', '.join(LOG_LEVELS)}, not {log_level!r}")
+    _check_can_listen(host, port)
     url = resolve_db(db)
     _open_store_once(url)  # create / migrate before the workers race to do it
     os.environ.update({
@@ -61,6 +68,21 @@ def serve(
     uvicorn.run(APP_FACTORY, factory=True, host=host, port=port, workers=workers,
                 log_level=log_level, ws_max_size=max_body, ws_ping_interval=20.0,
                 ws_ping_timeout=20.0, backlog=4096, timeout_keep_alive=30)
+
+
+def _check_can_listen(host: str, port: int) -> None:
+    """Say in one line, before the banner, that the address is unknown (exit 2) or taken
+    (exit 1): Uvicorn would log it after the banner and exit with code 3."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except (socket.gaierror, UnicodeError) as exc:
+        fail(f"cannot listen on {host!r}: {getattr(exc, 'strerror', None) or exc}")
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as Uvicorn binds
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            fail(f"cannot listen on {host}:{port}: {exc.strerror}", 1)
 
 
 def _open_store_once(url: str) -> None:
