@@ -201,11 +201,14 @@ def get(name: str) -> NamedQuery:
 
 
 def parse_assignments(pairs: list[str] | None) -> dict[str, str]:
-    """`["k=v", ...]` from the command line as a dict; a bad pair is a QueryError."""
+    """`["k=v", ...]` from the command line as a dict; a bad or repeated pair is a QueryError."""
     out: dict[str, str] = {}
     for pair in pairs or []:
         key, sep, value = pair.partition("=")
-        if not sep or not key.strip():
+        name = key.strip()
+        if not sep or not name:
             raise QueryError(f"--param takes NAME=VALUE, got {pair!r}")
-        out[key.strip()] = value
+        if name in out:  # as the HTTP route refuses `?k=1&k=2`: which of the two was meant?
+            raise QueryError(f"parameter {name!r} is given more than once; give each --param once")
+        out[name] = value
     return out

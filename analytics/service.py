@@ -12,15 +12,16 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from analytics import named
+from analytics import adhoc, named
+from analytics.adhoc import SqlRefused
 from analytics.named import QueryError
 from analytics.sync import sync, warehouse_path
 from analytics.warehouse import Warehouse, WarehouseError
 
 _LOCK = threading.Lock()
 
-__all__ = ["QueryError", "WarehouseError", "answer", "as_objects", "describe", "run_named", "run_sql",
-           "rows_of"]
+__all__ = ["QueryError", "SqlRefused", "WarehouseError", "answer", "as_objects", "describe", "run_named",
+           "run_sql", "rows_of"]
 
 
 def describe() -> list[dict[str, Any]]:
@@ -64,11 +65,13 @@ def run_sql(warehouse: Warehouse, sql: str) -> tuple[list[str], list[tuple]]:
 
     Only on a warehouse opened read-only: the tables are a projection the sync owns, and a stray
     DELETE would leave them disagreeing with the checkpoint, so every later answer would be wrong.
+    Anything but one statement that only reads is SqlRefused before it runs.
     """
     if not warehouse.read_only:
         raise ValueError("ad-hoc SQL runs on a read-only warehouse: open it with read_only=True")
+    adhoc.check(sql)  # one statement that only reads: a read-only file still lets COPY ... TO write
     cursor = warehouse.con.execute(sql)
-    if cursor.description is None:
+    if cursor is None or cursor.description is None:
         return [], []
     return [d[0] for d in cursor.description], cursor.fetchall()
 

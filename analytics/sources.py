@@ -27,13 +27,13 @@ import io
 from typing import Any, Protocol
 
 import duckdb
-import orjson
 import pyarrow as pa
 import pyarrow.csv as pacsv
 import sqlalchemy as sa
 
 from eventstore.backends import PG_VISIBLE
 from eventstore.engine import normalise_url
+from eventstore.packing import unpack
 
 COMMIT_COLUMNS = ("position", "stream_id", "first_version", "last_digest", "payload")
 COMMIT_SCHEMA = pa.schema([
@@ -110,9 +110,23 @@ def _empty() -> pa.Table:
     return EVENT_SCHEMA.empty_table()
 
 
-def _first_id(payload: str | None) -> str:
-    """The id of a commit's first event ("" when there is no commit)."""
-    return orjson.loads(payload)["id"][0] if payload else ""
+def _first_id(row: tuple | None) -> str:
+    """The id of a commit's first event ("" when there is no commit); a row (position, stream_id,
+    first_version, payload) that does not unpack raises CorruptCommit naming it."""
+    if not row:
+        return ""
+    return next(iter(unpack(tuple(row)))).event_id
+
+
+def _damaged(commits: pa.Table) -> None:
+    """Raise CorruptCommit for the first commit row whose payload the store cannot unpack either.
+
+    DuckDB says only that some payload in the batch is malformed; the store's own unpacking
+    names the stream and position, as `companyos verify` does. Runs only after a failure.
+    """
+    columns = [commits[name].to_pylist() for name in ("position", "stream_id", "first_version", "payload")]
+    for row in zip(*columns, strict=True):
+        unpack(row)
 
 
 class Unpacker:
@@ -130,6 +144,9 @@ class Unpacker:
         self._con.register("commits", commits)
         try:
             table = self._con.sql(_UNPACK, params={"after": after}).to_arrow_table()
+        except duckdb.Error:
+            _damaged(commits)  # names the damaged commit when the store agrees it is damaged
+            raise
         finally:
             self._con.unregister("commits")
         return _conform(table, EVENT_SCHEMA) if table.num_rows else _empty()
@@ -141,7 +158,7 @@ class Unpacker:
 class _SqliteSource:
     """What both SQLite readers share. Positions are dense there, so the commits ending in
     (after, after + limit] hold at most `limit` events and a page is one range scan of the key;
-    a reader only says how it runs a query (`fetch_range` into Arrow, `_scalar` for one value)."""
+    a reader only says how it runs a query (`fetch_range` into Arrow, `_row` for one row)."""
 
     name: str
     _unpacker: Unpacker
@@ -158,7 +175,7 @@ class _SqliteSource:
         return table if following is None else self.fetch_range(after, following)
 
     def first_event_id(self) -> str:
-        return _first_id(self._scalar(_FIRST_SQL))
+        return _first_id(self._row(_FIRST_SQL))
 
     def remaining(self, after: int) -> int:
         """Positions are dense on SQLite: the count is a subtraction."""
@@ -166,12 +183,16 @@ class _SqliteSource:
 
     def fetch_range(self, after: int, upto: int) -> pa.Table: ...
 
-    def _scalar(self, sql: str, params: tuple = ()) -> Any: ...
+    def _scalar(self, sql: str, params: tuple = ()) -> Any:
+        row = self._row(sql, params)
+        return row and row[0]
+
+    def _row(self, sql: str, params: tuple = ()) -> tuple | None: ...
 
 
 _RANGE_SQL = f"SELECT {_SELECT} FROM commits WHERE position > ? AND position <= ? ORDER BY position"
 _NEXT_SQL = "SELECT min(position) FROM commits WHERE position > ?"
-_FIRST_SQL = "SELECT payload FROM commits ORDER BY position LIMIT 1"
+_FIRST_SQL = "SELECT position, stream_id, first_version, payload FROM commits ORDER BY position LIMIT 1"
 _LAST_SQL = "SELECT coalesce(max(position), 0) FROM commits"
 
 
@@ -193,10 +214,9 @@ class AdbcSqliteSource(_SqliteSource):
         self._cur.execute(_RANGE_SQL, (after, upto))
         return self._cur.fetch_arrow_table()
 
-    def _scalar(self, sql: str, params: tuple = ()) -> Any:
+    def _row(self, sql: str, params: tuple = ()) -> tuple | None:
         self._cur.execute(sql, params)
-        row = self._cur.fetchone()
-        return row and row[0]
+        return self._cur.fetchone()
 
     def close(self) -> None:
         self._unpacker.close()
@@ -227,9 +247,8 @@ class SqliteSource(_SqliteSource):
             [pa.array(c, type=f.type) for c, f in zip(columns, COMMIT_SCHEMA, strict=True)],
             schema=COMMIT_SCHEMA)
 
-    def _scalar(self, sql: str, params: tuple = ()) -> Any:
-        row = self._con.execute(sql, params).fetchone()
-        return row and row[0]
+    def _row(self, sql: str, params: tuple = ()) -> tuple | None:
+        return self._con.execute(sql, params).fetchone()
 
     def close(self) -> None:
         self._unpacker.close()
@@ -251,7 +270,8 @@ class PostgresSource:
               f"WHERE position > %s AND {PG_VISIBLE} ORDER BY position")
     _COPY = (f"COPY (SELECT {_SELECT} FROM commits WHERE position > {{after}} "
              f"AND position <= {{upto}} AND {PG_VISIBLE} ORDER BY position) TO STDOUT (FORMAT csv)")
-    _FIRST = f"SELECT payload FROM commits WHERE {PG_VISIBLE} ORDER BY position LIMIT 1"
+    _FIRST = (f"SELECT position, stream_id, first_version, payload FROM commits WHERE {PG_VISIBLE} "
+              "ORDER BY position LIMIT 1")
 
     def __init__(self, engine: sa.Engine) -> None:
         self._engine = engine
@@ -300,7 +320,7 @@ class PostgresSource:
 
     def first_event_id(self) -> str:
         with self._engine.connect() as conn:
-            return _first_id(conn.execute(sa.text(self._FIRST)).scalar())
+            return _first_id(conn.execute(sa.text(self._FIRST)).first())
 
     def remaining(self, after: int) -> None:
         """Positions have gaps on PostgreSQL: unknown without counting."""
@@ -349,6 +369,18 @@ def adbc_available() -> bool:
     return True
 
 
+class UnsyncableStore(ValueError):
+    """The store cannot feed a warehouse: an in-memory SQLite store lives in one process only."""
+
+
+def check_syncable(url: str) -> None:
+    """Refuse a store no other process can read, before a warehouse file is made for it."""
+    parsed = normalise_url(url)
+    if parsed.get_backend_name() == "sqlite" and parsed.database in (None, "", ":memory:"):
+        raise UnsyncableStore(f"{url} is an in-memory SQLite store, which lives in one process and "
+                              "cannot be synced; pass a file, e.g. sqlite:///companyos.db")
+
+
 def open_source(url: str, engine: sa.Engine | None = None, prefer: str | None = None) -> Source:
     """The fastest reader for the store at `url` (`prefer` forces one: adbc, sqlite, store)."""
     parsed = normalise_url(url)
@@ -358,9 +390,8 @@ def open_source(url: str, engine: sa.Engine | None = None, prefer: str | None = 
 
         return StoreSource(EventStore(engine) if engine is not None else EventStore.open(url))
     if backend == "sqlite":
+        check_syncable(url)
         path = parsed.database
-        if not path or path == ":memory:":
-            raise ValueError("an in-memory SQLite store cannot be synced: it lives in one process")
         if prefer == "adbc" or (prefer is None and adbc_available()):
             return AdbcSqliteSource(path)
         return SqliteSource(path)

@@ -25,9 +25,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from analytics.derive import annotate, derive_batch
-from analytics.sources import EVENT_SCHEMA, Source, open_source
+from analytics.sources import EVENT_SCHEMA, Source, check_syncable, open_source
 from analytics.warehouse import DERIVE_VERSION, Warehouse, WarehouseError, default_path, store_label
-from eventstore import canonical_json
+from eventstore import EventStore, canonical_json
 
 DEFAULT_BATCH = 500_000
 
@@ -52,38 +52,54 @@ def warehouse_path(db_url: str, warehouse: str | Path | None) -> Path:
     return Path(warehouse) if warehouse else default_path(db_url)
 
 
+def open_store(db_url: str) -> EventStore:
+    """Open the store to sync from before any warehouse file is made for it, so a --db naming no
+    store (StoreUnavailable) or one that cannot be synced (UnsyncableStore) leaves no file behind.
+
+    Like every command, it creates and migrates an empty store where none exists yet.
+    """
+    store = EventStore.open(db_url)
+    try:
+        check_syncable(db_url)
+    except BaseException:
+        store.close()
+        raise
+    return store
+
+
 def sync(db_url: str, warehouse: str | Path | Warehouse | None = None, *,
          batch_events: int = DEFAULT_BATCH, progress: Progress | None = None,
-         prefer: str | None = None, after_batch: Callable[[int], None] | None = None) -> SyncResult:
+         prefer: str | None = None, after_batch: Callable[[int], None] | None = None,
+         store: EventStore | None = None) -> SyncResult:
     """Bring the warehouse up to date with the store at `db_url`; returns what moved.
 
-    `after_batch(checkpoint)` runs after each committed batch (tests inject failures there).
+    `store` is the store at `db_url` already opened by `open_store` (the caller closes it); without
+    it the store is opened first and closed after. `after_batch(checkpoint)` runs after each
+    committed batch (tests inject failures there).
     """
+    if store is None:
+        with open_store(db_url) as opened:
+            return sync(db_url, warehouse, batch_events=batch_events, progress=progress,
+                        prefer=prefer, after_batch=after_batch, store=opened)
     if isinstance(warehouse, Warehouse):
-        return _sync(db_url, warehouse, batch_events, progress, prefer, after_batch)
+        return _sync(db_url, store, warehouse, batch_events, progress, prefer, after_batch)
     with Warehouse(warehouse_path(db_url, warehouse)) as wh:
-        return _sync(db_url, wh, batch_events, progress, prefer, after_batch)
+        return _sync(db_url, store, wh, batch_events, progress, prefer, after_batch)
 
 
 AfterBatch = Callable[[int], None]
 
 
-def _sync(db_url: str, wh: Warehouse, batch_events: int, progress: Progress | None, prefer: str | None,
-          after_batch: AfterBatch | None) -> SyncResult:
-    from eventstore import EventStore
-
+def _sync(db_url: str, store: EventStore, wh: Warehouse, batch_events: int, progress: Progress | None,
+          prefer: str | None, after_batch: AfterBatch | None) -> SyncResult:
     started = time.perf_counter()
-    store = EventStore.open(db_url)  # creates and migrates an empty store, like every command
+    source = open_source(db_url, engine=store.engine, prefer=prefer)
     try:
-        source = open_source(db_url, engine=store.engine, prefer=prefer)
-        try:
-            first_id = _check_identity(wh, db_url, source)
-            return _run(wh, source, (store_label(db_url), first_id), batch_events, progress,
-                        after_batch, started)
-        finally:
-            source.close()
+        first_id = _check_identity(wh, db_url, source)
+        return _run(wh, source, (store_label(db_url), first_id), batch_events, progress,
+                    after_batch, started)
     finally:
-        store.close()
+        source.close()
 
 
 def _check_identity(wh: Warehouse, db_url: str, source: Source) -> str:

@@ -215,7 +215,7 @@ def _connect(path: Path, read_only: bool, config: dict, wait: float) -> duckdb.D
         try:
             return duckdb.connect(str(path), read_only=read_only, config=config)
         except duckdb.IOException as exc:
-            if "lock" not in str(exc).lower():
+            if not _lock_conflict(exc):
                 raise WarehousePathError(f"cannot open the warehouse {path}: {_first_line(exc)}") from exc
             if time.monotonic() >= deadline:
                 raise WarehouseError(
@@ -223,6 +223,16 @@ def _connect(path: Path, read_only: bool, config: dict, wait: float) -> duckdb.D
                     "try again when it is done") from exc
             time.sleep(delay)
             delay = min(delay * 2, 1.0)
+
+
+LOCK_CONFLICT = "Could not set lock on file"
+"""DuckDB's words when another process holds the file; the message also holds the path, so a
+bare "lock" would match a directory such as `blocks/`."""
+
+
+def _lock_conflict(exc: duckdb.IOException) -> bool:
+    """Another process holds the file (worth waiting for), not a file DuckDB cannot open."""
+    return LOCK_CONFLICT in str(exc)
 
 
 def _starts_with(path: Path, header: bytes) -> bool:

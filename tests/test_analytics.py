@@ -19,7 +19,7 @@ from analytics.named import QueryError, UnknownQuery
 from analytics.sources import adbc_available
 from analytics.sync import sync
 from analytics.warehouse import Warehouse, WarehouseError
-from eventstore import GENESIS_DIGEST, EventStore, chain_digest
+from eventstore import GENESIS_DIGEST, CorruptCommit, EventStore, chain_digest
 
 TABLES = {
     "events": "SELECT position, stream_id, version, type, schema_version, data, meta FROM events "
@@ -399,3 +399,61 @@ def test_commit_readers_agree_with_the_reference_reader(tmp_path, prefer):
     sync(url, whole, prefer=prefer, batch_events=1_000_000)
     assert dump(tiny) == dump(reference)
     assert dump(whole) == dump(reference)
+
+
+def _set_payload(path: str, where: str, payload: str | None = None) -> tuple[int, str, str]:
+    """Overwrite the payload of the commit at position `where` (SQL) with broken JSON, or with
+    `payload` to repair it; returns (position, stream id, the payload it held)."""
+    con = sqlite3.connect(path)
+    try:
+        position, stream, old = con.execute(
+            f"SELECT position, stream_id, payload FROM commits WHERE position = ({where})").fetchone()
+        con.execute("UPDATE commits SET payload = ? WHERE position = ?",
+                    ('{"garbage": ' if payload is None else payload, position))
+        con.commit()
+    finally:
+        con.close()
+    return position, stream, old
+
+
+@pytest.mark.parametrize("prefer", ["adbc", "sqlite"])
+def test_a_damaged_commit_is_named_and_nothing_of_its_batch_is_committed(tmp_path, prefer):
+    """DuckDB only says some payload of the batch is malformed; the sync names the commit as
+    `companyos verify` does, and after a repair it catches up to what a fresh sync builds."""
+    if prefer == "adbc" and not adbc_available():
+        pytest.skip("adbc_driver_sqlite is not installed")
+    path = str(tmp_path / "store.db")
+    url = f"sqlite:///{path}"
+    fill(url, 0, 60)
+    position, stream, payload = _set_payload(
+        path, "SELECT min(position) FROM commits WHERE position >= (SELECT max(position) / 2 FROM commits)")
+    live = tmp_path / "live.duckdb"
+    with pytest.raises(CorruptCommit, match=f"stream '{stream}': the commit at position {position} "):
+        sync(url, live, batch_events=501, prefer=prefer)
+    with Warehouse(live) as wh:
+        assert 0 < wh.checkpoint < position  # the batches before it are in, its own is not
+        assert wh.counts()["events"] == wh.checkpoint  # SQLite positions are dense
+    _set_payload(path, str(position), payload)
+    sync(url, live, batch_events=501, prefer=prefer)
+    fresh = tmp_path / "fresh.duckdb"
+    sync(url, fresh, prefer=prefer)
+    assert dump(live) == dump(fresh)
+    # the store's first commit is read on its own first, to know which store this is
+    position, stream, _ = _set_payload(path, "SELECT min(position) FROM commits")
+    with pytest.raises(CorruptCommit, match=f"stream '{stream}': the commit at position {position} "):
+        sync(url, tmp_path / "other.duckdb", prefer=prefer)
+
+
+def test_a_warehouse_held_by_another_process_is_reported_busy(tmp_path):
+    """Only DuckDB's lock conflict means "busy": the wait and the message still recognise it."""
+    path = tmp_path / "w.duckdb"
+    Warehouse(path).close()
+    holder = subprocess.Popen([sys.executable, "-c", "import duckdb, sys; c = duckdb.connect(sys.argv[1]); "
+                               "print('held', flush=True); sys.stdin.read()", str(path)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(WarehouseError, match="in use by another process"):
+            Warehouse(path, wait=0.2)
+    finally:
+        holder.communicate("")

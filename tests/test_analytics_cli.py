@@ -4,8 +4,12 @@ CLI, the report, the Parquet export and the HTTP route work end to end."""
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import shutil
+import sqlite3
+import subprocess
+import sys
 
 import duckdb
 import pytest
@@ -194,12 +198,17 @@ def _unfit_warehouse(case: str, tmp: pathlib.Path, store: str) -> pathlib.Path:
     if case == "a-directory":
         (tmp / "adir").mkdir()
         return tmp / "adir"
+    if case == "not-duckdb-under-blocks":  # "lock" in the path is no lock held by another process
+        (tmp / "blocks").mkdir()
+        (tmp / "blocks" / "w.duckdb").write_text("hi")
+        return tmp / "blocks" / "w.duckdb"
     (tmp / "afile").write_text("x")
     return tmp / "afile" / "w.duckdb"
 
 
 @pytest.mark.parametrize("case, words", [
     ("the-sqlite-store", "is a SQLite database"), ("not-duckdb", "not a valid DuckDB"),
+    ("not-duckdb-under-blocks", "not a valid DuckDB"),
     ("a-directory", "is a directory"), ("under-a-file", "cannot create the warehouse")])
 def test_a_warehouse_path_that_cannot_hold_one_is_refused_and_left_alone(logged, tmp_path, cli, case, words):
     url, _ = logged
@@ -248,3 +257,96 @@ def test_http_route_answers_named_queries_only(logged, tmp_path):
     assert bad.status_code == 400 and "'examples' must be an integer" in bad.json()["detail"]
     bad = client.get("/analytics/failure_modes", params={"sql": "SELECT 1"})
     assert bad.status_code == 400 and "no parameter 'sql'" in bad.json()["detail"]
+
+
+def test_a_parameter_given_twice_is_refused_in_words(logged, tmp_path, cli):
+    url, _ = logged
+    out = cli("query", "failure_modes", "--param", "agent=random", "--param", "agent=expert",
+              "--db", url, "--warehouse", str(tmp_path / "w.duckdb"))
+    assert out.exit_code == 2 and "error: parameter 'agent' is given more than once" in out.output, out.output
+
+
+READING = ["PIVOT episodes ON outcome USING count(*) GROUP BY agent", "DESCRIBE episodes",
+           "EXPLAIN ANALYZE SELECT count(*) FROM steps", "PRAGMA show_tables", "SHOW TABLES"]
+
+
+def _refused(tmp: pathlib.Path) -> list[tuple[list[str], str]]:
+    """Ad-hoc SQL that is not one statement that only reads, and the words refusing it."""
+    return [([""], "no SQL statement to run"), ([";"], "no SQL statement to run"),
+            (["--", "-- a comment"], "no SQL statement to run"),
+            (["SELECT 1; SELECT 2"], "one statement at a time"),
+            ([f"COPY episodes TO '{tmp / 'leak.csv'}'"], "COPY is refused: `analytics sql` is read-only "
+                                                         "and writes no files"),
+            ([f"EXPLAIN ANALYZE COPY steps TO '{tmp / 'leak2.csv'}'"], "writes no files"),
+            ([f"EXPORT DATABASE '{tmp / 'dump'}'"], "EXPORT is refused"),
+            ([f"IMPORT DATABASE '{tmp}'"], "IMPORT is refused: `analytics sql` is read-only"),
+            ([f"ATTACH '{tmp / 'nope' / 'other.duckdb'}' AS other"], "opens no other database"),
+            (["INSTALL sqlite"], "loads no extensions"), (["LOAD sqlite"], "loads no extensions"),
+            (["SET threads = 1"], "does not change DuckDB's settings"),
+            (["PRAGMA enable_profiling"], "does not change DuckDB's settings"),
+            (["SELECT * FRM episodes"], "syntax error")]
+
+
+def test_sql_runs_one_statement_that_only_reads_and_refuses_the_rest_in_words(logged, tmp_path, cli):
+    """A read-only file still lets DuckDB write files, attach, load and set: refused by kind."""
+    url, reported = logged
+    wh = str(tmp_path / "w.duckdb")
+    for statement in READING:
+        out = cli("sql", statement, "--format", "json", "--db", url, "--warehouse", wh)
+        assert out.exit_code == 0 and json.loads(out.stdout), (statement, out.output)
+    before = sorted(tmp_path.rglob("*"))
+    for args, words in _refused(tmp_path):
+        out = cli("sql", "--db", url, "--warehouse", wh, *args)
+        assert out.exit_code == 2, (args, out.output)
+        assert out.output.startswith("error: ") and out.output.count("\n") == 1, (args, out.output)
+        assert words in out.output, (args, out.output)
+        if "ATTACH" in args[0]:  # not DuckDB's "read-only mode" with a hint about rebuilding
+            assert "read-only" not in out.output and "rebuild" not in out.output, out.output
+    assert sorted(tmp_path.rglob("*")) == before  # no file written, none left behind
+    with Warehouse(wh, read_only=True) as opened:
+        assert opened.counts()["episodes"] == len(reported)
+
+
+def _companyos(*args: str, cwd: pathlib.Path, env: dict | None = None) -> subprocess.CompletedProcess:
+    """`companyos ...` as a user runs it: what main() prints for errors it handles."""
+    return subprocess.run([sys.executable, "-m", "companyos", *args], capture_output=True, text=True,
+                          cwd=cwd, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), **(env or {})},
+                          timeout=120)
+
+
+def test_a_damaged_commit_is_one_error_line_naming_it(logged, tmp_path):
+    url, _ = logged
+    copy = pathlib.Path(shutil.copyfile(url.removeprefix("sqlite:///"), tmp_path / "s.db"))
+    con = sqlite3.connect(copy)
+    position, stream = con.execute("SELECT position, stream_id FROM commits ORDER BY position "
+                                   "LIMIT 1 OFFSET 40").fetchone()
+    con.execute("UPDATE commits SET payload = '{\"garbage\": ' WHERE position = ?", (position,))
+    con.commit()
+    con.close()
+    out = _companyos("analytics", "query", "failure_modes", "--db", f"sqlite:///{copy}", cwd=tmp_path)
+    assert out.returncode == 1, out.stderr
+    assert out.stderr.startswith(f"error: stream '{stream}': the commit at position {position} does not "
+                                 "unpack") and out.stderr.count("\n") == 1, out.stderr
+
+
+@pytest.mark.parametrize("command, db", [
+    ("sync", "{tmp}/s.db"),  # a path, not a URL
+    ("report", "COMPANYOS_DB={tmp}/s.db"),
+    ("export", "sqlte:///{tmp}/s.db"),  # a typo'd scheme
+    ("sync", "sqlite:///{tmp}/adir"),
+    ("query", "sqlite:///{tmp}/notes.txt"),
+    ("sync", "sqlite://"),  # in memory: lives in one process
+])
+def test_a_store_that_cannot_be_synced_is_one_error_line_and_leaves_no_file(logged, tmp_path, command, db):
+    (tmp_path / "adir").mkdir()
+    (tmp_path / "notes.txt").write_text("not a database")
+    shutil.copyfile(logged[0].removeprefix("sqlite:///"), tmp_path / "s.db")
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    args = {"sync": ["sync"], "report": ["report", "--markdown"], "export": ["export", "out"],
+            "query": ["query", "failure_modes"]}[command]
+    db = db.format(tmp=tmp_path)
+    env = dict([db.split("=", 1)]) if db.startswith("COMPANYOS_DB=") else None
+    out = _companyos("analytics", *args, *([] if env else ["--db", db]), cwd=tmp_path, env=env)
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.startswith("error: ") and out.stderr.count("\n") == 1, out.stderr
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before

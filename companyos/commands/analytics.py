@@ -7,14 +7,20 @@ in `analytics/`; this module parses options, draws a progress bar (only on a ter
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
 
 from companyos.commands.options import DbOption
 from companyos.commands.output import fail, print_json, stdout_console
 from companyos.config import resolve_db
+
+if TYPE_CHECKING:
+    from analytics.warehouse import Warehouse
+    from eventstore import EventStore
 
 analytics_app = typer.Typer(help="Failure-mode analytics: a DuckDB warehouse fed from the store.",
                             no_args_is_help=True)
@@ -28,7 +34,25 @@ def register(app: typer.Typer) -> None:
     app.add_typer(analytics_app, name="analytics")
 
 
-def _open_synced(db: str | None, warehouse: Path | None, quiet: bool = False):
+@contextmanager
+def _store(db: str | None) -> Iterator[tuple[str, EventStore]]:
+    """The store's URL and the store, open: opened before the warehouse, so a --db that names no
+    store leaves no warehouse file behind (StoreUnavailable is the CLI's `error:` line, exit 2)."""
+    from analytics.sources import UnsyncableStore
+    from analytics.sync import open_store
+
+    url = resolve_db(db)
+    try:
+        store = open_store(url)
+    except UnsyncableStore as exc:
+        fail(str(exc))
+    try:
+        yield url, store
+    finally:
+        store.close()
+
+
+def _open_synced(db: str | None, warehouse: Path | None, quiet: bool = False) -> Warehouse:
     """Sync, then hand back the warehouse open read-only (the caller closes it).
 
     Every command after the sync only reads, and the tables are a projection the sync owns: a
@@ -38,14 +62,14 @@ def _open_synced(db: str | None, warehouse: Path | None, quiet: bool = False):
     from analytics.sync import warehouse_path
     from analytics.warehouse import Warehouse, WarehouseError
 
-    url = resolve_db(db)
-    path = warehouse_path(url, warehouse)
-    try:
-        with Warehouse(path) as wh:
-            _run_sync(url, wh, quiet)
-        return Warehouse(path, read_only=True)
-    except WarehouseError as exc:
-        _warehouse_failed(exc)
+    with _store(db) as (url, store):
+        path = warehouse_path(url, warehouse)
+        try:
+            with Warehouse(path) as wh:
+                _run_sync(url, wh, quiet, store=store)
+            return Warehouse(path, read_only=True)
+        except WarehouseError as exc:
+            _warehouse_failed(exc)
 
 
 def _warehouse_failed(exc: Exception) -> NoReturn:
@@ -83,19 +107,20 @@ def sync_command(
     from analytics.sync import warehouse_path
     from analytics.warehouse import Warehouse, WarehouseError
 
-    url = resolve_db(db)
-    try:
-        with Warehouse(warehouse_path(url, warehouse)) as wh:
-            if rebuild:
-                wh.reset()
-            result = _run_sync(url, wh, as_json)
-            counts = wh.counts()
-    except WarehouseError as exc:
-        _warehouse_failed(exc)
+    with _store(db) as (url, store):
+        path = warehouse_path(url, warehouse)
+        try:
+            with Warehouse(path) as wh:
+                if rebuild:
+                    wh.reset()
+                result = _run_sync(url, wh, as_json, store=store)
+                counts = wh.counts()
+        except WarehouseError as exc:
+            _warehouse_failed(exc)
     document = {"events_synced": result.events, "episodes_written": result.episodes,
                 "batches": result.batches, "seconds": round(result.seconds, 3),
                 "events_per_s": round(result.events_per_s), "checkpoint": result.checkpoint,
-                "reader": result.source, "warehouse": str(warehouse_path(url, warehouse)), "tables": counts}
+                "reader": result.source, "warehouse": str(path), "tables": counts}
     if as_json:
         print_json(document)
         return
@@ -145,24 +170,34 @@ def sql_command(
     """Ad-hoc SQL against the warehouse, read-only (local only: the HTTP API runs named queries only)."""
     import duckdb
 
+    from analytics import adhoc
     from analytics.service import run_sql
 
     _check_format(fmt)
+    try:
+        adhoc.check(statement)  # a wrong call is said before the sync, not after it
+    except adhoc.SqlRefused as exc:
+        fail(str(exc))
     wh = _open_synced(db, warehouse, quiet=fmt != "table")
     try:
         names, rows = run_sql(wh, statement)
     except duckdb.Error as exc:
-        fail(_read_only_hint(str(exc).strip()))
+        fail(_read_only_hint(adhoc.one_line(str(exc))))
     finally:
         wh.close()
     _print_rows(names, rows, fmt)
 
 
+READ_ONLY_REFUSAL = "which is attached in read-only mode"
+"""DuckDB's words when a statement would write the read-only warehouse (not any "read-only")."""
+
+
 def _read_only_hint(message: str) -> str:
     """DuckDB's refusal to write, with why: the warehouse is rebuilt from the store, never edited."""
-    if "read-only" in message:
-        return (f"{message} (`analytics sql` only reads: the warehouse is derived from the store; "
-                "`companyos analytics sync --rebuild` builds it afresh)")
+    from analytics.adhoc import WRITES
+
+    if READ_ONLY_REFUSAL in message:
+        return f"{message} ({WRITES})"
     return message
 
 
