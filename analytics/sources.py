@@ -32,7 +32,7 @@ import pyarrow.csv as pacsv
 import sqlalchemy as sa
 
 from eventstore.backends import PG_VISIBLE
-from eventstore.engine import normalise_url
+from eventstore.engine import in_memory_sqlite, normalise_url
 from eventstore.packing import unpack
 
 COMMIT_COLUMNS = ("position", "stream_id", "first_version", "last_digest", "payload")
@@ -375,8 +375,7 @@ class UnsyncableStore(ValueError):
 
 def check_syncable(url: str) -> None:
     """Refuse a store no other process can read, before a warehouse file is made for it."""
-    parsed = normalise_url(url)
-    if parsed.get_backend_name() == "sqlite" and parsed.database in (None, "", ":memory:"):
+    if in_memory_sqlite(normalise_url(url)):
         raise UnsyncableStore(f"{url} is an in-memory SQLite store, which lives in one process and "
                               "cannot be synced; pass a file, e.g. sqlite:///companyos.db")
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import duckdb
 
-from eventstore.engine import normalise_url
+from eventstore.engine import normalise_url, sqlite_file
 
 # Bump when the derived tables' definition changes: a warehouse built by older code is rebuilt.
 DERIVE_VERSION = 1
@@ -107,8 +107,9 @@ class WarehousePathError(WarehouseError):
 def default_path(db_url: str) -> Path:
     """The warehouse file beside a SQLite store (x/companyos.db -> x/companyos.duckdb), else ./."""
     parsed = normalise_url(db_url)
-    if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
-        return Path(parsed.database).with_suffix(".duckdb")
+    store_file = sqlite_file(parsed)
+    if store_file is not None:
+        return Path(store_file).with_suffix(".duckdb")
     name = (parsed.database or "companyos").replace(os.sep, "_")
     return Path(f"{name}.duckdb")
 

@@ -10,6 +10,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from companyos.env import SEED_MAX
+
 
 class ErrorBody(BaseModel):
     detail: str = Field(description="what went wrong, in words")
@@ -40,7 +42,7 @@ class ResetRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={
         "examples": [{"seed": 42, "task": "expense_report", "chaos": "medium"}, {}]})
 
-    seed: int | None = Field(default=None, ge=0, le=2**63 - 1,
+    seed: int | None = Field(default=None, ge=0, le=SEED_MAX,
                              description="seed of the instance (random when omitted)")
     episode_id: str | None = Field(default=None, max_length=128,
                                    description="id for the new episode (a fresh uuid when omitted)")

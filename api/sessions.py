@@ -25,13 +25,12 @@ from collections import OrderedDict
 from typing import Any
 
 import domain
-from companyos.env import episode_state, spec_from_options
+from companyos.env import SEED_MAX, episode_state, spec_from_options
 from companyos.runtime import EpisodeNotFound, EpisodeRuntime
 from eventstore import ConcurrencyError, CorruptCommit, EventStore
 
 EPISODE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
 RESET_FIELDS = ("seed", "episode_id", "task", "chaos", "reward_profile", "max_steps", "agent", "text")
-MAX_SEED = 2**63 - 1
 TOKEN_META_KEY = "token_sha256"
 _HIDDEN_META = frozenset({TOKEN_META_KEY})
 
@@ -181,7 +180,7 @@ class SessionManager:
         seed = opts.pop("seed", None)
         if seed is None:
             seed = secrets.randbelow(2**31)
-        elif isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
+        elif isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= SEED_MAX:
             raise ApiError(400, "invalid_reset", "seed must be a non-negative integer")
         episode_id = opts.pop("episode_id", None)
         episode_id = uuid.uuid4().hex if episode_id is None else check_episode_id(episode_id)

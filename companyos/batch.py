@@ -16,6 +16,7 @@ from companyos.agents import make_agent
 from companyos.env import SEED_MAX, CompanyEnv, spec_from_options
 from companyos.runtime import DURABILITY
 from eventstore import EventStore
+from eventstore.engine import in_memory_sqlite
 
 CHUNK = 50  # episodes per unit of work handed to a worker process
 
@@ -79,10 +80,9 @@ def validate(plan: RunPlan) -> None:
 
 def _in_memory(url: str) -> bool:
     try:
-        parsed = sqlalchemy.make_url(url)
+        return in_memory_sqlite(url)
     except sqlalchemy.exc.ArgumentError:
         return False  # opening the store says what is wrong with it
-    return parsed.get_backend_name() == "sqlite" and parsed.database in (None, "", ":memory:")
 
 
 def run_range(plan: RunPlan, start: int, stop: int, store: EventStore | None = None) -> list[EpisodeResult]:

@@ -23,6 +23,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from eventstore import ids
+from eventstore.engine import sqlite_file
 from eventstore.packing import COMMIT_COLUMNS, READ_COLUMNS, Commit
 
 PG_INDEX_BITS = 20
@@ -117,9 +118,8 @@ class SqliteBackend(Backend):
         self._lock = threading.Lock()
         self._writer = None
         self._writer_generation = -1
-        database = engine.url.database
-        self._lock_path = (None if database in (None, "", ":memory:")
-                           else f"{os.path.abspath(database)}-writer.lock")
+        database = sqlite_file(engine.url)
+        self._lock_path = None if database is None else f"{os.path.abspath(database)}-writer.lock"
         self._lock_fd: int | None = None
         self._lock_fd_generation = -1
 

@@ -17,6 +17,21 @@ def normalise_url(url: str) -> sa.URL:
     return parsed
 
 
+def in_memory_sqlite(url: str | sa.URL) -> bool:
+    """Whether the URL names an in-memory SQLite database (`sqlite://`, `sqlite:///`,
+    `:memory:`), which lives in one process and is gone when it ends."""
+    parsed = sa.make_url(url)
+    return parsed.get_backend_name() == "sqlite" and parsed.database in (None, "", ":memory:")
+
+
+def sqlite_file(url: str | sa.URL) -> str | None:
+    """The file of a file-backed SQLite URL; None for in-memory SQLite and any other database."""
+    parsed = sa.make_url(url)
+    if parsed.get_backend_name() != "sqlite" or in_memory_sqlite(parsed):
+        return None
+    return parsed.database
+
+
 def create_engine(url: str, synchronous: str | None = None) -> sa.Engine:
     parsed = normalise_url(url)
     if parsed.get_backend_name() == "sqlite":
@@ -29,7 +44,7 @@ def create_engine(url: str, synchronous: str | None = None) -> sa.Engine:
 def _sqlite_engine(url: sa.URL, synchronous: str) -> sa.Engine:
     if synchronous not in SQLITE_SYNCHRONOUS:
         raise ValueError(f"synchronous must be one of {SQLITE_SYNCHRONOUS}, not {synchronous!r}")
-    in_memory = url.database in (None, "", ":memory:")
+    in_memory = in_memory_sqlite(url)
     kwargs: dict = {}
     if in_memory:
         kwargs = {"poolclass": StaticPool, "connect_args": {"check_same_thread": False}}

@@ -35,6 +35,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from eventstore import EventStore, RecordedEvent
+from eventstore.engine import sqlite_file
 from projections.reader import fetch_page
 from projections.schema import projection_checkpoints
 
@@ -414,9 +415,7 @@ def bulk() -> Iterator[None]:
 
 def _parallel_capable(store: EventStore) -> bool:
     """Worker processes open the store themselves: only a file-backed SQLite store qualifies."""
-    url = store.engine.url
-    return (store.engine.dialect.name == "sqlite" and url.database not in (None, "", ":memory:")
-            and hasattr(os, "fork"))
+    return sqlite_file(store.engine.url) is not None and hasattr(os, "fork")
 
 
 def _default_workers(store: EventStore, upto: int) -> int:

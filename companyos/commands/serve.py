@@ -19,7 +19,6 @@ from companyos.config import resolve_db
 
 APP_FACTORY = "api.app:create_app"
 DEFAULT_MAX_BODY = 256 * 1024
-LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")  # Uvicorn's
 
 
 def register(app: typer.Typer) -> None:
@@ -43,13 +42,15 @@ def serve(
     max_body: int = typer.Option(DEFAULT_MAX_BODY, "--max-body", min=1024,
                                  help="Largest request body / WebSocket message in bytes."),
     log_level: str = typer.Option("warning", "--log-level",
-                                  help=f"Uvicorn log level: {', '.join(LOG_LEVELS)}."),
+                                  help="Uvicorn log level: critical, error, warning, info, "
+                                       "debug or trace."),
 ) -> None:
     """Serve environments to agents: OpenEnv HTTP/WebSocket, MCP, and the episode log.
 
     Set COMPANYOS_API_KEY to require `Authorization: Bearer <key>` on every route but /health.
     """
     import uvicorn
+    from uvicorn.config import LOG_LEVELS
 
     if log_level not in LOG_LEVELS:
         fail(f"--log-level must be one of {', '.join(LOG_LEVELS)}, not {log_level!r}")
