@@ -17,6 +17,7 @@ import uvicorn
 
 from api.app import create_app
 from api.config import ServerConfig
+from companyos.commands.serve import WS_PROTOCOL
 
 openenv_core = pytest.importorskip("openenv.core", reason="needs the openenv package")
 
@@ -30,7 +31,7 @@ def live_server(url: str, **config):
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     app = create_app(ServerConfig(db=url, **config))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", ws="websockets-sansio",
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", ws=WS_PROTOCOL,
                                            lifespan="on", backlog=1024))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
@@ -124,6 +125,31 @@ def test_restart_the_real_server_and_continue(sqlite_url):
     with live_server(sqlite_url) as base:
         r = httpx.post(f"{base}/step", json=body)
         assert r.status_code == 200 and r.json()["metadata"]["step"] == 1
+
+
+@pytest.mark.parametrize("request_lines", [
+    ["GET /ws?session_id=" + "a" * 9000 + " HTTP/1.1"],  # URL over 8 KiB
+    ["GET /ws HTTP/1.1", "X-Long: " + "b" * 9000],  # one header line over 8 KiB
+    ["GET /ws HTTP/1.1", *(f"X-{i}: 1" for i in range(200))],  # over 128 headers
+], ids=["long-url", "long-header", "many-headers"])
+def test_a_websocket_handshake_too_big_to_read_is_answered(sqlite_url, request_lines):
+    """The websockets library refuses these; the client gets a 4xx at once, not a silent socket."""
+    from websockets.sync.client import connect
+
+    head = [*request_lines, "Host: localhost", "Upgrade: websocket", "Connection: Upgrade",
+            "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==", "Sec-WebSocket-Version: 13"]
+    with live_server(sqlite_url) as base:
+        port = int(base.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            sock.sendall(("\r\n".join(head) + "\r\n\r\n").encode())
+            answer = b""
+            while chunk := sock.recv(4096):  # the server closes after its answer
+                answer += chunk
+        status = answer.split(b"\r\n", 1)[0]
+        assert status.split()[1] in (b"400", b"414", b"431"), status
+        with connect(f"{base.replace('http', 'ws')}/ws", open_timeout=10) as ws:  # still serving
+            ws.send(orjson.dumps({"type": "reset", "data": {"seed": 1}}).decode())
+            assert orjson.loads(ws.recv())["type"] == "observation"
 
 
 def test_256_concurrent_websocket_sessions(sqlite_url):

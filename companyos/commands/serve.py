@@ -18,6 +18,9 @@ from companyos.commands.output import fail
 from companyos.config import resolve_db
 
 APP_FACTORY = "api.app:create_app"
+# Uvicorn's sans-I/O WebSocket protocol, answering handshakes it refuses (see api/handshake.py);
+# an import string too, so every worker process loads it.
+WS_PROTOCOL = "api.handshake:AnsweringWebSocketProtocol"
 DEFAULT_MAX_BODY = 256 * 1024
 
 
@@ -67,7 +70,7 @@ def serve(
     auth = "API key required" if os.environ.get("COMPANYOS_API_KEY") else "no API key"
     typer.echo(f"companyos serve: http://{host}:{port} ({workers} worker(s), store {url}, {auth})")
     uvicorn.run(APP_FACTORY, factory=True, host=host, port=port, workers=workers,
-                log_level=log_level, ws_max_size=max_body, ws_ping_interval=20.0,
+                log_level=log_level, ws=WS_PROTOCOL, ws_max_size=max_body, ws_ping_interval=20.0,
                 ws_ping_timeout=20.0, backlog=4096, timeout_keep_alive=30)
 
 
