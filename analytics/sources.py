@@ -27,13 +27,15 @@ import io
 from typing import Any, Protocol
 
 import duckdb
+import orjson
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import sqlalchemy as sa
 
 from eventstore.backends import PG_VISIBLE
 from eventstore.engine import in_memory_sqlite, normalise_url
-from eventstore.packing import unpack
+from eventstore.packing import CorruptCommit, unpack
 
 COMMIT_COLUMNS = ("position", "stream_id", "first_version", "last_digest", "payload")
 COMMIT_SCHEMA = pa.schema([
@@ -119,14 +121,59 @@ def _first_id(row: tuple | None) -> str:
 
 
 def _damaged(commits: pa.Table) -> None:
-    """Raise CorruptCommit for the first commit row whose payload the store cannot unpack either.
+    """Raise CorruptCommit for the first commit row whose payload does not unpack into whole events.
 
-    DuckDB says only that some payload in the batch is malformed; the store's own unpacking
-    names the stream and position, as `companyos verify` does. Runs only after a failure.
+    DuckDB says only that some payload in the batch is malformed, or turns a value of the wrong
+    type into NULL; the store's own unpacking names the stream and position, as `companyos
+    verify` does, and `_shape_problem` checks the values the warehouse reads. Runs only after a
+    failure, so it may be slow.
     """
     columns = [commits[name].to_pylist() for name in ("position", "stream_id", "first_version", "payload")]
     for row in zip(*columns, strict=True):
         unpack(row)
+        problem = _shape_problem(orjson.loads(row[3]))
+        if problem:
+            raise CorruptCommit(row[1], row[0], problem)
+
+
+def _shape_problem(payload: dict) -> str | None:
+    """What is wrong with the values of a payload `unpack` accepted (keys and lengths are right)."""
+    if not payload["type"]:
+        return "it holds no events"
+    expected = (("type", _text, "text"), ("data", _text, "JSON text"),
+                ("schema", _schema_version, "a schema version (a positive 32-bit integer)"))
+    for key, fits, words in expected:
+        wrong = next((v for v in payload[key] if not fits(v)), _NOTHING)
+        if wrong is not _NOTHING:
+            return f"its {key!r} list holds {orjson.dumps(wrong).decode()[:60]} where {words} belongs"
+    if not isinstance(payload["meta"], str):
+        return "its 'meta' is not JSON text"
+    if any(m is not None and not isinstance(m, str) for m in payload.get("event_meta") or ()):
+        return "its 'event_meta' list holds a value that is not JSON text"
+    return None
+
+
+_NOTHING = object()
+
+
+def _text(value: object) -> bool:
+    return type(value) is str
+
+
+def _schema_version(value: object) -> bool:
+    return type(value) is int and 1 <= value < 2**31
+
+
+def _whole(events: pa.Table, commits: pa.Table, after: int) -> bool:
+    """Every commit after `after` unpacked into events with every value the warehouse needs.
+
+    DuckDB's json_transform makes a value of the wrong type NULL, and a payload that is not an
+    object of lists yields no rows at all; both checks read only counts Arrow keeps.
+    """
+    if any(events[name].null_count for name in ("type", "schema_version", "data", "meta")):
+        return False
+    ends = events.num_rows - events["digest"].null_count  # one per commit: its last event
+    return ends == pc.sum(pc.greater(commits["position"], after)).as_py()
 
 
 class Unpacker:
@@ -149,6 +196,10 @@ class Unpacker:
             raise
         finally:
             self._con.unregister("commits")
+        if not _whole(table, commits, after):
+            _damaged(commits)
+            raise ValueError(f"the commits at positions {commits['position'][0]}.."
+                             f"{commits['position'][-1]} unpack into incomplete events")
         return _conform(table, EVENT_SCHEMA) if table.num_rows else _empty()
 
     def close(self) -> None:

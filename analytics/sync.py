@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import duckdb
 import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -27,7 +28,7 @@ import pyarrow.compute as pc
 from analytics.derive import annotate, derive_batch
 from analytics.sources import EVENT_SCHEMA, Source, check_syncable, open_source
 from analytics.warehouse import DERIVE_VERSION, Warehouse, WarehouseError, default_path, store_label
-from eventstore import EventStore, canonical_json
+from eventstore import CorruptCommit, EventStore, canonical_json
 
 DEFAULT_BATCH = 500_000
 
@@ -163,8 +164,11 @@ def _batches(wh: Warehouse, source: Source, identity: Identity, batch_events: in
                     values["store_first_event"] = first_id
             wh.set_state(**values)
             con.execute("COMMIT")
-        except BaseException:
+        except BaseException as exc:
             con.execute("ROLLBACK")
+            damage = _not_json(con, batch) if isinstance(exc, duckdb.Error) else None
+            if damage is not None:
+                raise damage from None
             raise
         finally:
             con.unregister("batch")
@@ -176,6 +180,29 @@ def _batches(wh: Warehouse, source: Source, identity: Identity, batch_events: in
         if after_batch is not None:
             after_batch(checkpoint)
     return SyncResult(moved, episodes, batches, time.perf_counter() - started, checkpoint, source.name)
+
+
+def _not_json(con: duckdb.DuckDBPyConnection, batch: pa.Table) -> CorruptCommit | None:
+    """The commit of the batch's first event whose data or meta is not JSON, which DuckDB only
+    reports as a malformed value somewhere in a statement; None if there is none.
+
+    Runs after the rollback, which also dropped the batch's registration.
+    """
+    con.register("suspect", batch)
+    try:
+        row = con.execute("SELECT position, stream_id, "
+                          "CASE WHEN json_valid(data) THEN 'meta' ELSE 'data' END FROM suspect "
+                          "WHERE NOT (json_valid(data) AND json_valid(meta)) "
+                          "ORDER BY position LIMIT 1").fetchall()
+        if not row:
+            return None
+        position, stream_id, field = row[0]
+        commit = con.execute("SELECT min(position) FROM suspect WHERE stream_id = ? AND position >= ? "
+                             "AND digest IS NOT NULL", [stream_id, position]).fetchall()[0][0]
+    finally:
+        con.unregister("suspect")
+    return CorruptCommit(stream_id, position if commit is None else commit,
+                         f"the {field} of its event at position {position} is not JSON")
 
 
 def _prefetch(source: Source, after: int, limit: int) -> Iterator[pa.Table]:

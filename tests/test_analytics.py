@@ -12,6 +12,7 @@ import sys
 import textwrap
 
 import duckdb
+import orjson
 import pytest
 
 from analytics import service, synthetic
@@ -442,6 +443,42 @@ def test_a_damaged_commit_is_named_and_nothing_of_its_batch_is_committed(tmp_pat
     position, stream, _ = _set_payload(path, "SELECT min(position) FROM commits")
     with pytest.raises(CorruptCommit, match=f"stream '{stream}': the commit at position {position} "):
         sync(url, tmp_path / "other.duckdb", prefer=prefer)
+
+
+_WRONG_SHAPES = {  # valid JSON of the wrong shape, and what the sync says about it
+    "schema not a number": (lambda p: {**p, "schema": ["x"] * len(p["schema"])},
+                            "its 'schema' list holds \"x\" where a schema version"),
+    "type not a list": (lambda p: {**p, "type": "ActionTaken"}, "columns differ in length"),
+    "a list too short": (lambda p: {**p, "data": p["data"][:-1]}, "columns differ in length"),
+    "a null type": (lambda p: {**p, "type": [None] * len(p["type"])},
+                    "its 'type' list holds null where text belongs"),
+    "no events": (lambda p: {**p, **{k: [] for k in ("id", "type", "schema", "data", "digest",
+                                                     "event_meta") if k in p}},
+                  "it holds no events"),
+    "no meta": (lambda p: {k: v for k, v in p.items() if k != "meta"}, "KeyError: 'meta'"),
+    "not an object": (lambda p: [1, 2], "TypeError"),
+    "data not JSON": (lambda p: {**p, "data": ["not json"] * len(p["data"])}, "is not JSON"),
+}
+
+
+@pytest.mark.parametrize("shape", list(_WRONG_SHAPES))
+def test_a_commit_of_the_wrong_shape_is_named_and_nothing_of_its_batch_is_committed(tmp_path, shape):
+    """DuckDB turns a value of the wrong type into NULL and a payload that is no object of lists
+    into no rows at all: the sync must neither lose those events quietly nor fail on an insert."""
+    damage, words = _WRONG_SHAPES[shape]
+    path = str(tmp_path / "store.db")
+    url = f"sqlite:///{path}"
+    fill(url, 0, 40)
+    where = "SELECT min(position) FROM commits WHERE position >= (SELECT max(position) / 2 FROM commits)"
+    position, stream, payload = _set_payload(path, where)
+    _set_payload(path, str(position), orjson.dumps(damage(orjson.loads(payload))).decode())
+    live = tmp_path / "live.duckdb"
+    with pytest.raises(CorruptCommit, match=f"stream '{stream}': the commit at position {position} ") as info:
+        sync(url, live, batch_events=301)
+    assert words in str(info.value)
+    with Warehouse(live) as wh:
+        assert 0 < wh.checkpoint < position  # the batches before it are in, its own is not
+        assert wh.counts()["events"] == wh.checkpoint
 
 
 def test_a_warehouse_held_by_another_process_is_reported_busy(tmp_path):
