@@ -15,7 +15,7 @@ from typing import Any
 from analytics import adhoc, named
 from analytics.adhoc import SqlRefused
 from analytics.named import QueryError
-from analytics.sync import sync, warehouse_path
+from analytics.sync import open_store, sync, warehouse_path
 from analytics.warehouse import Warehouse, WarehouseError
 
 _LOCK = threading.Lock()
@@ -85,6 +85,7 @@ def answer(db_url: str, name: str, params: dict[str, Any] | None = None,
     """
     query = named.get(name)
     bound = query.bind(params)
-    with _LOCK, Warehouse(warehouse_path(db_url, warehouse)) as wh:
-        sync(db_url, wh)
+    # the store first, as the CLI does: a store that cannot be opened leaves no warehouse file
+    with _LOCK, open_store(db_url) as store, Warehouse(warehouse_path(db_url, warehouse)) as wh:
+        sync(db_url, wh, store=store)
         return rows_of(wh.con.execute(query.sql, bound))

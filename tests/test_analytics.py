@@ -481,6 +481,21 @@ def test_a_commit_of_the_wrong_shape_is_named_and_nothing_of_its_batch_is_commit
         assert wh.counts()["events"] == wh.checkpoint
 
 
+def test_answering_over_a_store_that_cannot_be_opened_leaves_no_warehouse_file(tmp_path):
+    """`GET /analytics/{name}` runs service.answer: the store is opened before the warehouse."""
+    from eventstore import StoreUnavailable
+
+    not_sqlite = tmp_path / "notes.txt"
+    not_sqlite.write_text("not a database\n" * 100)
+    warehouse = tmp_path / "w.duckdb"
+    with pytest.raises(StoreUnavailable):
+        service.answer(f"sqlite:///{not_sqlite}", "failure_modes", {}, warehouse)
+    assert not warehouse.exists()
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    fill(url, 0, 5)
+    assert service.answer(url, "success_by_task_and_chaos", {}, warehouse)  # the same call works
+
+
 def test_a_warehouse_held_by_another_process_is_reported_busy(tmp_path):
     """Only DuckDB's lock conflict means "busy": the wait and the message still recognise it."""
     path = tmp_path / "w.duckdb"
