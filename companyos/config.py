@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import os
 
-from eventstore import DEFAULT_URL
+from eventstore import DEFAULT_URL, StoreUnavailable
 
 
 def resolve_db(db: str | None) -> str:
+    """An empty `--db ""` is refused rather than read as "the default": it is most often an unset
+    shell variable (`--db "$URL"`), and the default store is not the one the caller meant."""
+    if db is not None and not db.strip():
+        raise StoreUnavailable(f"the store URL (--db) is empty; pass one such as {DEFAULT_URL}, or none "
+                               "at all for $COMPANYOS_DB, else that default")
     return db or os.environ.get("COMPANYOS_DB") or DEFAULT_URL

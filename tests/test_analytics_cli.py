@@ -141,11 +141,15 @@ def test_report_and_export_to_places_they_cannot_write_fail_in_words(logged, tmp
     blocker = tmp_path / "blocker"
     blocker.write_text("a file, not a directory")
     out = cli("report", "--html", str(blocker / "report.html"), "--db", url, "--warehouse", wh)
-    assert out.exit_code == 1 and "error: cannot write the report" in out.output, out.output
+    assert out.exit_code == 1, out.output
+    assert f"error: cannot write the report to {blocker / 'report.html'}: {blocker} is a file, " \
+           "not a directory" in out.output, out.output  # not the OS's bare "File exists"
     out = cli("export", str(blocker), "--db", url, "--warehouse", wh)
     assert out.exit_code == 2 and "is a file, not a directory" in out.output, out.output
     out = cli("export", str(blocker / "sub"), "--db", url, "--warehouse", wh)
-    assert out.exit_code == 1 and "error: cannot export" in out.output, out.output
+    assert out.exit_code == 1, out.output
+    assert f"error: cannot export to {blocker / 'sub'}: {blocker} is a file, not a directory" \
+           in out.output, out.output
     foreign = tmp_path / "foreign"
     (foreign / "episodes").mkdir(parents=True)
     out = cli("export", str(foreign), "--db", url, "--warehouse", wh)
@@ -336,6 +340,7 @@ def test_a_damaged_commit_is_one_error_line_naming_it(logged, tmp_path):
     ("sync", "sqlite:///{tmp}/adir"),
     ("query", "sqlite:///{tmp}/notes.txt"),
     ("sync", "sqlite://"),  # in memory: lives in one process
+    ("sync", ""),  # empty, as an unset shell variable gives: not quietly the default store
 ])
 def test_a_store_that_cannot_be_synced_is_one_error_line_and_leaves_no_file(logged, tmp_path, command, db):
     (tmp_path / "adir").mkdir()
