@@ -19,7 +19,7 @@ _PARAM = re.compile(r"^param\s+(?P<name>[a-z_][a-z0-9_]*)\s+(?P<type>[A-Z]+)"
                     r"(?:\s*=\s*(?P<default>'[^']*'|[^:]+?))?\s*:\s*(?P<doc>.*)$")
 """`-- param NAME TYPE[lo..hi] = default: what it means`; the range (INTEGER only, either end may be
 left open) and the default are optional; without a default the parameter is required."""
-TYPES = ("VARCHAR", "INTEGER", "DOUBLE", "BOOLEAN", "CHAOS")
+TYPES = ("VARCHAR", "INTEGER", "DOUBLE", "BOOLEAN", "CHAOS", "TASK")
 MAX_TEXT = 1000
 
 
@@ -118,6 +118,12 @@ def convert(query: str, p: Param, value: Any) -> Any:
         if abs(number) > 2**31 - 1:
             raise bad("a 32-bit integer")
         return number
+    if p.type == "TASK":  # a typo would otherwise match nothing and answer with empty rows
+        from domain import TASK_FAMILIES
+
+        if not isinstance(value, str) or value not in TASK_FAMILIES:
+            raise bad(f"a task family ({', '.join(TASK_FAMILIES)})")
+        return value
     if p.type == "CHAOS":
         from domain.chaos import parse_chaos
 

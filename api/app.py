@@ -43,12 +43,14 @@ from api.models import (
 from api.sessions import ApiError, SessionManager, split_session_key
 from api.ws import websocket_app
 from companyos.config import resolve_db
+from domain import TASK_FAMILIES
 from eventstore import EventStore
 from projections.episodes import OUTCOMES
 
 T = TypeVar("T")
 EpisodeId = Annotated[str, Path(max_length=200)]
 Outcome = Literal[OUTCOMES]  # the episode listing's own list: one list for every reader
+TaskFamily = Literal[tuple(TASK_FAMILIES)]  # a misspelt task is a 422, not an empty list
 IDLE_SWEEP_MIN_S = 1.0
 
 
@@ -310,7 +312,7 @@ def _register_log(app: FastAPI, server: Server) -> None:
 
     @app.get("/episodes", response_model=EpisodeList, tags=["Episode log"],
              responses=errors(401, 403))
-    def list_episodes(task: Annotated[str | None, Query(max_length=100)] = None,
+    def list_episodes(task: Annotated[TaskFamily | None, Query()] = None,
                       agent: Annotated[str | None, Query(max_length=200)] = None,
                       outcome: Annotated[Outcome | None, Query()] = None,
                       limit: Annotated[int, Query(ge=1, le=500)] = 50,

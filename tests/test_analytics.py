@@ -289,7 +289,9 @@ def test_bad_query_names_and_parameters_give_clear_errors(filled, tmp_path):
         assert [len(r["example_episode_ids"]) for r in service.run_named(wh, "failure_modes", {"examples": 0})
                 ] == [0] * len(service.run_named(wh, "failure_modes", {}))
         # a value that looks like SQL is only ever a bound value
-        assert service.run_named(wh, "compare_agents", {"task": "x' OR '1'='1"}) == []
+        assert service.run_named(wh, "failure_modes", {"agent": "x' OR '1'='1"}) == []  # bound, not spliced
+        with pytest.raises(QueryError, match="parameter 'task' must be a task family .*expense_report"):
+            service.run_named(wh, "failure_modes", {"task": "expens_report"})  # not an empty answer
         assert wh.counts()["episodes"] > 0
 
 

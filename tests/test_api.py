@@ -314,6 +314,7 @@ def test_bad_inputs_are_4xx_with_a_message(sqlite_url):
             c.get(f"/episodes/{episode_id}/views", params={"step": 999}),
             c.get("/episodes", params={"limit": 0}),
             c.get("/episodes", params={"outcome": "meh"}),
+            c.get("/episodes", params={"task": "expens_report"}),  # not an empty list
         ]
         for r in cases:
             assert 400 <= r.status_code < 500, (r.request.url, r.status_code, r.text)
@@ -322,6 +323,7 @@ def test_bad_inputs_are_4xx_with_a_message(sqlite_url):
         assert cases[9].status_code == 409
         assert cases[14].status_code == 404
         assert cases[15].status_code == 413
+        assert cases[-1].status_code == 422 and "expense_report" in cases[-1].text
 
 
 @pytest.mark.parametrize("body", [{"chaos": True}, {"seed": True}, {"seed": "7"}, {"seed": 7.0},

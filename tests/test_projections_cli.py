@@ -45,6 +45,9 @@ def test_episodes_lists_filters_and_prints_json(cli, db):
     wrong = cli("episodes", "--db", url, "--outcome", "won")
     assert wrong.exit_code == 2 and "unknown outcome 'won'" in wrong.stderr
     assert "success, failure, truncated, running" in wrong.stderr and not wrong.stdout
+    wrong = cli("episodes", "--db", url, "--task", "license_renwal")  # a typo lists nothing
+    assert wrong.exit_code == 2 and "unknown task 'license_renwal'" in wrong.stderr
+    assert "license_renewal" in wrong.stderr and not wrong.stdout
 
 
 def test_replay_prints_the_apps_at_a_step(cli, db):

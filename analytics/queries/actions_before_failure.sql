@@ -1,6 +1,6 @@
 -- The most common action sequences leading into each failure mode: the last k tools up to the decisive step (the first mistake, else the last step).
 -- param agent VARCHAR = NULL: only episodes of this agent
--- param task VARCHAR = NULL: only this task family
+-- param task TASK = NULL: only this task family
 -- param k INTEGER[1..5] = 3: tools per sequence
 -- param top INTEGER[1..1000] = 5: sequences per failure mode
 WITH failed AS (

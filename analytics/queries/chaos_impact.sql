@@ -1,6 +1,6 @@
 -- Which chaos trap hurts: success rate of finished episodes in which each chaos mechanism fired, against those in which it did not.
 -- param agent VARCHAR = NULL: only episodes of this agent
--- param task VARCHAR = NULL: only this task family
+-- param task TASK = NULL: only this task family
 WITH e AS (
     SELECT chaos_mechanisms, outcome = 'success' AS ok
     FROM episodes

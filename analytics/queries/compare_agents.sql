@@ -1,5 +1,5 @@
 -- What separates agents: success, return, steps, first mistake and invalid calls per agent, with each agent's most common failure mode.
--- param task VARCHAR = NULL: only this task family
+-- param task TASK = NULL: only this task family
 -- param chaos CHAOS = NULL: only this chaos level (none, low, medium, high or a number)
 SELECT coalesce(agent, '(unknown)') AS agent,
        count(*) AS episodes,

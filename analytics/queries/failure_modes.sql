@@ -1,6 +1,6 @@
 -- Why episodes fail: each failure mode's share of the finished, non-successful episodes (shares sum to 1), with example episode ids.
 -- param agent VARCHAR = NULL: only episodes of this agent
--- param task VARCHAR = NULL: only this task family
+-- param task TASK = NULL: only this task family
 -- param chaos CHAOS = NULL: only this chaos level (none, low, medium, high or a number)
 -- param examples INTEGER[0..100] = 3: example episode ids per failure mode
 WITH failed AS (

@@ -1,6 +1,6 @@
 -- At which step agents first go wrong: the distribution of the first recorded mistake's step, with its most common mode.
 -- param agent VARCHAR = NULL: only episodes of this agent
--- param task VARCHAR = NULL: only this task family
+-- param task TASK = NULL: only this task family
 -- param chaos CHAOS = NULL: only this chaos level (none, low, medium, high or a number)
 WITH e AS (
     SELECT first_mistake_step AS step, first_mistake_mode AS mode

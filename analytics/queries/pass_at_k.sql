@@ -1,7 +1,7 @@
 -- tau-bench pass^k per task: the chance that k independent trials of the same instance (task, seed, chaos) all succeed, estimated without bias from n >= k trials per instance as C(c,k)/C(n,k), averaged over instances.
 -- param k INTEGER[1..64] = 4: largest k reported (rows for 1..k)
 -- param agent VARCHAR = NULL: only episodes of this agent
--- param task VARCHAR = NULL: only this task family
+-- param task TASK = NULL: only this task family
 WITH trials AS (
     SELECT coalesce(agent, '(unknown)') AS agent, task, seed, chaos,
            count(*) AS n, count(*) FILTER (WHERE outcome = 'success') AS c

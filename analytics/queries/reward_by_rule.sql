@@ -1,6 +1,6 @@
 -- Where the return comes from: grants and value per reward rule, per episode on average.
 -- param agent VARCHAR = NULL: only episodes of this agent
--- param task VARCHAR = NULL: only this task family
+-- param task TASK = NULL: only this task family
 WITH e AS (
     SELECT episode_id FROM episodes
     WHERE ($agent IS NULL OR agent = $agent) AND ($task IS NULL OR task = $task)

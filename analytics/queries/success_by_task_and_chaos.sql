@@ -1,6 +1,6 @@
 -- Success rate per task family and chaos level, over finished episodes.
 -- param agent VARCHAR = NULL: only episodes of this agent
--- param task VARCHAR = NULL: only this task family
+-- param task TASK = NULL: only this task family
 SELECT task,
        chaos,
        count(*) AS episodes,

@@ -1,6 +1,6 @@
 -- How often each tool call is rejected, how many rejections chaos caused, and the most common rejection code.
 -- param agent VARCHAR = NULL: only steps of this agent
--- param task VARCHAR = NULL: only this task family
+-- param task TASK = NULL: only this task family
 -- param min_calls INTEGER[0..] = 1: leave out tools called fewer times
 SELECT tool,
        count(*) AS calls,
