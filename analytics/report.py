@@ -12,7 +12,7 @@ from typing import Any
 
 from analytics.service import rows_of, run_named
 from analytics.warehouse import Warehouse
-from domain import CHAOS_LEVELS
+from domain import CHAOS_LEVELS, task_family
 
 PALETTE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7",
            "#9c755f", "#bab0ac")
@@ -31,6 +31,13 @@ SELECT count(*) AS episodes,
 FROM episodes
 WHERE ($agent IS NULL OR agent = $agent) AND ($task IS NULL OR task = $task)
 """
+
+def check_task(task: str | None) -> None:
+    """ValueError, in words, for a task filter naming no family (every section would be empty),
+    so a caller can say so before it syncs."""
+    if task is not None:
+        task_family(task)
+
 
 def build(wh: Warehouse, agent: str | None = None, task: str | None = None) -> dict[str, Any]:
     """Every section of the report as rows (JSON-able)."""

@@ -38,8 +38,7 @@ def spec_from_options(seed: int, options: dict[str, Any] | None) -> domain.Episo
             raise ValueError(f"{key} must be a string")
     families = list(domain.TASK_FAMILIES)
     task = options.get("task") or families[seed % len(families)]
-    if task not in domain.TASK_FAMILIES:
-        raise ValueError(f"unknown task {task!r}; known tasks: {', '.join(families)}")
+    domain.task_family(task)
     chaos = domain.parse_chaos(DEFAULT_CHAOS if options.get("chaos") is None else options["chaos"])
     profile = options.get("reward_profile") or "default"
     if profile not in domain.REWARD_PROFILES:

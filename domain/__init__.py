@@ -23,12 +23,12 @@ from domain.events import EVENT_TYPES, from_envelope, to_envelope
 from domain.outcomes import FAILURE_MODES
 from domain.render import render_text
 from domain.rewards import REWARD_PROFILES
-from domain.tasks import TASK_FAMILIES
+from domain.tasks import TASK_FAMILIES, task_family
 from domain.tools import TOOLS, ToolSpec
 
 __all__ = [
     "CHAOS_LEVELS", "EVENT_TYPES", "FAILURE_MODES", "REWARD_PROFILES", "TASK_FAMILIES", "TOOLS",
     "EpisodeFinished", "EpisodeSpec", "EpisodeState", "StepInfo", "ToolSpec", "apply", "fold",
     "from_envelope", "observe", "parse_chaos", "render_text", "reset", "sim_time", "step",
-    "step_info", "to_envelope", "views",
+    "step_info", "task_family", "to_envelope", "views",
 ]

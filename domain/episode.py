@@ -41,7 +41,7 @@ from domain.events import (
 )
 from domain.outcomes import is_success, judge, truncation_mode
 from domain.rewards import ONCE_RULES, REWARD_PROFILES, grants
-from domain.tasks import TASK_FAMILIES
+from domain.tasks import task_family
 from domain.tools import Invalid, parse_action
 from domain.world import INITIAL_WORLD, World
 
@@ -148,9 +148,7 @@ def fold(events: Iterable, state: EpisodeState = INITIAL_STATE) -> EpisodeState:
 
 def reset(spec: EpisodeSpec) -> tuple[EpisodeState, list, StepInfo]:
     """A new episode: EpisodeStarted, the initial world's events and the static chaos."""
-    family = TASK_FAMILIES.get(spec.task)
-    if family is None:
-        raise ValueError(f"unknown task {spec.task!r}; tasks: {', '.join(TASK_FAMILIES)}")
+    family = task_family(spec.task)
     if spec.reward_profile not in REWARD_PROFILES:
         raise ValueError(f"unknown reward profile {spec.reward_profile!r}; profiles: "
                          f"{', '.join(REWARD_PROFILES)}")

@@ -135,6 +135,16 @@ def test_sync_sql_report_and_export(logged, tmp_path, cli):
     assert cli("export", str(target), "--db", url, "--warehouse", wh).exit_code == 0
 
 
+def test_a_task_filter_naming_no_family_is_refused_not_answered_empty(logged, tmp_path, cli):
+    url, _ = logged
+    wh = tmp_path / "w.duckdb"
+    out = cli("report", "--task", "expens_report", "--markdown", "--db", url, "--warehouse", str(wh))
+    assert out.exit_code == 2 and "unknown task 'expens_report'" in out.output, out.output
+    assert "expense_report" in out.output and not wh.exists()  # said before any sync
+    out = cli("query", "failure_modes", "--param", "task=expens_report", "--db", url, "--warehouse", str(wh))
+    assert out.exit_code == 2 and "must be a task family" in out.output, out.output
+
+
 def test_report_and_export_to_places_they_cannot_write_fail_in_words(logged, tmp_path, cli):
     url, _ = logged
     wh = str(tmp_path / "w.duckdb")

@@ -215,6 +215,10 @@ def report_command(
 
     if markdown and html:
         fail("choose one of --markdown and --html")
+    try:
+        report.check_task(task)
+    except ValueError as exc:
+        fail(str(exc))
     wh = _open_synced(db, warehouse, quiet=markdown)
     try:
         data = report.build(wh, agent=agent, task=task)

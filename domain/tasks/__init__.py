@@ -29,4 +29,15 @@ TASK_FAMILIES: dict[str, TaskFamily] = {
               handbook_update)
 }
 
-__all__ = ["TASK_FAMILIES", "TaskFamily", "Instance"]
+
+
+def task_family(name: str) -> TaskFamily:
+    """The family called `name`; a ValueError naming every family otherwise (the one check of a
+    task name, for the episode's reset and for every filter on logged episodes)."""
+    family = TASK_FAMILIES.get(name) if isinstance(name, str) else None
+    if family is None:
+        raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(TASK_FAMILIES)}")
+    return family
+
+
+__all__ = ["TASK_FAMILIES", "TaskFamily", "Instance", "task_family"]
