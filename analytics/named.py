@@ -119,11 +119,12 @@ def convert(query: str, p: Param, value: Any) -> Any:
             raise bad("a 32-bit integer")
         return number
     if p.type == "TASK":  # a typo would otherwise match nothing and answer with empty rows
-        from domain import TASK_FAMILIES
+        from domain import TASK_FAMILIES, task_family
 
-        if not isinstance(value, str) or value not in TASK_FAMILIES:
-            raise bad(f"a task family ({', '.join(TASK_FAMILIES)})")
-        return value
+        try:
+            return task_family(value).name
+        except ValueError:
+            raise bad(f"a task family ({', '.join(TASK_FAMILIES)})") from None
     if p.type == "CHAOS":
         from domain.chaos import parse_chaos
 

@@ -32,6 +32,7 @@ FROM episodes
 WHERE ($agent IS NULL OR agent = $agent) AND ($task IS NULL OR task = $task)
 """
 
+
 def check_task(task: str | None) -> None:
     """ValueError, in words, for a task filter naming no family (every section would be empty),
     so a caller can say so before it syncs."""
