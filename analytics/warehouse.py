@@ -20,6 +20,7 @@ from pathlib import Path
 
 import duckdb
 
+from analytics.paths import why_not_written
 from eventstore.engine import normalise_url, sqlite_file
 
 # Bump when the derived tables' definition changes: a warehouse built by older code is rebuilt.
@@ -132,8 +133,8 @@ class Warehouse:
             try:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
-                raise WarehousePathError(f"cannot create the warehouse {self.path}: {exc.strerror or exc}"
-                                         ) from exc
+                raise WarehousePathError(f"cannot create the warehouse {self.path}: "
+                                         f"{why_not_written(self.path, exc)}") from exc
         # Only what the wheel has built in (JSON, Parquet): DuckDB would otherwise fetch an extension
         # over the network to open, say, a SQLite file given as the warehouse, and write into it.
         config = {"memory_limit": memory_limit, "autoinstall_known_extensions": False,

@@ -230,6 +230,8 @@ def test_a_warehouse_path_that_cannot_hold_one_is_refused_and_left_alone(logged,
     before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
     out = cli("query", "failure_modes", "--db", url, "--warehouse", str(path))
     assert out.exit_code == 2 and "error: " in out.output and words in out.output, out.output
+    if case == "under-a-file":  # the file in the way is named, not the OS's bare "File exists"
+        assert f"{path.parent} is a file, not a directory" in out.output, out.output
     assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
 
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import typer
 
 from companyos.commands.options import DbOption
-from companyos.commands.output import fail, print_json, stdout_console, write_failure
+from companyos.commands.output import fail, print_json, stdout_console
 from companyos.config import resolve_db
 
 if TYPE_CHECKING:
@@ -229,7 +229,9 @@ def report_command(
             html.parent.mkdir(parents=True, exist_ok=True)
             html.write_text(report.to_html(data), encoding="utf-8")
         except OSError as exc:
-            fail(f"cannot write the report to {html}: {write_failure(html, exc)}", code=1)
+            from analytics.paths import why_not_written
+
+            fail(f"cannot write the report to {html}: {why_not_written(html, exc)}", code=1)
         typer.echo(f"wrote {html} ({data['summary']['episodes']} episodes, {data['seconds']:.2f}s)")
         return
     if markdown:
@@ -248,6 +250,7 @@ def export_command(
     import duckdb
 
     from analytics.export import ExportRefused, export
+    from analytics.paths import why_not_written
 
     wh = _open_synced(db, warehouse)
     try:
@@ -255,7 +258,7 @@ def export_command(
     except ExportRefused as exc:
         fail(str(exc))
     except (OSError, duckdb.IOException) as exc:
-        fail(f"cannot export to {directory}: {write_failure(directory, exc, is_directory=True)}", code=1)
+        fail(f"cannot export to {directory}: {why_not_written(directory, exc, is_directory=True)}", code=1)
     finally:
         wh.close()
     typer.echo(f"exported to {directory} (store position {manifest['position']}): " +

@@ -5,7 +5,6 @@ from __future__ import annotations
 import io
 import os
 import sys
-from pathlib import Path
 from typing import Any, NoReturn
 
 import typer
@@ -21,18 +20,6 @@ def fail(message: str, code: int = 2) -> NoReturn:
     warehouse in use)."""
     say_error(message)
     raise typer.Exit(code)
-
-
-def write_failure(path: Path, exc: BaseException, is_directory: bool = False) -> str:
-    """Why `path` (a file, or a directory to create) could not be written, in words: a file
-    standing where a directory must be is named, since the OS only says "File exists" or "Not a
-    directory"."""
-    if isinstance(exc, FileExistsError | NotADirectoryError):
-        must_be_dirs = [*reversed(path.parents), *([path] if is_directory else [])]
-        blocker = next((p for p in must_be_dirs if p.exists() and not p.is_dir()), None)
-        if blocker is not None:
-            return f"{blocker} is a file, not a directory"
-    return getattr(exc, "strerror", None) or str(exc)
 
 
 def print_json(value: Any) -> None:

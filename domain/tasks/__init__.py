@@ -30,7 +30,6 @@ TASK_FAMILIES: dict[str, TaskFamily] = {
 }
 
 
-
 def task_family(name: str) -> TaskFamily:
     """The family called `name`; a ValueError naming every family otherwise (the one check of a
     task name, for the episode's reset and for every filter on logged episodes)."""
