@@ -11,7 +11,7 @@ from typing import Any
 
 import domain
 from companyos.observation import Observation
-from eventstore import EventStore, NewEvent
+from eventstore import MAX_EVENT_BYTES, EventStore, NewEvent, canonical_json
 from projections.replay import EpisodeNotFound  # one class for 'no such episode', every layer
 
 DURABILITY = ("step", "episode")
@@ -51,7 +51,7 @@ class EpisodeRuntime:
             raise ValueError(f"durability must be one of {DURABILITY}, not {durability!r}")
         state, events, info = domain.reset(spec)
         runtime = cls(store, episode_id or uuid.uuid4().hex, state, durability, meta, None)
-        runtime._record(events, first_meta=meta)
+        runtime._record(events, state.done, first_meta=meta)
         return runtime, info
 
     @classmethod
@@ -71,16 +71,23 @@ class EpisodeRuntime:
         return self._stored_version
 
     def step(self, action: Any) -> domain.StepInfo:
+        """Apply one action and log its events; if the log refuses them, the live episode stays
+        where the log is (a ValueError, nothing applied), so what the agent saw is what is stored."""
         state, events, info = domain.step(self.state, action)
+        check_loggable(events[0].action)  # the step's ActionTaken: the action as it is logged
+        self._record(events, state.done)
         self.state = state
-        self._record(events)
         return info
 
-    def _record(self, events: list, first_meta: dict | None = None) -> None:
+    def _record(self, events: list, done: bool = False, first_meta: dict | None = None) -> None:
         if self.durability == "episode":
             self._pending.extend(events)
-            if self.state.done:
-                self.flush()
+            if done:
+                try:
+                    self.flush()
+                except BaseException:
+                    del self._pending[len(self._pending) - len(events):]  # this step never happened
+                    raise
             return
         self._append(events, first_meta)
 
@@ -95,13 +102,26 @@ class EpisodeRuntime:
     def flush(self) -> None:
         """Write events held back by `durability="episode"`; a no-op with per-step durability."""
         if self._pending:
-            pending, self._pending = self._pending, []
-            self._append(pending, self.start_meta if self._stored_version is None else None)
+            self._append(self._pending, self.start_meta if self._stored_version is None else None)
+            self._pending = []
 
     def observe(self, info: domain.StepInfo) -> dict[str, Any]:
         observation = Observation(domain.observe(self.state, info))
         observation["tools"] = TOOL_NAMES
         return observation
+
+
+# An action travels in its ActionTaken event (and may be echoed by one effect): leave room for the rest.
+MAX_ACTION_BYTES = MAX_EVENT_BYTES - 4096
+
+
+def check_loggable(action: Any) -> None:
+    """Refuse an action too big for the log before its step is applied: with
+    `durability="episode"` the store would only refuse it when the episode ends, and every step
+    of the episode would be lost with it. (The domain already made it a JSON value.)"""
+    size = len(canonical_json(action))
+    if size > MAX_ACTION_BYTES:
+        raise ValueError(f"the action is {size} bytes of JSON; an action is at most {MAX_ACTION_BYTES}")
 
 
 # Every observation lists the tools by reference: one shared tuple, never copied per step.

@@ -82,6 +82,47 @@ def test_an_action_with_text_that_is_not_unicode_loses_nothing(sqlite_url, durab
     assert records[-1].type == "EpisodeEnded"
 
 
+@pytest.mark.parametrize("durability", ["step", "episode"])
+def test_an_action_too_big_to_log_is_refused_and_the_episode_goes_on(sqlite_url, durability):
+    """The store refuses an event over 1 MiB. The step used to advance the live episode anyway
+    (the log then missed a step the agent saw) or, held back until the end, lose the episode."""
+    listing = {"app": "ticketdesk", "method": "list_tickets", "params": {}}
+    huge = {"app": "ticketdesk", "method": "add_comment",
+            "params": {"ticket_id": "T-101", "text": "x" * 2_000_000}}
+    with CompanyEnv(sqlite_url, durability=durability) as env:
+        env.reset(seed=1, options={"task": FAMILIES[1], "chaos": "none", "max_steps": 3})
+        env.step(listing)
+        with pytest.raises(ValueError, match="bytes of JSON; an action is at most"):
+            env.step(huge)
+        assert env.state["step_count"] == 1
+        env.step(listing)
+        env.step(listing)
+        assert env.state["done"]
+        episode_id = env.state["episode_id"]
+        records = list(env.store.read_stream(episode_id))
+    taken = [r.data["action"] for r in records if r.type == "ActionTaken"]
+    assert taken == [listing] * 3 and records[-1].type == "EpisodeEnded"
+
+
+def test_a_step_the_store_fails_to_log_is_not_applied(sqlite_url):
+    """What the agent saw is what is stored: a failed append leaves the live episode as it was."""
+    listing = {"app": "ticketdesk", "method": "list_tickets", "params": {}}
+    with CompanyEnv(sqlite_url) as env:
+        env.reset(seed=4, options={"task": FAMILIES[0]})
+        env.step(listing)
+        before = env.state
+        append = env.store.append
+        env.store.append = lambda *a, **k: (_ for _ in ()).throw(OSError("disk full"))
+        with pytest.raises(OSError):
+            env.step(listing)
+        env.store.append = append
+        assert env.state == before
+        env.step(listing)
+        assert env.state["step_count"] == 2
+        records = list(env.store.read_stream(env.state["episode_id"]))
+    assert [r.type for r in records].count("ActionTaken") == 2
+
+
 @pytest.mark.parametrize("task", FAMILIES)
 def test_both_durabilities_log_identical_streams(sqlite_url, task):
     digests = []
