@@ -50,6 +50,29 @@ def test_episodes_lists_filters_and_prints_json(cli, db):
     assert "license_renewal" in wrong.stderr and not wrong.stdout
 
 
+@pytest.mark.parametrize("agent", ["[/]", "[bold red]expert", "a :smile: b"])
+def test_stored_text_is_printed_as_it_is_stored(cli, tmp_path, agent):
+    """Anyone can name the agent (a reset over HTTP takes any string): rich read "[/]" as
+    markup and crashed every later listing, and showed "[bold red]expert" as "expert"."""
+    from companyos.env import CompanyEnv
+
+    url = f"sqlite:///{tmp_path / 'odd.db'}"
+    with CompanyEnv(url, agent=agent) as env:
+        env.reset(seed=1, options={"task": "expense_report", "chaos": "none"})
+        env.step({"app": "ticketdesk", "method": "add_comment",
+                  "params": {"ticket_id": "T-101", "text": "[/] [red]x"}})
+        episode_id = env.state["episode_id"]
+    out = cli("episodes", "--db", url)
+    assert out.exit_code == 0 and agent in out.stdout
+    engine = sa.create_engine(url)
+    version = tamper.versions_of_type(engine, episode_id, "ActionTaken")[0]
+    tamper.edit_event(engine, episode_id, version, "data", lambda data: data.replace("T-101", "T-1[/]"))
+    engine.dispose()
+    out = cli("rerun", episode_id, "--db", url)
+    assert out.exit_code == 1 and "MISMATCH" in out.stdout
+    assert "[/] [red]x" in out.stdout and "T-1[/]" in out.stdout
+
+
 def test_replay_prints_the_apps_at_a_step(cli, db):
     url, ids = db
     out = cli("replay", ids[1], "--step", "2", "--db", url, "--json")

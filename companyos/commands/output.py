@@ -31,10 +31,13 @@ def print_json(value: Any) -> None:
 
 
 def stdout_console():
-    """A rich console; piped output gets a wide page so ids and values are never cut."""
+    """A rich console that prints text literally: what it shows is stored text (agent names,
+    actions, ids) that anyone can set, so "[/]" or ":x:" must not be read as markup or emoji.
+    Piped output gets a wide page so ids and values are never cut."""
     from rich.console import Console
 
-    return Console() if sys.stdout.isatty() else Console(width=200)
+    literal = {"markup": False, "emoji": False, "highlight": False}
+    return Console(**literal) if sys.stdout.isatty() else Console(width=200, **literal)
 
 
 class OutputFailed(OSError):

@@ -159,11 +159,12 @@ def _print_mismatch(result) -> None:
     from rich.table import Table
 
     console = stdout_console()
-    console.print(f"[bold red]{result.episode_id}: MISMATCH[/] — stored digest "
+    console.print(f"{result.episode_id}: MISMATCH — stored digest "
                   f"{result.stored_digest}, re-simulated {result.rerun_digest} "
-                  f"({result.stored_events} stored events, {result.rerun_events} re-simulated)")
+                  f"({result.stored_events} stored events, {result.rerun_events} re-simulated)",
+                  style="bold red")
     if result.error:
-        console.print(f"[red]{result.error}[/]")
+        console.print(result.error, style="red")
     for note in result.notes:
         console.print(note)
     if result.first_difference is None:
