@@ -13,6 +13,7 @@ import domain
 from companyos.observation import Observation
 from eventstore import MAX_EVENT_BYTES, EventStore, NewEvent, canonical_json
 from projections.replay import EpisodeNotFound  # one class for 'no such episode', every layer
+from projections.views import DamagedEvent, decode
 
 DURABILITY = ("step", "episode")
 
@@ -60,8 +61,10 @@ class EpisodeRuntime:
         records = list(store.read_stream(episode_id))
         if not records:
             raise EpisodeNotFound(f"no episode {episode_id!r} in the store")
-        events = [domain.from_envelope(r.type, r.data, r.schema_version) for r in records]
-        state = domain.fold(events)
+        if records[0].type != "EpisodeStarted":  # its first commit is gone: nothing to continue
+            raise DamagedEvent(records[0], f"is {records[0].type}; an episode starts with "
+                                           "EpisodeStarted")
+        state = domain.fold([decode(r) for r in records])
         return cls(store, episode_id, state, durability, records[0].meta, records[-1].version,
                    records[-1].digest)
 

@@ -13,8 +13,9 @@ from typing import Any
 import orjson
 
 import domain
-from eventstore import GENESIS_DIGEST, EventStore, RecordedEvent, canonical_json, chain_digest
+from eventstore import GENESIS_DIGEST, CorruptCommit, EventStore, RecordedEvent, canonical_json, chain_digest
 from projections.replay import EpisodeNotFound
+from projections.views import decode
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,9 +72,10 @@ def resimulate(records: list[RecordedEvent]) -> tuple[list[Any], int, str | None
     first = records[0]
     if first.type != "EpisodeStarted":
         return [], 0, f"the stream starts with {first.type}, not EpisodeStarted"
-    actions = [orjson.loads(r.data_json)["action"] for r in records if r.type == "ActionTaken"]
     produced: list[Any] = []
+    actions: list[Any] = []
     try:
+        actions = [decode(r).action for r in records if r.type == "ActionTaken"]
         state, events, _info = domain.reset(spec_of(orjson.loads(first.data_json)))
         produced.extend(events)
         for i, action in enumerate(actions):
@@ -81,6 +83,8 @@ def resimulate(records: list[RecordedEvent]) -> tuple[list[Any], int, str | None
                 return produced, i, f"the re-simulated episode ended before action {i + 1}"
             state, events, _info = domain.step(state, action)
             produced.extend(events)
+    except CorruptCommit as exc:  # an event that decodes into nothing: say which
+        return produced, len(actions), f"the log is damaged: {exc}"
     except Exception as exc:  # the log names something this code cannot re-run
         return produced, len(actions), f"re-simulation failed: {type(exc).__name__}: {exc}"
     return produced, len(actions), None

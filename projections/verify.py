@@ -22,7 +22,7 @@ import sqlalchemy as sa
 
 import domain
 from eventstore import GENESIS_DIGEST, EventStore, RecordedEvent, canonical_json, chain_digest
-from projections.reader import fetch_page
+from projections.reader import fetch_page, stream_records
 from projections.runner import Entry, Projection, fold_records
 from projections.schema import projection_checkpoints
 
@@ -275,7 +275,7 @@ class Fold:
 
     def expected(self, store: EventStore, stream_id: str) -> dict[str, Any] | None:
         """The row a rebuild gives for one stream (folded again from its own events)."""
-        records = [r for r in store.read_stream(stream_id) if r.position <= self.checkpoint]
+        records = stream_records(store, stream_id, self.checkpoint)
         records.sort(key=lambda r: r.position)
         entry = fold_records(self.projection, records).get(stream_id)
         if entry is None or entry.state is None:

@@ -15,7 +15,7 @@ import sqlalchemy as sa
 
 import domain
 from domain import world as domain_world
-from eventstore import EventStore, RecordedEvent
+from eventstore import CorruptCommit, EventStore, RecordedEvent
 from projections.render import APPS, render_views
 from projections.runner import Projection, fold_records, read_rows
 from projections.schema import episode_views
@@ -30,8 +30,22 @@ _APP_EVENTS = frozenset(cls.__name__ for cls in domain_world.EVOLVERS)
 
 
 def decode(record: RecordedEvent) -> Any:
-    """The domain event a stored record holds (upcast to the current schema by the domain)."""
-    return _from_envelope(record.type, _loads(record.data_json), record.schema_version)
+    """The domain event a stored record holds (upcast to the current schema by the domain);
+    DamagedEvent, naming it, when it holds none."""
+    try:
+        return _from_envelope(record.type, _loads(record.data_json), record.schema_version)
+    except (ValueError, TypeError, KeyError) as exc:  # orjson's JSONDecodeError is a ValueError
+        raise DamagedEvent(record, f"does not decode: {type(exc).__name__}: {exc}") from None
+
+
+class DamagedEvent(CorruptCommit):
+    """A stored event that unpacks but is no domain event (its type, schema version or data was
+    edited behind the store's back): reported like a commit that does not unpack, everywhere."""
+
+    def __init__(self, record: RecordedEvent, problem: str) -> None:
+        super().__init__(record.stream_id, record.position, problem)
+        self.args = (f"stream {record.stream_id!r}: the event at version {record.version} "
+                     f"(position {record.position}) {problem}",)
 
 
 class WorldState:

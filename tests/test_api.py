@@ -528,20 +528,33 @@ def test_episode_log(sqlite_url):
         assert c.get(f"/episodes/{episode_id}/views").json()["step"] == 3
 
 
-def test_a_damaged_commit_is_a_500_that_names_it_and_the_server_keeps_serving(sqlite_url):
+def _unreadable_commit(engine: sa.Engine, episode_id: str) -> None:
+    position = tamper.stream_commits(engine, episode_id)[0][0]
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE commits SET payload = '{' WHERE position = :p"),
+                     {"p": position})
+
+
+def _undecodable_event(engine: sa.Engine, episode_id: str) -> None:
+    """The commit unpacks, but one event is no domain event: it used to be a bare 500."""
+    version = tamper.versions_of_type(engine, episode_id, "ActionTaken")[0]
+    tamper.edit_event(engine, episode_id, version, "type", lambda _: "Bogus")
+
+
+@pytest.mark.parametrize("damage", [_unreadable_commit, _undecodable_event])
+def test_a_damaged_commit_is_a_500_that_names_it_and_the_server_keeps_serving(sqlite_url, damage):
     with client(sqlite_url) as c:
         episode_id, token, _ = reset(c)
         assert step(c, episode_id, token, ACTIONS[0]).status_code == 200
         healthy, healthy_token, _ = reset(c, seed=12, task="bug_escalation", chaos="low")
     engine = sa.create_engine(sqlite_url)
-    position = tamper.stream_commits(engine, episode_id)[0][0]
-    with engine.begin() as conn:
-        conn.execute(sa.text("UPDATE commits SET payload = '{' WHERE position = :p"),
-                     {"p": position})
+    damage(engine, episode_id)
     engine.dispose()
     with client(sqlite_url) as c:  # a fresh server: the episode is read from the log
-        for response in (step(c, episode_id, token, ACTIONS[1]),
-                         c.get(f"/episodes/{episode_id}"), c.get(f"/episodes/{episode_id}/views")):
+        urls = [f"/episodes/{episode_id}/views"]
+        if damage is _unreadable_commit:
+            urls.append(f"/episodes/{episode_id}")
+        for response in (step(c, episode_id, token, ACTIONS[1]), *map(c.get, urls)):
             assert response.status_code == 500, response.text
             assert response.json()["code"] == "log_damaged"
             assert episode_id in response.json()["detail"] and "verify" in response.json()["detail"]

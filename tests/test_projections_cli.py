@@ -127,3 +127,65 @@ def test_verify_and_rebuild(cli, db, tmp_path):
     assert out.exit_code == 1 and f"BROKEN {ids[1]}" in out.stdout and ids[0] not in out.stdout
     doc = json.loads(cli("verify", "--db", url, "--json").stdout)
     assert doc["ok"] is False and [b["episode_id"] for b in doc["broken"]] == [ids[1]]
+
+
+def _copy(url: str, tmp_path) -> tuple[str, sa.Engine]:
+    import shutil
+
+    copy = tmp_path / "copy.db"
+    shutil.copy(sa.make_url(url).database, copy)
+    return f"sqlite:///{copy}", sa.create_engine(f"sqlite:///{copy}")
+
+
+def test_verify_reports_a_damaged_commit_against_its_episode_when_read_models_exist(cli, db, tmp_path):
+    """verify compares read-model rows with their rebuild; a differing row of an episode whose
+    commit no longer unpacks stopped the whole report at that commit."""
+    url, ids = db
+    url, engine = _copy(url, tmp_path)
+    assert cli("rebuild", "--db", url).exit_code == 0  # read models built, as after any listing
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE commits SET payload = substr(payload, 1, 50) WHERE position = :p"),
+                     {"p": tamper.stream_commits(engine, ids[1])[2][0]})
+    tamper.edit_event(engine, ids[2], 0, "data", lambda data: data.replace('"seed":3', '"seed":4'))
+    engine.dispose()
+    doc = json.loads(cli("verify", "--db", url, "--json").stdout)
+    assert doc["ok"] is False and sorted(b["episode_id"] for b in doc["broken"]) == sorted(ids[1:])
+
+
+@pytest.mark.parametrize(("column", "change", "words"), [
+    ("type", lambda _: "Bogus", "unknown event type 'Bogus'"),
+    ("schema", lambda _: 99, "schema version 99 is newer than this code"),
+    ("data", lambda _: '{"step":5}', "missing 1 required positional argument: 'action'"),
+    ("data", lambda _: "[1,2]", "must be a mapping"),
+])
+def test_an_event_that_does_not_decode_is_named_not_a_traceback(cli, db, tmp_path, column, change, words):
+    url, ids = db
+    url, engine = _copy(url, tmp_path)
+    version = tamper.versions_of_type(engine, ids[0], "ActionTaken")[1]
+    tamper.edit_event(engine, ids[0], version, column, change)
+    engine.dispose()
+    out = companyos("replay", ids[0], "--db", url)
+    assert out.returncode == 1 and not out.stdout and "Traceback" not in out.stderr
+    assert f"the event at version {version}" in out.stderr and words in out.stderr
+    assert "companyos verify" in out.stderr
+    out = companyos("rerun", ids[0], "--db", url)  # a renamed type is just not an action to re-run
+    assert out.returncode == 1 and "MISMATCH" in out.stdout and "Traceback" not in out.stderr
+    assert column == "type" or "the log is damaged" in out.stdout
+
+
+def test_replay_of_a_stream_whose_first_commit_is_gone_names_the_damage(cli, db, tmp_path):
+    url, ids = db
+    url, engine = _copy(url, tmp_path)
+    tamper.delete_commit(engine, tamper.stream_commits(engine, ids[0])[0][0])
+    engine.dispose()
+    for step in ([], ["--step", "0"]):
+        out = companyos("replay", ids[0], "--db", url, *step)
+        assert out.returncode == 1 and "an episode starts with EpisodeStarted" in out.stderr
+
+
+def companyos(*args: str):
+    """The real entry point: damage is mapped to one error line there, not in the commands."""
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "companyos", *args], capture_output=True, text=True)
