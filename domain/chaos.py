@@ -81,7 +81,7 @@ def parse_chaos(value) -> float:
         raise ValueError(f"chaos must be a level name or a number in [0, 1], not {value!r}")
     if not math.isfinite(number) or not 0.0 <= number <= 1.0:
         raise ValueError(f"chaos level {value!r} is outside [0, 1]")
-    return number
+    return number + 0.0  # -0.0 is level 0: one value per level, or its log would differ by the sign
 
 
 def _k(value, scale) -> int:

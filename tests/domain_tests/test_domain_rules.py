@@ -45,6 +45,14 @@ def test_parse_chaos():
             parse_chaos(bad)
 
 
+@pytest.mark.parametrize("zero", [-0.0, "-0", "-0.0", 0, "none"])
+def test_every_spelling_of_chaos_zero_gives_the_same_episode(zero):
+    """-0.0 is 0 as a level, but canonical JSON keeps its sign: it logged a different stream."""
+    assert repr(parse_chaos(zero)) == "0.0"
+    _, events, _ = reset(EpisodeSpec("expense_report", 7, parse_chaos(zero)))
+    assert events == reset(EpisodeSpec("expense_report", 7, 0.0))[1]
+
+
 def _chaos_events(steps):
     return [e for st in steps for e in st if getattr(e, "cause", None) == "chaos"]
 
