@@ -65,7 +65,10 @@ class StepRequest(BaseModel):
         "episode_id": "0f4c...", "episode_token": "...",
         "action": {"app": "ticketdesk", "method": "get_ticket", "params": {"ticket_id": "T-101"}}}]})
 
-    action: dict[str, Any] = Field(description='{"app": ..., "method": ..., "params": {...}}')
+    # Any JSON value: one that is not an action is the agent's mistake, rejected in the episode
+    # with a penalty as in process (refusing it here would log a different episode).
+    action: Any = Field(description='{"app": ..., "method": ..., "params": {...}}; any other '
+                                    "value is rejected in the episode as malformed_action")
     episode_id: str = Field(max_length=128, description="from the reset's metadata")
     episode_token: str | None = Field(default=None, max_length=200,
                                       description="from the reset's metadata (or the "

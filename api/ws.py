@@ -152,10 +152,10 @@ class _Connection:
         return _dumps({"type": "observation", "data": payload}).decode()
 
     async def _step(self, message: dict) -> str:
-        data = message.get("data")
-        if not isinstance(data, dict):
-            return _error("step data must be the action, a JSON object", VALIDATION_ERROR)
-        kind = data.get("type")
+        if "data" not in message:
+            return _error("a step message carries the action as its 'data'", VALIDATION_ERROR)
+        data = message["data"]  # any JSON value: one that is no action is rejected in the episode
+        kind = data.get("type") if isinstance(data, dict) else None
         if kind == "list_tools":  # OpenEnv's MCP-style actions (MCPToolClient)
             tools = [{"name": t["name"], "description": t["description"],
                       "input_schema": t["inputSchema"]} for t in catalog.mcp_tools()]

@@ -302,7 +302,7 @@ def test_bad_inputs_are_4xx_with_a_message(sqlite_url):
             c.post("/reset", json={"colour": "blue"}),
             c.post("/reset", json={"episode_id": "no spaces/slashes"}),
             c.post("/reset", json={"episode_id": episode_id}),  # exists
-            c.post("/step", json={"episode_id": episode_id, "action": "list_tickets"}, headers=auth),
+            c.post("/step", json={"episode_id": episode_id, "action_": ACTIONS[0]}, headers=auth),
             c.post("/step", json={"episode_id": episode_id}, headers=auth),
             c.post("/step", json={"action": ACTIONS[0]}, headers=auth),
             c.post("/step", json=[1, 2], headers=auth),
@@ -392,7 +392,7 @@ def test_websocket_protocol(sqlite_url):
         assert ws.receive_json()["data"]["code"] == "INVALID_JSON"
         ws.send_json({"type": "dance"})
         assert ws.receive_json()["data"]["code"] == "UNKNOWN_TYPE"
-        ws.send_json({"type": "step", "data": "list_tickets"})
+        ws.send_json({"type": "step"})  # no action at all
         assert ws.receive_json()["data"]["code"] == "VALIDATION_ERROR"
         ws.send_json({"type": "reset", "data": {"task": "nope"}})
         assert ws.receive_json()["data"]["code"] == "VALIDATION_ERROR"
@@ -404,6 +404,33 @@ def test_websocket_protocol(sqlite_url):
         assert reply["type"] == "mcp"
         assert reply["data"]["result"]["structuredContent"]["metadata"]["step"] == 3
         ws.send_json({"type": "close"})
+
+
+NOT_ACTIONS = ["list_tickets", None, [1, 2], 7]
+
+
+def test_a_value_that_is_no_action_is_the_agents_mistake_on_every_transport(sqlite_url, tmp_path):
+    """In process such a value is rejected in the episode with a penalty; HTTP answered 422 and
+    WebSocket an error without logging it, so the same actions logged different episodes."""
+    actions = [ACTIONS[0], *NOT_ACTIONS, ACTIONS[1]]
+    want = digest_uninterrupted(tmp_path, actions)
+    with client(sqlite_url) as c:
+        episode_id, token, _ = reset(c)
+        for action in actions:
+            r = step(c, episode_id, token, action)
+            assert r.status_code == 200, r.text
+        assert r.json()["metadata"]["step"] == len(actions)
+        with c.websocket_connect("/ws") as ws:
+            ws.send_json({"type": "reset", "data": RESET})
+            ws_episode = ws.receive_json()["data"]["metadata"]["episode_id"]
+            for action in actions:
+                ws.send_json({"type": "step", "data": action})
+                reply = ws.receive_json()
+                assert reply["type"] == "observation", reply
+                if action in NOT_ACTIONS:
+                    assert reply["data"]["metadata"]["rejected"] == "malformed_action"
+                    assert "must be a JSON object" in reply["data"]["observation"]["message"]
+    assert stream_digest(sqlite_url, episode_id) == stream_digest(sqlite_url, ws_episode) == want
 
 
 def test_websocket_resume_after_restart(sqlite_url, tmp_path):
