@@ -189,3 +189,12 @@ def companyos(*args: str):
     import sys
 
     return subprocess.run([sys.executable, "-m", "companyos", *args], capture_output=True, text=True)
+
+
+@pytest.mark.parametrize("args", [["replay", "\udcff\udcfe"], ["rerun", "\udcff"],
+                                  ["episodes", "--agent", "x\udcff"]])
+def test_text_that_is_not_utf8_is_refused_in_words(cli, db, args):
+    """Bytes that are not UTF-8 in argv arrive as lone surrogates; the driver raised on them."""
+    url, _ = db
+    out = cli(*args, "--db", url)
+    assert out.exit_code == 2 and "is not UTF-8 text" in out.output

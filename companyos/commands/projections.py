@@ -12,7 +12,7 @@ from contextlib import contextmanager
 
 import typer
 
-from companyos.commands.options import DbOption, JsonOption
+from companyos.commands.options import DbOption, EpisodeArgument, JsonOption, utf8_text
 from companyos.commands.output import fail, print_json, stdout_console
 from companyos.config import resolve_db
 
@@ -54,7 +54,8 @@ def _progress(total: int, label: str) -> Iterator[Callable[[int], None] | None]:
 
 def episodes(
     task: str | None = typer.Option(None, "--task", help="Only this task family."),
-    agent: str | None = typer.Option(None, "--agent", help="Only episodes run by this agent."),
+    agent: str | None = typer.Option(None, "--agent", help="Only episodes run by this agent.",
+                                     callback=utf8_text),
     outcome: str | None = typer.Option(None, "--outcome",
                                        help="success, failure, truncated or running."),
     limit: int = typer.Option(50, "--limit", min=0, max=10**9,
@@ -100,7 +101,7 @@ def episodes(
 
 
 def replay(
-    episode: str = typer.Argument(..., help="Episode id (its stream id)."),
+    episode: str = EpisodeArgument,
     step: int | None = typer.Option(None, "--step", min=0,
                                     help="Show the world after this step (0: after reset; "
                                          "default: the last step)."),
@@ -128,7 +129,7 @@ def replay(
 
 
 def rerun(
-    episode: str = typer.Argument(..., help="Episode id (its stream id)."),
+    episode: str = EpisodeArgument,
     db: str | None = DbOption,
     as_json: bool = JsonOption,
 ) -> None:
