@@ -16,9 +16,11 @@ each payload once and `unnest` of its lists zips them into rows, several million
 core. DuckDB's own SQLite scanner would read the store directly, but it is a download-at-run-time
 extension and this product must work offline, so it is not used.
 
-Every reader returns events with `position > after` in position order, whole commits of about
-`limit` events (more when a single commit is bigger), with the schema `EVENT_SCHEMA`. Data is
-read raw: upcasting happens in the sync, on Arrow.
+Every reader returns events with `after < position <= upto` in position order, whole commits of
+about `limit` events (more when a single commit is bigger), with the schema `EVENT_SCHEMA`. Data
+is read raw: upcasting happens in the sync, on Arrow. `head()` is the last position readable now:
+a sync reads up to the head it saw when it began, so a writer that never stops cannot keep it
+going.
 """
 
 from __future__ import annotations
@@ -81,7 +83,11 @@ class Source(Protocol):
 
     name: str
 
-    def read(self, after: int, limit: int) -> pa.Table: ...
+    def read(self, after: int, limit: int, upto: int) -> pa.Table: ...
+
+    def head(self) -> int:
+        """The position of the last event readable now (0: none)."""
+        ...
 
     def first_event_id(self) -> str: ...
 
@@ -214,23 +220,26 @@ class _SqliteSource:
     name: str
     _unpacker: Unpacker
 
-    def read(self, after: int, limit: int) -> pa.Table:
-        return self._unpacker.events(self.page(after, limit), after)
+    def read(self, after: int, limit: int, upto: int) -> pa.Table:
+        return self._unpacker.events(self.page(after, limit, upto), after)
 
-    def page(self, after: int, limit: int) -> pa.Table:
-        table = self.fetch_range(after, after + limit)
+    def page(self, after: int, limit: int, upto: int) -> pa.Table:
+        table = self.fetch_range(after, min(after + limit, upto))
         if table.num_rows:
             return table
         # a gap, or one commit bigger than a page: take up to the next commit, whatever its size
         following = self._scalar(_NEXT_SQL, (after,))
-        return table if following is None else self.fetch_range(after, following)
+        return table if following is None or following > upto else self.fetch_range(after, following)
+
+    def head(self) -> int:
+        return int(self._scalar(_LAST_SQL))
 
     def first_event_id(self) -> str:
         return _first_id(self._row(_FIRST_SQL))
 
     def remaining(self, after: int) -> int:
         """Positions are dense on SQLite: the count is a subtraction."""
-        return max(int(self._scalar(_LAST_SQL)) - after, 0)
+        return max(self.head() - after, 0)
 
     def fetch_range(self, after: int, upto: int) -> pa.Table: ...
 
@@ -318,7 +327,8 @@ class PostgresSource:
     # Positions below the oldest running transaction's xid are final: the store's own reader rule.
     # A range ending at a position that was visible stays complete: later commits sort after it.
     _SIZES = (f"SELECT position, last_version - first_version + 1 FROM commits "
-              f"WHERE position > %s AND {PG_VISIBLE} ORDER BY position")
+              f"WHERE position > %s AND position <= %s AND {PG_VISIBLE} ORDER BY position")
+    _HEAD = f"SELECT coalesce(max(position), 0) FROM commits WHERE {PG_VISIBLE}"
     _COPY = (f"COPY (SELECT {_SELECT} FROM commits WHERE position > {{after}} "
              f"AND position <= {{upto}} AND {PG_VISIBLE} ORDER BY position) TO STDOUT (FORMAT csv)")
     _FIRST = (f"SELECT position, stream_id, first_version, payload FROM commits WHERE {PG_VISIBLE} "
@@ -328,11 +338,11 @@ class PostgresSource:
         self._engine = engine
         self._unpacker = Unpacker()
 
-    def read(self, after: int, limit: int) -> pa.Table:
+    def read(self, after: int, limit: int, upto: int) -> pa.Table:
         raw = self._engine.raw_connection()
         try:
             conn = raw.driver_connection
-            upto = self._page_end(conn, after, limit)
+            upto = self._page_end(conn, after, limit, upto)
             buffer = io.BytesIO()
             if upto is not None:
                 sql = self._COPY.format(after=int(after), upto=int(upto))
@@ -344,12 +354,13 @@ class PostgresSource:
             raw.close()
         return self._unpacker.events(self._parse(buffer), after)
 
-    def _page_end(self, conn, after: int, limit: int) -> int | None:
-        """The last position of a page of about `limit` events (at least one commit), or None."""
+    def _page_end(self, conn, after: int, limit: int, head: int) -> int | None:
+        """The last position (<= head) of a page of about `limit` events (at least one commit),
+        or None."""
         upto, total = None, 0
         with conn.cursor(name="analytics_page_sizes") as cur:
             cur.itersize = 2000
-            cur.execute(self._SIZES, (int(after),))
+            cur.execute(self._SIZES, (int(after), int(head)))
             for position, count in cur:
                 if upto is not None and total + count > limit:
                     break
@@ -368,6 +379,11 @@ class PostgresSource:
             convert_options=pacsv.ConvertOptions(
                 column_types=COMMIT_SCHEMA, strings_can_be_null=False,
                 quoted_strings_can_be_null=False))
+
+    def head(self) -> int:
+        """Positions below the oldest running transaction's are final; later ones sort after."""
+        with self._engine.connect() as conn:
+            return int(conn.execute(sa.text(self._HEAD)).scalar_one())
 
     def first_event_id(self) -> str:
         with self._engine.connect() as conn:
@@ -390,8 +406,8 @@ class StoreSource:
     def __init__(self, store) -> None:
         self._store = store
 
-    def read(self, after: int, limit: int) -> pa.Table:
-        rows = list(self._store.read_all(after, limit))
+    def read(self, after: int, limit: int, upto: int) -> pa.Table:
+        rows = [r for r in self._store.read_all(after, limit) if r.position <= upto]
         if not rows:
             return _empty()
         # a page may end inside a commit: the checkpoint is a position, so the next page (by this
@@ -401,6 +417,9 @@ class StoreSource:
         return pa.Table.from_arrays(
             [pa.array(c, type=f.type) for c, f in zip(columns, EVENT_SCHEMA, strict=True)],
             schema=EVENT_SCHEMA)
+
+    def head(self) -> int:
+        return self._store.last_position()
 
     def first_event_id(self) -> str:
         return next((r.event_id for r in self._store.read_all(0, 1)), "")

@@ -7,7 +7,8 @@ nothing is counted twice. The store holds one row per append (a commit); the rea
 commits and unpack them into event rows (analytics.sources), so batches end on commit boundaries,
 and the checkpoint is the position of the batch's last event. Reading and unpacking the next
 batch overlaps with writing the current one (a reader thread; SQLite, ADBC, Arrow and DuckDB all
-release the GIL while they work).
+release the GIL while they work). A sync reads up to the store's head as of its start, so it ends
+even while writers keep appending; the next sync takes what came since.
 """
 
 from __future__ import annotations
@@ -225,9 +226,10 @@ def _prefetch(source: Source, after: int, limit: int) -> Iterator[pa.Table]:
     def reader() -> None:
         position = after
         try:
+            head = source.head()  # as of now: a writer that never stops cannot keep the sync going
             while not stop.is_set():
-                page = source.read(position, limit)
-                if page.num_rows == 0:
+                page = source.read(position, limit, head) if position < head else None
+                if page is None or page.num_rows == 0:
                     put(None)
                     return
                 position = page["position"][-1].as_py()

@@ -1,0 +1,36 @@
+"""Syncing a store that writers keep appending to: a sync ends at the head it saw when it began."""
+
+from __future__ import annotations
+
+import pytest
+
+from analytics.sync import sync
+from analytics.warehouse import Warehouse
+from eventstore import EventStore
+from tests.test_analytics import fill, tally
+
+
+@pytest.mark.parametrize("prefer", [None, "store"])
+def test_a_sync_stops_at_the_head_it_began_with_while_writers_append(empty_store_url, tmp_path, prefer):
+    """A run writing all along kept a sync (and every analytics command behind it) chasing the
+    log in small batches until the run ended; now it ends at its start's head, and the next one
+    takes the rest."""
+    fill(empty_store_url, 0, 60)
+    with EventStore.open(empty_store_url) as store:
+        head = store.last_position()
+    written = []
+
+    def writer_appends(_checkpoint: int) -> None:
+        if len(written) < 4:  # a few rounds (the old reader chased them; an endless writer forever)
+            written.append(len(written))
+            fill(empty_store_url, 1_000 + 20 * len(written), 20, seed=len(written))
+
+    path = tmp_path / "w.duckdb"
+    first = sync(empty_store_url, path, batch_events=211, after_batch=writer_appends, prefer=prefer)
+    assert written and first.checkpoint == head
+    second = sync(empty_store_url, path, prefer=prefer)
+    assert second.checkpoint > head and second.events > 0
+    expected = tally(empty_store_url)
+    with Warehouse(path) as wh:
+        assert wh.counts()["episodes"] == len(expected["episodes"])
+        assert wh.counts()["steps"] == expected["actions"]
