@@ -28,8 +28,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 # The event types analytics reads; chaos events (data.cause == "chaos") are read whatever their type.
+# ApprovalSubmitted and ApprovalEscalated tell whether a mistake was put right (the decisive step).
 FACT_TYPES = ("EpisodeStarted", "EpisodeEnded", "ActionTaken", "ActionRejected", "RewardGranted",
-              "MistakeRecorded")
+              "MistakeRecorded", "ApprovalSubmitted", "ApprovalEscalated")
 _CHAOS_TEXT = '"cause":"chaos"'  # canonical JSON has no whitespace: a cheap pre-filter
 _CHAOS_LIKE = f"%{_CHAOS_TEXT}%"
 
@@ -105,7 +106,12 @@ _FACT_COLUMNS = """
          WHEN type = 'ActionRejected'
               THEN json_extract_string(data, ['$.step', '$.code', '$.cause', '$.reason'])
          WHEN type = 'RewardGranted' THEN json_extract_string(data, ['$.-', '$.rule', '$.value', '$.-'])
-         WHEN type = 'MistakeRecorded' THEN json_extract_string(data, ['$.step', '$.mode', '$.-', '$.-'])
+         WHEN type = 'MistakeRecorded'
+              THEN json_extract_string(data, ['$.step', '$.mode', '$.subject', '$.irreversible'])
+         WHEN type = 'ApprovalSubmitted'
+              THEN json_extract_string(data, ['$.step', '$.approval_type', '$.approval_id', '$.problems'])
+         WHEN type = 'ApprovalEscalated'
+              THEN json_extract_string(data, ['$.-', '$.approval_id', '$.-', '$.-'])
     END AS x,
     CASE WHEN {hint} THEN json_extract_string(data, ['$.cause', '$.mechanism']) END AS c
 """
@@ -266,11 +272,49 @@ mech AS (
            list(DISTINCT mechanism ORDER BY mechanism) AS chaos_mechanisms
     FROM t_chaos GROUP BY stream_id
 ),
+-- the decisive step, as domain/outcomes.py decides the failure mode: the irreversible mistake that
+-- ended the episode, or on truncation the first mistake never put right (`_resolved` mirrored:
+-- escalated, or a later submission of its approval type, one without problems unless the mistake
+-- was missing fields); else the last step carrying the mode, else the last step
+subm AS (
+    SELECT stream_id, step, s1 AS approval_type, s2 AS approval_id, s3 = '[]' AS clean
+    FROM t_facts WHERE type = 'ApprovalSubmitted'
+),
+esc AS (SELECT DISTINCT stream_id, s1 AS approval_id FROM t_facts WHERE type = 'ApprovalEscalated'),
+mist AS (
+    SELECT m.stream_id, m.step, m.version, m.s3 = 'true' AS irreversible,
+           m.s1 = en.x[2] AS decides, en.x[1] AS outcome,
+           CASE WHEN m.s1 = 'rejection_not_handled'
+                     THEN EXISTS (SELECT 1 FROM esc
+                                  WHERE esc.stream_id = m.stream_id AND esc.approval_id = m.s2)
+                       OR EXISTS (SELECT 1 FROM subm a JOIN subm b ON b.stream_id = a.stream_id
+                                  AND b.approval_type = a.approval_type
+                                  WHERE a.stream_id = m.stream_id AND a.approval_id = m.s2
+                                    AND b.step > m.step)
+                WHEN m.s1 = 'missing_required_fields'
+                     THEN EXISTS (SELECT 1 FROM subm b WHERE b.stream_id = m.stream_id
+                                  AND b.approval_type = m.s2 AND b.step > m.step)
+                ELSE EXISTS (SELECT 1 FROM subm b WHERE b.stream_id = m.stream_id
+                             AND b.approval_type = m.s2 AND b.step > m.step AND b.clean)
+           END AS resolved
+    FROM t_facts m JOIN en ON en.stream_id = m.stream_id
+    WHERE m.type = 'MistakeRecorded' AND en.x[1] IN ('failure', 'truncated')
+),
+decisive AS (
+    SELECT stream_id,
+           coalesce(CASE WHEN outcome = 'failure' THEN min(step) FILTER (WHERE irreversible AND decides)
+                         ELSE arg_min(step, version)
+                                  FILTER (WHERE NOT irreversible AND NOT resolved AND decides)
+                    END,
+                    max(step) FILTER (WHERE decides)) AS step
+    FROM mist GROUP BY stream_id, outcome
+),
 lead AS (
     SELECT s.episode_id AS stream_id, list(s.tool ORDER BY s.version) AS lead_in
     FROM t_steps s JOIN agg a ON a.stream_id = s.episode_id
-    WHERE s.step <= coalesce(a.first_mistake_step, a.last_step)
-      AND s.step > coalesce(a.first_mistake_step, a.last_step) - 5
+    LEFT JOIN decisive d ON d.stream_id = s.episode_id
+    WHERE s.step <= coalesce(d.step, a.last_step)
+      AND s.step > coalesce(d.step, a.last_step) - 5
     GROUP BY s.episode_id
 )
 SELECT t.stream_id AS episode_id,

@@ -89,13 +89,14 @@ def convert(query: str, p: Param, value: Any) -> Any:
         shown = shown if len(shown) <= 60 else f"{shown[:57]}..."
         return QueryError(f"query {query!r}: parameter {p.name!r} must be {why}, got {shown}")
 
+    # surrounding whitespace is dropped from every value, text as numbers (`k= 3`, `task= x`)
     text = value.strip() if isinstance(value, str) else None
     if p.type == "VARCHAR":
-        if not isinstance(value, str):
+        if text is None:
             raise bad("text")
-        if len(value) > MAX_TEXT:
+        if len(text) > MAX_TEXT:
             raise bad(f"at most {MAX_TEXT} characters")
-        return value
+        return text
     if p.type == "BOOLEAN":
         if isinstance(value, bool):
             return value
@@ -122,14 +123,14 @@ def convert(query: str, p: Param, value: Any) -> Any:
         from domain import TASK_FAMILIES, task_family
 
         try:
-            return task_family(value).name
+            return task_family(text if text is not None else value).name
         except ValueError:
             raise bad(f"a task family ({', '.join(TASK_FAMILIES)})") from None
     if p.type == "CHAOS":
         from domain.chaos import parse_chaos
 
         try:
-            return parse_chaos(value)
+            return parse_chaos(text if text is not None else value)
         except ValueError as exc:
             raise QueryError(f"query {query!r}: parameter {p.name!r}: {exc}") from None
     # DOUBLE

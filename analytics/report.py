@@ -7,6 +7,7 @@ file can be mailed, archived or opened offline and still reads at a glance.
 from __future__ import annotations
 
 import html
+import math
 import time
 from typing import Any
 
@@ -26,7 +27,7 @@ SELECT count(*) AS episodes,
              / nullif(count(*) FILTER (WHERE outcome IS NOT NULL), 0), 4) AS success_rate,
        round(avg(total_return) FILTER (WHERE outcome IS NOT NULL), 3) AS mean_return,
        round(avg(steps) FILTER (WHERE outcome IS NOT NULL), 2) AS mean_steps,
-       count(DISTINCT agent) AS agents,
+       count(DISTINCT coalesce(agent, '(unknown)')) AS agents,  -- as compare_agents labels them
        count(DISTINCT task) AS tasks
 FROM episodes
 WHERE ($agent IS NULL OR agent = $agent) AND ($task IS NULL OR task = $task)
@@ -92,8 +93,20 @@ def _cell(value: Any) -> str:
     if isinstance(value, list):
         return ", ".join(map(str, value))
     if isinstance(value, float):
-        return f"{value:g}"
+        return number_text(value)
     return str(value)
+
+
+def number_text(value: float) -> str:
+    """A float for people: up to 6 decimals and no exponent, so 1234567.891 keeps its magnitude
+    (`:g` shows 1.23457e+06); exponent form only where fixed point would hide the value."""
+    if not math.isfinite(value):
+        return str(value)
+    if value == 0:
+        return "0"
+    if abs(value) >= 1e16 or abs(value) < 1e-6:
+        return f"{value:.6g}"
+    return f"{value:.6f}".rstrip("0").rstrip(".")
 
 
 def report_title(data: dict[str, Any]) -> str:

@@ -24,7 +24,7 @@ from analytics.paths import why_not_written
 from eventstore.engine import normalise_url, sqlite_file
 
 # Bump when the derived tables' definition changes: a warehouse built by older code is rebuilt.
-DERIVE_VERSION = 1
+DERIVE_VERSION = 2  # 2: lead_in ends at the decisive step, not the first mistake
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sync_state (key VARCHAR PRIMARY KEY, value VARCHAR NOT NULL);
@@ -58,6 +58,7 @@ CREATE TABLE IF NOT EXISTS episodes (
     chaos_events INTEGER,         -- events with cause = "chaos"
     chaos_mechanisms VARCHAR[],   -- distinct mechanisms that fired, sorted
     lead_in VARCHAR[],            -- tools of the last (up to 5) steps up to the decisive step
+                                  -- (the step whose mistake decided failure_mode, else the last)
     started_at VARCHAR,           -- wall clock of EpisodeStarted (envelope meta)
     first_position BIGINT NOT NULL,
     last_position BIGINT NOT NULL,

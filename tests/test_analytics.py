@@ -20,7 +20,7 @@ from analytics.named import QueryError, UnknownQuery
 from analytics.sources import adbc_available
 from analytics.sync import sync
 from analytics.warehouse import Warehouse, WarehouseError
-from eventstore import GENESIS_DIGEST, CorruptCommit, EventStore, chain_digest
+from eventstore import GENESIS_DIGEST, CorruptCommit, EventStore, NewEvent, chain_digest
 
 TABLES = {
     "events": "SELECT position, stream_id, version, type, schema_version, data, meta FROM events "
@@ -328,12 +328,13 @@ def test_every_named_query_runs_and_returns_row_objects(filled, tmp_path):
         finished = wh.con.execute("SELECT count(*) FROM episodes WHERE outcome IS NOT NULL").fetchone()[0]
         assert sum(r["episodes"] for r in success) == finished
         passk = service.run_named(wh, "pass_at_k", {"k": 2})
-        for r in passk:
-            assert 0.0 <= r["pass_hat_k"] <= 1.0
+        for r in passk:  # NULL exactly when no instance of the agent and task had 2 trials
+            assert (r["pass_hat_k"] is None) == (r["instances"] == 0)
+            assert r["pass_hat_k"] is None or 0.0 <= r["pass_hat_k"] <= 1.0
         by_task = collections.defaultdict(dict)
         for r in passk:
             by_task[(r["agent"], r["task"])][r["k"]] = r["pass_hat_k"]
-        assert all(v[1] >= v.get(2, 0) - 1e-9 for v in by_task.values())  # pass^k falls with k
+        assert all(v[1] >= v[2] - 1e-9 for v in by_task.values() if v[1] is not None)  # pass^k falls with k
 
 
 def test_warehouse_refuses_another_store(filled, tmp_path):
@@ -511,3 +512,204 @@ def test_a_warehouse_held_by_another_process_is_reported_busy(tmp_path):
             Warehouse(path, wait=0.2)
     finally:
         holder.communicate("")
+
+
+# -- hand-written episodes: one question each ---------------------------------------------------
+
+
+def _episode(store: EventStore, eid: str, steps: list[list[tuple[str, dict]]], end: tuple | None,
+             agent: str | None = "a", task: str = "expense_report", seed: int = 1, chaos: float = 0.5,
+             max_steps: int = 30, profile: str = "default") -> None:
+    """Append one episode: step n's tool is `t.sN` (so a lead-in shows its steps), then the step's
+    events; `end` is (outcome, failure_mode) or None to leave the episode running."""
+    meta = {"agent": agent} if agent is not None else {}
+    start = {"task": task, "seed": seed, "chaos": chaos, "reward_profile": profile, "max_steps": max_steps,
+             "goal": "g", "target": {}}
+    events = [NewEvent("EpisodeStarted", start, meta=meta)]
+    for n, extra in enumerate(steps, 1):
+        events.append(NewEvent("ActionTaken", {"step": n, "action": {"app": "t", "method": f"s{n}",
+                                                                     "params": {}}}))
+        events += [NewEvent(t, {"step": n, **d} if t != "RewardGranted" else d) for t, d in extra]
+    if end is not None:
+        events.append(NewEvent("EpisodeEnded", {"outcome": end[0], "failure_mode": end[1],
+                                                "steps": len(steps), "total_return": 0.0}))
+    store.append(eid, events, None)
+
+
+def _submitted(aid: str, problems: list | None = None) -> tuple[str, dict]:
+    return ("ApprovalSubmitted", {"approval_id": aid, "approval_type": "expense", "approver": "x",
+                                  "approver_role": "r", "data": {}, "problems": problems or [],
+                                  "approver_out_of_office": False})
+
+
+def _mistake(mode: str, subject: str, irreversible: bool = False) -> tuple[str, dict]:
+    return ("MistakeRecorded", {"mode": mode, "subject": subject, "detail": "d",
+                                "irreversible": irreversible})
+
+
+def _refusal(code: str) -> tuple[str, dict]:
+    return ("ActionRejected", {"code": code, "reason": "r", "cause": "rules", "mechanism": None})
+
+
+def _rejected(aid: str) -> list[tuple[str, dict]]:
+    return [("ApprovalDecided", {"approval_id": aid, "decision": "rejected", "reason": "no", "cause": "rules",
+                                 "mechanism": None}), _mistake("rejection_not_handled", aid)]
+
+
+def _warehouse_of(tmp_path, write) -> Warehouse:
+    url = f"sqlite:///{tmp_path / 'hand.db'}"
+    store = EventStore.open(url)
+    try:
+        write(store)
+    finally:
+        store.close()
+    wh = Warehouse(tmp_path / "hand.duckdb")
+    sync(url, wh)
+    return wh
+
+
+def test_lead_in_ends_at_the_step_that_decided_the_failure_mode(tmp_path):
+    """As domain/outcomes.py decides the mode: the irreversible mistake, or on truncation the
+    first mistake never put right, not merely the first mistake."""
+    idle: list[tuple[str, dict]] = []
+    a1, a2 = [_submitted("A1")], [_submitted("A2")]
+    cases = {
+        # A1 rejected (2), put right by resubmitting A2 (3), A2 rejected (4) and never handled
+        "resubmitted": ([a1, _rejected("A1"), a2, _rejected("A2"), idle, idle],
+                        ("truncated", "rejection_not_handled"), 4),
+        # both pending, A1 rejected first (3), A2 after (4), neither handled: the first unresolved decides
+        "two_pending": ([a1, a2, _rejected("A1"), _rejected("A2"), idle, idle],
+                        ("truncated", "rejection_not_handled"), 3),
+        # as above, but A1 escalated (5): A2's rejection is the first never put right
+        "escalated": ([a1, a2, _rejected("A1"), _rejected("A2"),
+                       [("ApprovalEscalated", {"approval_id": "A1", "reason": "r"})], idle],
+                      ("truncated", "rejection_not_handled"), 4),
+        # missing fields (2) fixed by a resubmission (3); the budget ran out with no mistake left
+        "fixed_then_slow": ([idle, [_mistake("missing_required_fields", "expense")], [_submitted("A1")],
+                             idle, idle, idle, idle], ("truncated", "step_budget_exhausted"), 7),
+        # stale figures sent (2, recoverable), later the irreversible stale decision (5) ends it
+        "irreversible": ([idle, [_submitted("A1", ["stale"]), _mistake("stale_data_used", "expense")], idle,
+                          idle, [_mistake("stale_data_used", "T-1", True)]],
+                         ("failure", "stale_data_used"), 5),
+        "success": ([idle, [_mistake("missing_required_fields", "expense")], [_submitted("A1")]],
+                    ("success", None), 3),
+    }
+
+    def write(store):
+        for eid, (steps, end, _) in cases.items():
+            _episode(store, eid, steps, end)
+
+    with _warehouse_of(tmp_path, write) as wh:
+        rows = {r[0]: r[1:] for r in wh.con.execute(
+            "SELECT episode_id, lead_in, first_mistake_step FROM episodes").fetchall()}
+        for eid, (steps, _, decisive) in cases.items():
+            assert rows[eid][0] == [f"t.s{n}" for n in range(max(1, decisive - 4), decisive + 1)], eid
+            first = next((n for n, extra in enumerate(steps, 1)
+                          if any(t == "MistakeRecorded" for t, _ in extra)), None)
+            assert rows[eid][1] == first, eid  # first_mistake_step stays the first mistake
+        sequences = {(r["failure_mode"], r["sequence"]) for r in
+                     service.run_named(wh, "actions_before_failure", {"k": 2})}
+        assert ("rejection_not_handled", "t.s3 > t.s4") in sequences
+        assert ("step_budget_exhausted", "t.s6 > t.s7") in sequences
+
+
+def test_pass_at_k_averages_every_k_over_the_same_instances(tmp_path):
+    """τ-bench: pass^1..pass^K over the instances with at least K trials, so it never rises with k."""
+    def write(store):
+        _episode(store, "once", [[]], ("failure", "wrong_decision"), seed=1)
+        for i in range(3):
+            _episode(store, f"thrice-{i}", [[]], ("success", None), seed=2)
+        for i in range(2):  # same seed and chaos, another agent: another instance
+            _episode(store, f"b-{i}", [[]], ("success", None), seed=2, agent="b")
+
+    with _warehouse_of(tmp_path, write) as wh:
+        rows = service.run_named(wh, "pass_at_k", {"k": 3, "agent": "a"})
+        assert [(r["k"], r["instances"], r["instances_left_out"], r["pass_hat_k"]) for r in rows] == [
+            (1, 1, 1, 1.0), (2, 1, 1, 1.0), (3, 1, 1, 1.0)]
+        # no instance of b has 3 trials: one row per k says so, with nothing averaged
+        rows = service.run_named(wh, "pass_at_k", {"k": 3, "agent": "b"})
+        assert [(r["k"], r["instances"], r["instances_left_out"], r["pass_hat_k"]) for r in rows] == [
+            (1, 0, 1, None), (2, 0, 1, None), (3, 0, 1, None)]
+        rows = service.run_named(wh, "pass_at_k", {"k": 1, "agent": "a"})
+        assert [(r["instances"], r["pass_hat_k"]) for r in rows] == [(2, 0.5)]
+
+
+def test_pass_at_k_does_not_pool_other_budgets_or_reward_profiles_as_trials(tmp_path):
+    def write(store):
+        _episode(store, "short", [[]], ("truncated", "step_budget_exhausted"), max_steps=13)
+        _episode(store, "long", [[]], ("success", None), max_steps=16)
+        _episode(store, "sparse", [[]], ("success", None), max_steps=16, profile="sparse")
+        _episode(store, "long-again", [[]], ("success", None), max_steps=16)
+
+    with _warehouse_of(tmp_path, write) as wh:
+        rows = service.run_named(wh, "pass_at_k", {"k": 2})
+        assert [(r["k"], r["instances"], r["instances_left_out"], r["pass_hat_k"]) for r in rows] == [
+            (1, 1, 2, 1.0), (2, 1, 2, 1.0)]  # only (16 steps, default) ran twice
+
+
+def test_queries_count_finished_episodes_only(tmp_path):
+    """A running episode's partial rewards, mistakes and calls are in no query."""
+    def write(store):
+        reward = ("RewardGranted", {"rule": "step", "value": -0.1, "cause": 1})
+        bad = _refusal("invalid_params")
+        _episode(store, "done", [[reward], [reward]], ("success", None))
+        _episode(store, "running", [[reward, bad, _mistake("missing_required_fields", "expense")]], None)
+
+    with _warehouse_of(tmp_path, write) as wh:
+        assert service.run_named(wh, "reward_by_rule", {}) == [
+            {"rule": "step", "grants": 2, "episodes_granted": 1, "share_of_episodes": 1.0,
+             "total_value": -0.2, "mean_value_per_episode": -0.2}]
+        assert service.run_named(wh, "first_mistake_step", {}) == []
+        rows = service.run_named(wh, "tool_error_rates", {})
+        assert {r["tool"]: (r["calls"], r["rejected"]) for r in rows} == {"t.s1": (1, 0), "t.s2": (1, 0)}
+
+
+def test_most_common_ties_are_broken_alphabetically(tmp_path):
+    """Equal counts: the alphabetically first name, whatever order the episodes were logged in."""
+    def write(store):
+        n = 0
+        for first, second in (("z", "b"), ("b", "z")):
+            for mode, code in ((f"{first}_mode", f"{first}_code"), (f"{second}_mode", f"{second}_code")):
+                rejected = _refusal(code)
+                n += 1
+                _episode(store, f"e{n}", [[rejected, _mistake(mode, "x")]], ("truncated", mode),
+                         agent=f"agent-{first}")
+
+    with _warehouse_of(tmp_path, write) as wh:
+        assert [r["most_common_mode"] for r in service.run_named(wh, "first_mistake_step", {})] == ["b_mode"]
+        assert [r["top_reject_code"] for r in service.run_named(wh, "tool_error_rates", {})] == ["b_code"]
+        assert {r["agent"]: r["top_failure_mode"] for r in service.run_named(wh, "compare_agents", {})} == {
+            "agent-z": "b_mode", "agent-b": "b_mode"}
+
+
+def test_report_counts_agentless_episodes_as_the_unknown_agent_it_lists(tmp_path):
+    from analytics import report
+
+    def write(store):
+        _episode(store, "a", [[]], ("success", None), agent="a")
+        _episode(store, "nobody", [[]], ("success", None), agent=None)
+
+    with _warehouse_of(tmp_path, write) as wh:
+        data = report.build(wh)
+    assert data["summary"]["agents"] == len(data["compare_agents"]) == 2
+    assert "2 agent(s)" in report.summary_line(data["summary"])
+
+
+def test_parameters_drop_surrounding_whitespace_whatever_their_type(tmp_path):
+    from analytics import named
+
+    query = named.get("failure_modes")
+    assert query.bind(named.parse_assignments(["task= expense_report ", "agent= a", "chaos= medium",
+                                               "examples= 2"])) == {
+        "task": "expense_report", "agent": "a", "chaos": 0.5, "examples": 2}
+    assert query.bind({"agent": " a "})["agent"] == "a"  # JSON and query strings too
+
+
+def test_floats_in_tables_keep_their_magnitude():
+    from analytics.report import _cell, number_text
+
+    assert number_text(1234567.891) == "1234567.891"
+    assert number_text(-8439.0) == "-8439" and number_text(0.1565) == "0.1565"
+    assert number_text(2 / 3) == "0.666667" and number_text(-0.0) == "0"
+    assert number_text(1e-9) == "1e-09"  # not rounded away to 0
+    assert _cell(-2_200_000.25) == "-2200000.25"

@@ -367,3 +367,106 @@ def test_a_store_that_cannot_be_synced_is_one_error_line_and_leaves_no_file(logg
     assert out.returncode == 2, out.stderr
     assert out.stderr.startswith("error: ") and out.stderr.count("\n") == 1, out.stderr
     assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+
+
+def _tool(action) -> str:
+    ok = isinstance(action, dict) and action.get("app") is not None and action.get("method") is not None
+    return f"{action['app']}.{action['method']}" if ok else "(malformed)"
+
+
+def _decisive_lead_ins(url: str) -> tuple[dict[str, list[str]], int]:
+    """Each episode's lead-in as the domain decides its failure mode (fold + outcomes), and how
+    many failed episodes were decided elsewhere than at their first mistake."""
+    import collections
+
+    from domain.episode import fold
+    from domain.events import from_envelope
+    from domain.outcomes import _resolved
+    from eventstore import EventStore
+
+    streams = collections.defaultdict(list)
+    store = EventStore.open(url)
+    try:
+        for r in store.read_all():
+            streams[r.stream_id].append(r)
+    finally:
+        store.close()
+    lead_ins, elsewhere = {}, 0
+    for sid, records in streams.items():
+        state = fold(from_envelope(r.type, r.data, r.schema_version) for r in records)
+        tools = {r.data["step"]: _tool(r.data["action"]) for r in records if r.type == "ActionTaken"}
+        decisive = max(tools, default=0)
+        if state.outcome == "failure":
+            decisive = next(m.step for m in state.mistakes if m.irreversible)
+        elif state.outcome == "truncated":
+            decisive = next((m.step for m in state.mistakes if not _resolved(m, state.world)), decisive)
+        if state.outcome != "success" and state.mistakes and state.mistakes[0].step != decisive:
+            elsewhere += 1
+        lead_ins[sid] = [tools[s] for s in range(max(1, decisive - 4), decisive + 1)]
+    return lead_ins, elsewhere
+
+
+def test_lead_in_ends_where_the_domain_decided_the_failure_mode(logged, tmp_path):
+    from companyos.agents import make_agent
+    from companyos.env import CompanyEnv
+
+    url = f"sqlite:///{shutil.copyfile(logged[0].removeprefix('sqlite:///'), tmp_path / 's.db')}"
+    # the expert escalates a random rejection (put right), then runs out of steps: no mistake decides
+    with CompanyEnv(url, durability="episode", agent="expert") as env:
+        for max_steps in (13, 14):
+            agent = make_agent("expert", 55)
+            obs, _ = env.reset(seed=55, options={"task": "vendor_onboarding", "chaos": "medium",
+                                                 "max_steps": max_steps})
+            agent.reset(obs)
+            done = False
+            while not done:
+                obs, _, terminated, truncated, _ = env.step(agent.act(obs))
+                done = terminated or truncated
+    expected, elsewhere = _decisive_lead_ins(url)
+    assert elsewhere >= 2  # cases where the first mistake is not the decisive one
+    with Warehouse(tmp_path / "w.duckdb") as wh:
+        sync(url, wh, batch_events=3_001)
+        assert dict(wh.con.execute("SELECT episode_id, lead_in FROM episodes").fetchall()) == expected
+
+
+def _markup_store(tmp: pathlib.Path) -> str:
+    from eventstore import EventStore, NewEvent
+
+    url = f"sqlite:///{tmp / 'markup.db'}"
+    store = EventStore.open(url)
+    try:
+        for agent in ("[/]", "[bold]x", "[red]"):
+            start = {"task": "expense_report", "seed": 1, "chaos": 0.0, "reward_profile": "default",
+                     "max_steps": 5, "goal": "g", "target": {}}
+            store.append(f"ep-{agent}", [
+                NewEvent("EpisodeStarted", start, meta={"agent": agent}),
+                NewEvent("ActionTaken", {"step": 1, "action": {"app": "[b]app", "method": "m"}}),
+                NewEvent("EpisodeEnded", {"outcome": "truncated", "failure_mode": "step_budget_exhausted",
+                                          "steps": 1, "total_return": 0.0})], None)
+    finally:
+        store.close()
+    return url
+
+
+def test_stored_text_that_looks_like_markup_is_printed_as_is(tmp_path, cli):
+    url = _markup_store(tmp_path)
+    wh = str(tmp_path / "m.duckdb")
+    out = cli("query", "compare_agents", "--db", url, "--warehouse", wh)
+    assert out.exit_code == 0, out.output
+    assert all(name in out.stdout for name in ("[/]", "[bold]x", "[red]")), out.stdout
+    out = cli("sql", "SELECT agent AS \"[i]agent\", lead_in FROM episodes ORDER BY agent", "--db", url,
+              "--warehouse", wh)
+    assert out.exit_code == 0, out.output
+    assert all(text in out.stdout for text in ("[i]agent", "[/]", "[bold]x", "[b]app.m")), out.stdout
+    out = cli("report", "--agent", "[bold]x", "--db", url, "--warehouse", wh)
+    assert out.exit_code == 0, out.output
+    # the title is bold, not "[bold]...[/bold]" spelt out, and the filter in it is shown as typed
+    assert out.stdout.startswith("CompanyOS failure-mode report (agent=[bold]x)\n"), out.stdout
+    assert "[b]app.m" in out.stdout, out.stdout
+
+
+def test_tables_print_floats_with_their_magnitude(logged, tmp_path, cli):
+    out = cli("sql", "SELECT 1234567.891::DOUBLE AS x, -0.1565::DOUBLE AS y", "--db", logged[0],
+              "--warehouse", str(tmp_path / "w.duckdb"))
+    assert out.exit_code == 0, out.output
+    assert "1234567.891" in out.stdout and "-0.1565" in out.stdout and "e+06" not in out.stdout

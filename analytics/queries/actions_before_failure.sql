@@ -1,4 +1,4 @@
--- The most common action sequences leading into each failure mode: the last k tools up to the decisive step (the first mistake, else the last step).
+-- The most common action sequences leading into each failure mode, over finished non-successful episodes: the last k tools up to the decisive step (the step whose mistake decided the failure mode, else the last step).
 -- param agent VARCHAR = NULL: only episodes of this agent
 -- param task TASK = NULL: only this task family
 -- param k INTEGER[1..5] = 3: tools per sequence

@@ -1,20 +1,24 @@
--- At which step agents first go wrong: the distribution of the first recorded mistake's step, with its most common mode.
+-- At which step agents first go wrong: the distribution of the first recorded mistake's step over finished episodes that had one, with its most common mode.
 -- param agent VARCHAR = NULL: only episodes of this agent
 -- param task TASK = NULL: only this task family
 -- param chaos CHAOS = NULL: only this chaos level (none, low, medium, high or a number)
 WITH e AS (
     SELECT first_mistake_step AS step, first_mistake_mode AS mode
     FROM episodes
-    WHERE first_mistake_step IS NOT NULL
+    WHERE outcome IS NOT NULL AND first_mistake_step IS NOT NULL
       AND ($agent IS NULL OR agent = $agent)
       AND ($task IS NULL OR task = $task)
       AND ($chaos IS NULL OR chaos = $chaos)
+),
+modes AS (SELECT step, mode, count(*) AS n FROM e WHERE mode IS NOT NULL GROUP BY ALL),
+top AS (  -- ties: the alphabetically first mode
+    SELECT step, first(mode ORDER BY n DESC, mode) AS mode FROM modes GROUP BY step
 )
-SELECT step AS first_mistake_step,
+SELECT e.step AS first_mistake_step,
        count(*) AS episodes,
        round(count(*) / sum(count(*)) OVER (), 6) AS share,
-       round(sum(count(*)) OVER (ORDER BY step) / sum(count(*)) OVER (), 6) AS cumulative_share,
-       mode(mode) AS most_common_mode
-FROM e
-GROUP BY step
-ORDER BY step
+       round(sum(count(*)) OVER (ORDER BY e.step) / sum(count(*)) OVER (), 6) AS cumulative_share,
+       any_value(top.mode) AS most_common_mode
+FROM e LEFT JOIN top ON top.step = e.step
+GROUP BY e.step
+ORDER BY e.step

@@ -1,9 +1,9 @@
--- tau-bench pass^k per task: the chance that k independent trials of the same instance (task, seed, chaos) all succeed, estimated without bias from n >= k trials per instance as C(c,k)/C(n,k), averaged over instances.
+-- tau-bench pass^k per agent and task: the chance that k independent trials of one instance (task, seed, chaos, step budget, reward profile) all succeed, C(c,k)/C(n,k) averaged for every k up to the requested one over the same instances, those with at least that many trials (the others are counted in instances_left_out).
 -- param k INTEGER[1..64] = 4: largest k reported (rows for 1..k)
 -- param agent VARCHAR = NULL: only episodes of this agent
 -- param task TASK = NULL: only this task family
 WITH trials AS (
-    SELECT coalesce(agent, '(unknown)') AS agent, task, seed, chaos,
+    SELECT coalesce(agent, '(unknown)') AS agent, task, seed, chaos, max_steps, reward_profile,
            count(*) AS n, count(*) FILTER (WHERE outcome = 'success') AS c
     FROM episodes
     WHERE outcome IS NOT NULL
@@ -11,13 +11,23 @@ WITH trials AS (
       AND ($task IS NULL OR task = $task)
     GROUP BY ALL
 ),
-ks AS (SELECT range AS k FROM range(1, $k + 1))
-SELECT t.agent, t.task, ks.k,
-       count(*) AS instances,
-       round(avg(t.n), 2) AS mean_trials,
-       round(avg(CASE WHEN t.c < ks.k THEN 0.0
-                      ELSE exp(lgamma(t.c + 1) - lgamma(t.c - ks.k + 1)
-                               - lgamma(t.n + 1) + lgamma(t.n - ks.k + 1)) END), 4) AS pass_hat_k
-FROM trials t JOIN ks ON t.n >= ks.k
-GROUP BY t.agent, t.task, ks.k
-ORDER BY t.agent, t.task, ks.k
+pairs AS (
+    SELECT agent, task, count(*) FILTER (WHERE n >= $k) AS instances,
+           count(*) FILTER (WHERE n < $k) AS instances_left_out
+    FROM trials GROUP BY agent, task
+),
+ks AS (SELECT range AS k FROM range(1, $k + 1)),
+passes AS (
+    SELECT t.agent, t.task, ks.k,
+           round(avg(t.n), 2) AS mean_trials,
+           round(avg(CASE WHEN t.c < ks.k THEN 0.0
+                          ELSE exp(lgamma(t.c + 1) - lgamma(t.c - ks.k + 1)
+                                   - lgamma(t.n + 1) + lgamma(t.n - ks.k + 1)) END), 4) AS pass_hat_k
+    FROM trials t CROSS JOIN ks
+    WHERE t.n >= $k
+    GROUP BY t.agent, t.task, ks.k
+)
+SELECT p.agent, p.task, ks.k, p.instances, p.instances_left_out, x.mean_trials, x.pass_hat_k
+FROM pairs p CROSS JOIN ks
+LEFT JOIN passes x ON x.agent = p.agent AND x.task IS NOT DISTINCT FROM p.task AND x.k = ks.k
+ORDER BY p.agent, p.task, ks.k

@@ -1,9 +1,10 @@
--- Where the return comes from: grants and value per reward rule, per episode on average.
+-- Where the return comes from: grants and value per reward rule over finished episodes, per episode on average.
 -- param agent VARCHAR = NULL: only episodes of this agent
 -- param task TASK = NULL: only this task family
 WITH e AS (
     SELECT episode_id FROM episodes
-    WHERE ($agent IS NULL OR agent = $agent) AND ($task IS NULL OR task = $task)
+    WHERE outcome IS NOT NULL
+      AND ($agent IS NULL OR agent = $agent) AND ($task IS NULL OR task = $task)
 ),
 n AS (SELECT count(*) AS episodes FROM e)
 SELECT r.rule,

@@ -290,7 +290,7 @@ def _print_rows(names: list[str], rows: list[tuple], fmt: str, title: str | None
         return
     from rich.table import Table
 
-    table = Table(title=title, title_justify="left")
+    table = Table(title=title, title_justify="left")  # stdout_console prints stored text literally
     for n in names:
         table.add_column(n, overflow="fold")
     for row in rows:
@@ -309,7 +309,9 @@ def _text(value: Any, short: bool = False) -> str:
             items = [v if len(v) <= 14 else v[:12] + "…" for v in items]
         return ", ".join(items)
     if isinstance(value, float):
-        return f"{value:g}"
+        from analytics.report import number_text
+
+        return number_text(value)
     return str(value)
 
 
@@ -332,7 +334,7 @@ def _print_report(data: dict) -> None:
     from analytics.report import SECTIONS, report_title, summary_line
 
     console = stdout_console()
-    console.print(f"[bold]{report_title(data)}[/bold]")
+    console.print(report_title(data), style="bold")  # literal: the title holds the --agent filter
     console.print(summary_line(data["summary"]))
     for key, title in SECTIONS:
         rows = data[key]
