@@ -37,7 +37,9 @@ class VerifyReport:
     streams: int = 0
     events: int = 0
     problems: dict[str, list[str]] = field(default_factory=dict)  # stream id -> what is wrong
-    read_models: dict[str, dict[str, int]] = field(default_factory=dict)
+    # per read model: rows, checkpoint, differing; `moved_to` (rows None) when another process
+    # caught it up while verify ran, so its rows were not compared
+    read_models: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -64,10 +66,10 @@ def verify(store: EventStore, projections: Sequence[Projection] | None = None,
     """
     from projections.runner import _default_workers, _parallel_capable, bulk
 
-    upto = store.last_position()
-    with store.engine.connect() as conn:
+    with store.engine.connect() as conn:  # before the head: a checkpoint never lies beyond it
         checkpoints = dict(conn.execute(
             sa.select(projection_checkpoints.c.name, projection_checkpoints.c.position)).all())
+    upto = store.last_position()
     if workers is None:
         workers = _default_workers(store, upto)
     if workers > 1 and _parallel_capable(store):
@@ -283,7 +285,7 @@ class Fold:
         return normalise(self.projection.table,
                          self.projection.row(stream_id, entry.state, entry.last))
 
-    def compare(self, store: EventStore, report: VerifyReport) -> dict[str, int]:
+    def compare(self, store: EventStore, report: VerifyReport) -> dict[str, Any]:
         projection = self.projection
         table = projection.table
         self.close()
@@ -294,7 +296,14 @@ class Fold:
         key = projection.key
         differing: list[tuple[str, dict[str, Any]]] = []
         rows = 0
-        with store.engine.connect() as conn:
+        with _snapshot(store) as conn:
+            # rows and checkpoint commit together: read both in one snapshot, and compare only if
+            # the read model is still where verify folded it (another process may catch it up)
+            now = conn.execute(sa.select(projection_checkpoints.c.position).where(
+                projection_checkpoints.c.name == projection.name)).scalar() or 0
+            if now != self.checkpoint:
+                return {"rows": None, "checkpoint": self.checkpoint, "differing": 0,
+                        "moved_to": now}
             for row in conn.execute(sa.select(table)).mappings():
                 rows += 1
                 sid = row[key]
@@ -318,6 +327,14 @@ class Fold:
             report.add(sid, f"{name} read model differs from its rebuild ({shown})")
         return {"rows": rows, "checkpoint": self.checkpoint,
                 "differing": len(differing) + len(expected)}
+
+
+def _snapshot(store: EventStore) -> sa.Connection:
+    """A connection whose reads all see one snapshot (SQLite: its deferred BEGIN already does)."""
+    conn = store.engine.connect()
+    if store.engine.dialect.name == "postgresql":
+        conn = conn.execution_options(isolation_level="REPEATABLE READ")
+    return conn
 
 
 def _short(value: Any, limit: int = 60) -> str:

@@ -209,7 +209,11 @@ def verify(
     if as_json:
         print_json(report.to_json())
     else:
-        models = ", ".join(f"{name} {m['rows']} rows" for name, m in report.read_models.items())
+        models = ", ".join(
+            f"{name} {m['rows']} rows" if m["rows"] is not None else
+            f"{name} not compared (caught up from position {m['checkpoint']} to {m['moved_to']} "
+            "by another process meanwhile; verify again to compare it)"
+            for name, m in report.read_models.items())
         typer.echo(f"{report.streams} streams, {report.events} events checked; read models: {models}")
         for sid, problems in sorted(report.problems.items()):
             typer.echo(f"BROKEN {sid}:")
