@@ -166,7 +166,8 @@ def _batches(wh: Warehouse, source: Source, identity: Identity, batch_events: in
             wh.set_state(**values)
             con.execute("COMMIT")
         except BaseException as exc:
-            con.execute("ROLLBACK")
+            with contextlib.suppress(duckdb.Error):  # an interrupted COMMIT may have ended it
+                con.execute("ROLLBACK")
             damage = _not_json(con, batch) if isinstance(exc, duckdb.Error) else None
             if damage is not None:
                 raise damage from None

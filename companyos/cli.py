@@ -62,11 +62,30 @@ def main() -> None:
         discard_stdout()
         say_error(f"cannot write the output: {exc.strerror}")
         raise SystemExit(1) from None
+    except SystemExit as exc:
+        if exc.code == 130:  # Typer's own answer to Ctrl-C (KeyboardInterrupt), said in words
+            say_error("interrupted")
+        raise
     except Exception as exc:
+        if _interrupted(exc):
+            say_error("interrupted")
+            raise SystemExit(130) from None
         if not _store_error(exc):
             raise
         say_error(f"the store failed: {getattr(exc, 'orig', None) or exc}")
         raise SystemExit(1) from None
+
+
+def _interrupted(exc: BaseException) -> bool:
+    """A Ctrl-C that DuckDB caught first: its InterruptException, or the RuntimeError it raises
+    when the signal lands while it scans Arrow data from Python. Only consulted when loaded."""
+    import sys
+
+    duckdb = sys.modules.get("duckdb")
+    if duckdb is None:
+        return False
+    return isinstance(exc, duckdb.InterruptException) or (
+        type(exc) is RuntimeError and str(exc) == "Query interrupted")
 
 
 def _store_error(exc: BaseException) -> bool:

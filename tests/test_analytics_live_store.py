@@ -34,3 +34,37 @@ def test_a_sync_stops_at_the_head_it_began_with_while_writers_append(empty_store
     with Warehouse(path) as wh:
         assert wh.counts()["episodes"] == len(expected["episodes"])
         assert wh.counts()["steps"] == expected["actions"]
+
+
+@pytest.mark.parametrize("interrupt", [KeyboardInterrupt(), RuntimeError("Query interrupted")])
+def test_ctrl_c_during_a_sync_is_one_line_and_the_next_sync_resumes(sqlite_url, tmp_path, monkeypatch,
+                                                                     capsys, interrupt):
+    """Ctrl-C reaches a sync as KeyboardInterrupt, or as the RuntimeError DuckDB raises when the
+    signal lands while it scans Arrow; both printed a traceback (one with a second error from
+    rolling back a transaction the interrupted COMMIT had ended)."""
+    import analytics.sync as syncing
+    from companyos import cli
+
+    fill(sqlite_url, 0, 40)
+    path = tmp_path / "w.duckdb"
+    derive, calls = syncing.derive_batch, []
+
+    def derive_then_interrupted(con, lo):
+        calls.append(lo)
+        if len(calls) == 1:
+            raise interrupt
+        return derive(con, lo)
+
+    monkeypatch.setattr(syncing, "derive_batch", derive_then_interrupted)
+    monkeypatch.setattr("sys.argv", ["companyos", "analytics", "sync", "--db", sqlite_url,
+                                     "--warehouse", str(path)])
+    with pytest.raises(SystemExit) as stopped:
+        cli.main()
+    assert stopped.value.code == 130
+    assert capsys.readouterr().err.strip() == "error: interrupted"
+    monkeypatch.undo()
+    with Warehouse(path) as wh:
+        assert wh.checkpoint == 0 and wh.counts()["events"] == 0  # nothing of the batch is kept
+    assert sync(sqlite_url, path).events > 0
+    with Warehouse(path) as wh:
+        assert wh.counts()["episodes"] == len(tally(sqlite_url)["episodes"])
