@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
+import signal
 import statistics
+import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
@@ -123,9 +127,29 @@ _worker_store: EventStore | None = None
 
 
 def _init_worker(db: str) -> None:
-    """Each worker process opens the store once and keeps it for all its chunks."""
+    """Each worker process opens the store once and keeps it for all its chunks.
+
+    Ctrl-C is the parent's to handle (it stops the pool); a worker whose parent died stops too,
+    rather than log episodes no one will report and die on a broken pipe with a traceback.
+    """
     global _worker_store
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     _worker_store = EventStore.open(db)
+    threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
+
+
+def _exit_with_parent(parent: int) -> None:
+    while os.getppid() == parent:
+        time.sleep(0.5)
+    os._exit(1)
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C during a run: carries the results of the episodes finished (and logged) so far."""
+
+    def __init__(self, results: list[EpisodeResult]) -> None:
+        super().__init__()
+        self.results = results
 
 
 def _work(args: tuple[RunPlan, int, int]) -> list[EpisodeResult]:
@@ -140,10 +164,16 @@ def run(plan: RunPlan, workers: int = 1,
     size = max(CHUNK, min(2_000, plan.episodes // max(1, workers * 40)))
     chunks = [(plan, s, min(s + size, plan.episodes)) for s in range(0, plan.episodes, size)]
     results: list[EpisodeResult] = []
-    for chunk in _execute(plan, chunks, workers):
-        results.extend(chunk)
-        if progress:
-            progress(len(chunk))
+    try:
+        for chunk in _execute(plan, chunks, workers):
+            results.extend(chunk)
+            if progress:
+                progress(len(chunk))
+    except BaseException as exc:
+        # Ctrl-C in the middle of a commit surfaces as the driver's failure to roll back
+        if isinstance(exc, KeyboardInterrupt) or isinstance(exc.__context__, KeyboardInterrupt):
+            raise RunInterrupted(results) from None
+        raise
     return results
 
 

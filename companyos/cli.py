@@ -63,7 +63,7 @@ def main() -> None:
         say_error(f"cannot write the output: {exc.strerror}")
         raise SystemExit(1) from None
     except SystemExit as exc:
-        if exc.code == 130:  # Typer's own answer to Ctrl-C (KeyboardInterrupt), said in words
+        if _ctrl_c(exc):  # Typer's own silent answer to Ctrl-C, said in words
             say_error("interrupted")
         raise
     except Exception as exc:
@@ -74,6 +74,13 @@ def main() -> None:
             raise
         say_error(f"the store failed: {getattr(exc, 'orig', None) or exc}")
         raise SystemExit(1) from None
+
+
+def _ctrl_c(exc: SystemExit) -> bool:
+    """Typer turns a KeyboardInterrupt no command handled into `Exit(130) from` it (a command
+    that says more about its interruption exits 130 itself)."""
+    raised = exc.__context__
+    return exc.code == 130 and raised is not None and isinstance(raised.__cause__, KeyboardInterrupt)
 
 
 def _interrupted(exc: BaseException) -> bool:

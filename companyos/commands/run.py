@@ -8,7 +8,7 @@ import orjson
 import typer
 
 from companyos.commands.options import DbOption, JsonOption
-from companyos.commands.output import stdout_console
+from companyos.commands.output import fail, stdout_console
 from companyos.config import resolve_db
 
 MAX_EPISODES = 10**8
@@ -35,7 +35,7 @@ def run(
     as_json: bool = JsonOption,
 ) -> None:
     """Run a baseline agent for N logged episodes and summarise how it did."""
-    from companyos.batch import RunPlan, summarise, validate
+    from companyos.batch import RunInterrupted, RunPlan, summarise, validate
     from companyos.batch import run as run_plan
 
     plan = RunPlan(resolve_db(db), agent, task, chaos, episodes, seed, durability,
@@ -44,14 +44,22 @@ def run(
         validate(plan)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
-    if as_json or not sys.stdout.isatty():
-        results = run_plan(plan, workers)
-    else:
-        from rich.progress import Progress
+    try:
+        if as_json or not sys.stdout.isatty():
+            results = run_plan(plan, workers)
+        else:
+            from rich.progress import Progress
 
-        with Progress(transient=True) as bar:
-            job = bar.add_task(f"{agent} on {task}", total=episodes)
-            results = run_plan(plan, workers, progress=lambda n: bar.advance(job, n))
+            with Progress(transient=True) as bar:
+                job = bar.add_task(f"{agent} on {task}", total=episodes)
+                results = run_plan(plan, workers, progress=lambda n: bar.advance(job, n))
+    except RunInterrupted as stop:
+        done = len(stop.results)
+        fail(f"interrupted: {done} episode(s) finished and reported"
+             + (f" (seeds {seed}..{seed + done - 1})" if done else "")
+             + "; the ones after them may be partly logged (an episode under way is "
+             + ("lost" if durability == "episode" else "left running")
+             + "), and `companyos episodes` lists all the log holds", code=130)
     summary = summarise(results)
     if as_json:
         document = {"summary": summary, "episodes": [r.to_json() for r in results]}
