@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import signal
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
@@ -122,6 +124,15 @@ async def _sweep_idle(server: Server) -> None:
         server.sessions.evict_idle()
 
 
+async def _exit_with_parent(interval: float = 1.0) -> None:
+    """Shut this worker down gracefully (SIGTERM, as Uvicorn's supervisor would) once its parent
+    is gone: the steps in flight finish, and the port is free for a restart."""
+    parent = os.getppid()
+    while os.getppid() == parent:
+        await asyncio.sleep(interval)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
 def create_app(config: ServerConfig | None = None, store: EventStore | None = None) -> CompanyOSApp:
     """The server app. Without arguments: settings from COMPANYOS_* variables (see ServerConfig)."""
     config = config or ServerConfig.from_env()
@@ -132,9 +143,12 @@ def create_app(config: ServerConfig | None = None, store: EventStore | None = No
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         sweeper = asyncio.create_task(_sweep_idle(server))
+        orphan_watch = asyncio.create_task(_exit_with_parent()) if config.exit_with_parent else None
         try:
             yield
         finally:
+            if orphan_watch is not None:
+                orphan_watch.cancel()
             sweeper.cancel()
             server.close()
             if owns_store:

@@ -20,6 +20,7 @@ _ENV = {
     "idle_timeout_s": "COMPANYOS_IDLE_TIMEOUT",
     "max_body_bytes": "COMPANYOS_MAX_BODY",
     "inline_steps": "COMPANYOS_INLINE_STEPS",
+    "exit_with_parent": "COMPANYOS_EXIT_WITH_PARENT",
 }
 
 
@@ -32,6 +33,8 @@ class ServerConfig:
     - idle_timeout_s: an episode untouched this long leaves the cache (never the log).
     - inline_steps: run a WebSocket step on the event loop instead of a thread. Faster on SQLite
       (a step is ~0.1 ms of CPU and the GIL serialises threads anyway); None picks it for SQLite.
+    - exit_with_parent: shut down when the parent process dies (a worker of `serve --workers N`:
+      killed outright, Uvicorn's supervisor leaves its workers serving the port).
     """
 
     db: str | None = None
@@ -41,6 +44,7 @@ class ServerConfig:
     idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     inline_steps: bool | None = None
+    exit_with_parent: bool = False
 
     def __post_init__(self) -> None:
         if self.max_sessions < 1:

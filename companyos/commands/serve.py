@@ -66,6 +66,7 @@ def serve(
         "COMPANYOS_CACHE_SIZE": str(max(cache_size, max_sessions)),
         "COMPANYOS_IDLE_TIMEOUT": str(idle_timeout),
         "COMPANYOS_MAX_BODY": str(max_body),
+        "COMPANYOS_EXIT_WITH_PARENT": "1" if workers > 1 else "",  # not a lone server's shell
     })
     auth = "API key required" if os.environ.get("COMPANYOS_API_KEY") else "no API key"
     typer.echo(f"companyos serve: http://{host}:{port} ({workers} worker(s), store {url}, {auth})")
