@@ -257,10 +257,23 @@ def test_run_cli_refuses_unknown_agents_and_tasks(tmp_path):
 
 
 def test_cli_names_a_store_it_cannot_open_without_a_traceback(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "companyos", "episodes", "--db",
+    out = subprocess.run([sys.executable, "-m", "companyos", "run", "--episodes", "1", "--db",
                           f"sqlite:///{tmp_path}/missing/dir/x.db"], capture_output=True, text=True)
     assert out.returncode == 2
     assert "cannot open the store" in out.stderr and "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize("args", [["verify"], ["episodes"], ["rebuild"], ["replay", "x"],
+                                  ["analytics", "sync"], ["analytics", "query", "failure_modes"]])
+def test_a_command_that_reads_the_log_refuses_a_store_file_that_does_not_exist(tmp_path, args):
+    """A typo in --db made an empty store there, and `verify` certified it: "0 streams ... ok"."""
+    typo = tmp_path / "typo.db"
+    out = subprocess.run([sys.executable, "-m", "companyos", *args, "--db", f"sqlite:///{typo}"],
+                         capture_output=True, text=True, cwd=tmp_path)
+    assert out.returncode == 2, out.stderr
+    assert out.stderr == (f"error: there is no store at {typo} (sqlite:///{typo}); `companyos run` "
+                          "or `companyos db upgrade` creates one\n")
+    assert os.listdir(tmp_path) == []
 
 
 def test_cli_names_a_damaged_commit_without_a_traceback(tmp_path):
