@@ -109,7 +109,7 @@ def render_replay(result: dict[str, Any]) -> str:
     lines = [f"episode {result['episode_id']} — {ep['task']} seed {ep['seed']} chaos {ep['chaos']}"
              f" agent {ep['agent'] or '-'}",
              f"step {result['step']} of {result['steps']} (stream version {result['version']})"]
-    if result["action"] is not None:
+    if result["step"] > 0:  # an agent may have sent null: that is its action, shown as such
         lines.append(f"action: {orjson.dumps(result['action']).decode()}")
     info = result["result"]
     if info is not None:

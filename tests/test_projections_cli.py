@@ -87,6 +87,19 @@ def test_replay_prints_the_apps_at_a_step(cli, db):
     assert cli("replay", ids[1], "--step", "999", "--db", url).exit_code == 2
 
 
+def test_replay_shows_the_action_an_agent_sent_even_when_it_was_null(cli, tmp_path):
+    from companyos.env import CompanyEnv
+
+    url = f"sqlite:///{tmp_path / 'null.db'}"
+    with CompanyEnv(url) as env:
+        env.reset(seed=1, options={"task": "expense_report"})
+        env.step(None)
+        episode_id = env.state["episode_id"]
+    text = cli("replay", episode_id, "--step", "1", "--db", url).stdout
+    assert "action: null" in text and "rejected [malformed_action]" in text
+    assert "action:" not in cli("replay", episode_id, "--step", "0", "--db", url).stdout
+
+
 def test_rerun_exits_0_on_a_match_and_1_on_a_mismatch(cli, db, tmp_path):
     import shutil
 
