@@ -232,6 +232,19 @@ class EventStore:
         """The ids of the streams begun at or before position `upto`, in id order."""
         return [row[0] for row in self._backend.fetch(self._backend.stream_starts_sql(), (upto,))]
 
+    def stream_heads(self, upto: int, lo: str = "", hi: str | None = None) -> list[tuple[str, int, str]]:
+        """(stream_id, last version, last digest) of every stream in [lo, hi) as its newest commit
+        row at or before `upto` states them: the head columns writers chain onto, which `verify`
+        checks against the events themselves."""
+        bound = "" if hi is None else "AND stream_id < :hi "
+        sql = sa.text(
+            "SELECT c.stream_id, c.last_version, c.last_digest FROM commits c JOIN ("
+            "SELECT stream_id, max(first_version) AS v FROM commits "
+            f"WHERE position <= :upto AND stream_id >= :lo {bound}GROUP BY stream_id) h "
+            "ON h.stream_id = c.stream_id AND h.v = c.first_version")
+        with self.engine.connect() as conn:
+            return [tuple(r) for r in conn.execute(sql, {"upto": upto, "lo": lo, "hi": hi})]
+
     def stream_version(self, stream_id: str) -> int | None:
         """Version of the stream's last event, or None when the stream does not exist."""
         head = self._head(stream_id)

@@ -132,5 +132,6 @@ def _check_range(where: tuple[str, Any], lo: str, hi: str | None, upto: int, cou
     for records in scan_range(store, lo, hi, upto, page):
         checker.feed(records)
         counter.value += len(records)
+    checker.check_heads(store, upto, lo, hi)
     results.put(checker.partial())
     store.close()

@@ -86,6 +86,7 @@ def verify(store: EventStore, projections: Sequence[Projection] | None = None,
                 after = records[-1].position
                 if progress is not None:
                     progress(len(records))
+        checker.check_heads(store, upto)
     return checker.finish(store)
 
 
@@ -178,6 +179,18 @@ class Checker:
         for fold in self.folds.values():
             fold.feed(records)
         self.report.events += len(records)
+
+    def check_heads(self, store: EventStore, upto: int, lo: str = "", hi: str | None = None) -> None:
+        """Each stream's head columns (what writers chain the next step onto, and what
+        `stream_digest` answers) must state its last event: forged, verify said ok, and the next
+        honest step was the one blamed."""
+        streams = self.streams
+        for sid, version, digest in store.stream_heads(upto, lo, hi):
+            s = streams.get(sid)
+            if s is not None and (version != s.next_version - 1 or digest != s.digest):
+                self.report.add(sid, f"its head (version {version}, digest {digest}) is not its "
+                                     f"last event (version {s.next_version - 1}, digest {s.digest}): "
+                                     "the commit's head columns were altered")
 
     def partial(self) -> dict[str, Any]:
         """What a worker process sends back: its findings and the row hashes of its streams."""

@@ -308,6 +308,20 @@ def test_verify_checks_episode_shape_and_known_types(damaged, workers):
     assert "unknown event type 'Teleported'" in text and "schema version 9" in text
 
 
+@pytest.mark.parametrize("column", ["last_digest", "last_version"])
+def test_verify_catches_a_forged_head(damaged, workers, column):
+    """Writers chain the next step onto the newest commit's head columns and `stream_digest`
+    answers from them: forged, verify said ok and later blamed the next honest step."""
+    store, played = damaged
+    victim = played[2]["episode_id"]
+    position = tamper.stream_commits(store.engine, victim)[-1][0]
+    value = "f" * 32 if column == "last_digest" else 999
+    _sql(store, f"UPDATE commits SET {column} = :v WHERE position = :p", v=value, p=position)
+    report = verify(store, workers=workers)
+    assert set(report.problems) == {victim}
+    assert any("head columns were altered" in p for p in report.problems[victim])
+
+
 def test_verify_and_the_runner_survive_an_event_that_does_not_decode(damaged, workers):
     store, played = damaged
     victim = played[4]["episode_id"]
