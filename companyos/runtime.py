@@ -9,9 +9,11 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+import orjson
+
 import domain
 from companyos.observation import Observation
-from eventstore import MAX_EVENT_BYTES, EventStore, NewEvent, canonical_json
+from eventstore import MAX_EVENT_BYTES, EventStore, NewEvent
 from projections.replay import EpisodeNotFound  # one class for 'no such episode', every layer
 from projections.views import DamagedEvent, decode
 
@@ -121,8 +123,9 @@ MAX_ACTION_BYTES = MAX_EVENT_BYTES - 4096
 def check_loggable(action: Any) -> None:
     """Refuse an action too big for the log before its step is applied: with
     `durability="episode"` the store would only refuse it when the episode ends, and every step
-    of the episode would be lost with it. (The domain already made it a JSON value.)"""
-    size = len(canonical_json(action))
+    of the episode would be lost with it. The domain already made it a JSON value, so plain
+    orjson gives its size (canonical JSON only sorts the keys) at a fifth of the cost."""
+    size = len(orjson.dumps(action))
     if size > MAX_ACTION_BYTES:
         raise ValueError(f"the action is {size} bytes of JSON; an action is at most {MAX_ACTION_BYTES}")
 
