@@ -10,18 +10,23 @@ WITH s AS (
     WHERE ($agent IS NULL OR agent = $agent)
       AND ($task IS NULL OR task = $task)
 ),
-codes AS (SELECT tool, reject_code, count(*) AS n FROM s WHERE reject_code IS NOT NULL GROUP BY ALL),
-top AS (  -- ties: the alphabetically first code
-    SELECT tool, first(reject_code ORDER BY n DESC, reject_code) AS code FROM codes GROUP BY tool
+-- one pass over the steps, per (tool, code); tools and their top code come from these few rows
+per_code AS (
+    SELECT tool, reject_code, count(*) AS n,
+           count(*) FILTER (WHERE NOT accepted) AS rejected,
+           count(*) FILTER (WHERE reject_cause = 'chaos') AS chaos_rejections,
+           count(*) FILTER (WHERE NOT accepted AND len(chaos_active) > 0) AS under_chaos
+    FROM s GROUP BY ALL
 )
-SELECT s.tool,
-       count(*) AS calls,
-       count(*) FILTER (WHERE NOT accepted) AS rejected,
-       round(count(*) FILTER (WHERE NOT accepted) / count(*), 4) AS error_rate,
-       count(*) FILTER (WHERE reject_cause = 'chaos') AS chaos_rejections,
-       count(*) FILTER (WHERE NOT accepted AND len(chaos_active) > 0) AS rejected_under_chaos,
-       any_value(top.code) AS top_reject_code
-FROM s LEFT JOIN top ON top.tool IS NOT DISTINCT FROM s.tool
-GROUP BY s.tool
-HAVING count(*) >= $min_calls
-ORDER BY error_rate DESC, calls DESC, s.tool
+SELECT tool,
+       sum(n)::BIGINT AS calls,
+       sum(rejected)::BIGINT AS rejected,
+       round(sum(rejected) / sum(n), 4) AS error_rate,
+       sum(chaos_rejections)::BIGINT AS chaos_rejections,
+       sum(under_chaos)::BIGINT AS rejected_under_chaos,
+       -- ties: the alphabetically first code
+       first(reject_code ORDER BY n DESC, reject_code) FILTER (WHERE reject_code IS NOT NULL) AS top_reject_code
+FROM per_code
+GROUP BY tool
+HAVING sum(n) >= $min_calls
+ORDER BY error_rate DESC, calls DESC, tool
