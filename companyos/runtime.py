@@ -15,7 +15,7 @@ import domain
 from companyos.observation import Observation
 from eventstore import MAX_EVENT_BYTES, EventStore, NewEvent
 from projections.replay import EpisodeNotFound  # one class for 'no such episode', every layer
-from projections.views import DamagedEvent, decode
+from projections.views import check_starts_episode, decode
 
 DURABILITY = ("step", "episode")
 
@@ -63,9 +63,7 @@ class EpisodeRuntime:
         records = list(store.read_stream(episode_id))
         if not records:
             raise EpisodeNotFound(f"no episode {episode_id!r} in the store")
-        if records[0].type != "EpisodeStarted":  # its first commit is gone: nothing to continue
-            raise DamagedEvent(records[0], f"is {records[0].type}; an episode starts with "
-                                           "EpisodeStarted")
+        check_starts_episode(records)
         state = domain.fold([decode(r) for r in records])
         return cls(store, episode_id, state, durability, records[0].meta, records[-1].version,
                    records[-1].digest)

@@ -14,7 +14,7 @@ import orjson
 import domain
 from domain.events import CHAOS
 from eventstore import EventStore, RecordedEvent
-from projections.views import APPS, DamagedEvent, decode, render_views, views_of
+from projections.views import APPS, check_starts_episode, decode, render_views, views_of
 
 _loads = orjson.loads
 
@@ -42,8 +42,7 @@ def replay(store: EventStore, episode_id: str, step: int | None = None) -> dict[
 
 def replay_records(episode_id: str, records: list[RecordedEvent],
                    step: int | None = None) -> dict[str, Any]:
-    if records[0].type != "EpisodeStarted":  # its first commit is gone: no world to start from
-        raise DamagedEvent(records[0], f"is {records[0].type}; an episode starts with EpisodeStarted")
+    check_starts_episode(records)
     bounds = step_bounds(records)
     last_step = len(bounds) - 1
     if step is None:

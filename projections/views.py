@@ -38,6 +38,13 @@ def decode(record: RecordedEvent) -> Any:
         raise DamagedEvent(record, f"does not decode: {type(exc).__name__}: {exc}") from None
 
 
+def check_starts_episode(records: Sequence[RecordedEvent]) -> None:
+    """An episode's stream begins with EpisodeStarted; without it (its first commit deleted)
+    there is no world to fold from."""
+    if records[0].type != "EpisodeStarted":
+        raise DamagedEvent(records[0], f"is {records[0].type}; an episode starts with EpisodeStarted")
+
+
 class DamagedEvent(CorruptCommit):
     """A stored event that unpacks but is no domain event (its type, schema version or data was
     edited behind the store's back): reported like a commit that does not unpack, everywhere."""
