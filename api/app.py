@@ -124,10 +124,9 @@ async def _sweep_idle(server: Server) -> None:
         server.sessions.evict_idle()
 
 
-async def _exit_with_parent(interval: float = 1.0) -> None:
+async def _exit_with_parent(parent: int, interval: float = 1.0) -> None:
     """Shut this worker down gracefully (SIGTERM, as Uvicorn's supervisor would) once its parent
     is gone: the steps in flight finish, and the port is free for a restart."""
-    parent = os.getppid()
     while os.getppid() == parent:
         await asyncio.sleep(interval)
     os.kill(os.getpid(), signal.SIGTERM)
@@ -143,7 +142,8 @@ def create_app(config: ServerConfig | None = None, store: EventStore | None = No
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         sweeper = asyncio.create_task(_sweep_idle(server))
-        orphan_watch = asyncio.create_task(_exit_with_parent()) if config.exit_with_parent else None
+        orphan_watch = (asyncio.create_task(_exit_with_parent(config.exit_with_parent))
+                        if config.exit_with_parent else None)
         try:
             yield
         finally:

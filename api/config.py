@@ -20,7 +20,7 @@ _ENV = {
     "idle_timeout_s": "COMPANYOS_IDLE_TIMEOUT",
     "max_body_bytes": "COMPANYOS_MAX_BODY",
     "inline_steps": "COMPANYOS_INLINE_STEPS",
-    "exit_with_parent": "COMPANYOS_EXIT_WITH_PARENT",
+    "exit_with_parent": "COMPANYOS_EXIT_WITH",
 }
 
 
@@ -33,8 +33,9 @@ class ServerConfig:
     - idle_timeout_s: an episode untouched this long leaves the cache (never the log).
     - inline_steps: run a WebSocket step on the event loop instead of a thread. Faster on SQLite
       (a step is ~0.1 ms of CPU and the GIL serialises threads anyway); None picks it for SQLite.
-    - exit_with_parent: shut down when the parent process dies (a worker of `serve --workers N`:
-      killed outright, Uvicorn's supervisor leaves its workers serving the port).
+    - exit_with_parent: the pid of the process whose death shuts this one down (the supervisor of
+      `serve --workers N`: killed outright, it leaves its workers serving the port). A pid, not
+      "my parent": a worker still starting when the supervisor dies already has another parent.
     """
 
     db: str | None = None
@@ -44,7 +45,7 @@ class ServerConfig:
     idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     inline_steps: bool | None = None
-    exit_with_parent: bool = False
+    exit_with_parent: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_sessions < 1:

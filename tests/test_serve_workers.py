@@ -34,9 +34,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_workers_stop_when_the_server_process_is_killed_outright(tmp_path):
+@pytest.mark.parametrize("when", ["serving", "starting"])
+def test_workers_stop_when_the_server_process_is_killed_outright(tmp_path, when):
     """kill -9 of the supervisor left both workers serving the port: a restart could not
-    listen, and the orphans kept writing to the store."""
+    listen, and the orphans kept writing to the store. A worker still starting then must stop
+    too: it already has another parent when it begins to watch."""
     port = _free_port()
     server = subprocess.Popen([sys.executable, "-m", "companyos", "serve", "--workers", "2",
                                "--port", str(port), "--log-level", "warning",
@@ -44,11 +46,13 @@ def test_workers_stop_when_the_server_process_is_killed_outright(tmp_path):
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         for _ in range(300):
+            if when == "starting" and len(_children(server.pid)) >= 2:
+                break
             try:
                 if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
                     break
             except httpx.TransportError:
-                time.sleep(0.1)
+                time.sleep(0.05)
         workers = [p for p in _children(server.pid) if _alive(p)]
         assert workers
     finally:

@@ -66,7 +66,8 @@ def serve(
         "COMPANYOS_CACHE_SIZE": str(max(cache_size, max_sessions)),
         "COMPANYOS_IDLE_TIMEOUT": str(idle_timeout),
         "COMPANYOS_MAX_BODY": str(max_body),
-        "COMPANYOS_EXIT_WITH_PARENT": "1" if workers > 1 else "",  # not a lone server's shell
+        # the supervisor is this process: its workers stop with it (not a lone server with its shell)
+        "COMPANYOS_EXIT_WITH": str(os.getpid()) if workers > 1 else "",
     })
     auth = "API key required" if os.environ.get("COMPANYOS_API_KEY") else "no API key"
     typer.echo(f"companyos serve: http://{host}:{port} ({workers} worker(s), store {url}, {auth})")
