@@ -19,9 +19,14 @@ def normalise_url(url: str) -> sa.URL:
 
 def in_memory_sqlite(url: str | sa.URL) -> bool:
     """Whether the URL names an in-memory SQLite database (`sqlite://`, `sqlite:///`,
-    `:memory:`), which lives in one process and is gone when it ends."""
+    `:memory:`, or a URI such as `file:db?mode=memory&uri=true`), which lives in one process
+    and is gone when it ends."""
     parsed = sa.make_url(url)
-    return parsed.get_backend_name() == "sqlite" and parsed.database in (None, "", ":memory:")
+    if parsed.get_backend_name() != "sqlite":
+        return False
+    database = parsed.database or ""
+    return (database in ("", ":memory:") or parsed.query.get("mode") == "memory"
+            or database.startswith("file::memory:"))
 
 
 def sqlite_file(url: str | sa.URL) -> str | None:

@@ -346,6 +346,8 @@ def test_run_refuses_seeds_past_64_bits_before_logging_anything(tmp_path):
 
 
 def test_run_refuses_an_in_memory_store_and_outsized_counts(tmp_path):
+    memory_uri = "sqlite:///file:memdb1?mode=memory&cache=shared&uri=true"  # its episodes vanished
+    assert "in-memory SQLite store" in _unboxed(_cli("run", "--db", memory_uri).stderr)
     for args in (["--db", "sqlite://"], ["--db", "sqlite:///"],
                  ["--episodes", str(2**62)], ["--workers", "1000"]):
         out = _cli("run", *args)
