@@ -91,8 +91,8 @@ class Source(Protocol):
 
     def first_event_id(self) -> str: ...
 
-    def remaining(self, after: int) -> int | None:
-        """How many events follow position `after`, when that is cheap to know (else None)."""
+    def remaining(self, after: int, head: int) -> int | None:
+        """How many events lie in (after, head], when that is cheap to know (else None)."""
         ...
 
     def close(self) -> None: ...
@@ -237,9 +237,9 @@ class _SqliteSource:
     def first_event_id(self) -> str:
         return _first_id(self._row(_FIRST_SQL))
 
-    def remaining(self, after: int) -> int:
+    def remaining(self, after: int, head: int) -> int:
         """Positions are dense on SQLite: the count is a subtraction."""
-        return max(self.head() - after, 0)
+        return max(head - after, 0)
 
     def fetch_range(self, after: int, upto: int) -> pa.Table: ...
 
@@ -389,7 +389,7 @@ class PostgresSource:
         with self._engine.connect() as conn:
             return _first_id(conn.execute(sa.text(self._FIRST)).first())
 
-    def remaining(self, after: int) -> None:
+    def remaining(self, after: int, head: int) -> None:
         """Positions have gaps on PostgreSQL: unknown without counting."""
         return None
 
@@ -424,7 +424,7 @@ class StoreSource:
     def first_event_id(self) -> str:
         return next((r.event_id for r in self._store.read_all(0, 1)), "")
 
-    def remaining(self, after: int) -> None:
+    def remaining(self, after: int, head: int) -> None:
         return None
 
     def close(self) -> None:

@@ -147,9 +147,10 @@ def _batches(wh: Warehouse, source: Source, identity: Identity, batch_events: in
              after_batch: AfterBatch | None, started: float) -> SyncResult:
     con = wh.con
     checkpoint = wh.checkpoint
-    total = source.remaining(checkpoint)
+    head = source.head()  # as of now: a writer that never stops cannot keep the sync going
+    total = source.remaining(checkpoint, head)
     moved = episodes = batches = 0
-    for batch in _prefetch(source, checkpoint, batch_events):
+    for batch in _prefetch(source, checkpoint, head, batch_events):
         lo = batch["position"][0].as_py()
         hi = batch["position"][-1].as_py()
         con.execute("BEGIN")
@@ -207,8 +208,8 @@ def _not_json(con: duckdb.DuckDBPyConnection, batch: pa.Table) -> CorruptCommit 
                          f"the {field} of its event at position {position} is not JSON")
 
 
-def _prefetch(source: Source, after: int, limit: int) -> Iterator[pa.Table]:
-    """Yield the store's pages in order, reading and annotating page n+1 on a thread while the
+def _prefetch(source: Source, after: int, head: int, limit: int) -> Iterator[pa.Table]:
+    """Yield the store's pages up to `head` in order, reading and annotating page n+1 on a thread while the
     caller writes page n (SQLite, ADBC, Arrow and DuckDB all release the GIL while they work).
 
     A further stage that derived new episodes on its own DuckDB instance was tried and dropped:
@@ -227,7 +228,6 @@ def _prefetch(source: Source, after: int, limit: int) -> Iterator[pa.Table]:
     def reader() -> None:
         position = after
         try:
-            head = source.head()  # as of now: a writer that never stops cannot keep the sync going
             while not stop.is_set():
                 page = source.read(position, limit, head) if position < head else None
                 if page is None or page.num_rows == 0:
