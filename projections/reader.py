@@ -59,20 +59,6 @@ def fetch_page(store: EventStore, after: int, limit: int, upto: int | None = Non
     return _upcast(store, records)
 
 
-def stream_records(store: EventStore, stream_id: str, upto: int, page: int = 256) -> list[RecordedEvent]:
-    """One stream's events at positions <= upto, by version, a damaged commit as its stand-in
-    event: what a rebuild folds for the stream (`read_stream` would stop at the damage)."""
-    records: list[RecordedEvent] = []
-    key: tuple[str, int] = (stream_id, -1)
-    while rows := store.commit_rows_by_stream(key, None, upto, page):
-        mine = [row for row in rows if row[1] == stream_id]
-        records.extend(r for row in mine for r in _events_of(row))
-        if len(mine) < len(rows) or len(rows) < page:
-            break
-        key = (stream_id, rows[-1][2])
-    return _upcast(store, records)
-
-
 # -- stream order: disjoint key ranges for worker processes ---------------------------------------
 
 
@@ -94,3 +80,14 @@ def scan_range(store: EventStore, lo: str, hi: str | None, upto: int,
     while rows := store.commit_rows_by_stream(key, hi, upto, _commits_for(page)):
         yield _upcast(store, [r for row in rows for r in _events_of(row)])
         key = (rows[-1][1], rows[-1][2])
+
+
+def stream_records(store: EventStore, stream_id: str, upto: int, page: int = 256) -> list[RecordedEvent]:
+    """One stream's events at positions <= upto, by version, a damaged commit as its stand-in
+    event: what a rebuild folds for the stream (`read_stream` would stop at the damage)."""
+    records: list[RecordedEvent] = []
+    for events in scan_range(store, stream_id, None, upto, page):  # no upper key: ids may hold any text
+        records.extend(r for r in events if r.stream_id == stream_id)
+        if events[-1].stream_id != stream_id:
+            break
+    return records
