@@ -45,6 +45,7 @@ from api.models import (
 from api.sessions import ApiError, SessionManager, split_session_key
 from api.ws import websocket_app
 from companyos.config import resolve_db
+from companyos.lifecycle import end_with
 from domain import TASK_FAMILIES
 from eventstore import EventStore
 from projections.episodes import OUTCOMES
@@ -124,14 +125,6 @@ async def _sweep_idle(server: Server) -> None:
         server.sessions.evict_idle()
 
 
-async def _exit_with_parent(parent: int, interval: float = 1.0) -> None:
-    """Shut this worker down gracefully (SIGTERM, as Uvicorn's supervisor would) once its parent
-    is gone: the steps in flight finish, and the port is free for a restart."""
-    while os.getppid() == parent:
-        await asyncio.sleep(interval)
-    os.kill(os.getpid(), signal.SIGTERM)
-
-
 def create_app(config: ServerConfig | None = None, store: EventStore | None = None) -> CompanyOSApp:
     """The server app. Without arguments: settings from COMPANYOS_* variables (see ServerConfig)."""
     config = config or ServerConfig.from_env()
@@ -142,13 +135,11 @@ def create_app(config: ServerConfig | None = None, store: EventStore | None = No
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         sweeper = asyncio.create_task(_sweep_idle(server))
-        orphan_watch = (asyncio.create_task(_exit_with_parent(config.exit_with_parent))
-                        if config.exit_with_parent else None)
+        if config.exit_with_parent:  # shut down gracefully, as on the supervisor's own SIGTERM
+            end_with(config.exit_with_parent, lambda: os.kill(os.getpid(), signal.SIGTERM))
         try:
             yield
         finally:
-            if orphan_watch is not None:
-                orphan_watch.cancel()
             sweeper.cancel()
             server.close()
             if owns_store:

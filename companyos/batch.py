@@ -6,8 +6,6 @@ import multiprocessing as mp
 import os
 import signal
 import statistics
-import threading
-import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
@@ -18,6 +16,7 @@ import sqlalchemy
 import domain
 from companyos.agents import make_agent
 from companyos.env import SEED_MAX, CompanyEnv, spec_from_options
+from companyos.lifecycle import end_with
 from companyos.runtime import DURABILITY
 from eventstore import EventStore
 from eventstore.engine import in_memory_sqlite
@@ -126,7 +125,7 @@ def _one_episode(env: CompanyEnv, plan: RunPlan, index: int) -> EpisodeResult:
 _worker_store: EventStore | None = None
 
 
-def _init_worker(db: str) -> None:
+def _init_worker(db: str, parent: int) -> None:
     """Each worker process opens the store once and keeps it for all its chunks.
 
     Ctrl-C is the parent's to handle (it stops the pool); a worker whose parent died stops too,
@@ -135,13 +134,7 @@ def _init_worker(db: str) -> None:
     global _worker_store
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _worker_store = EventStore.open(db)
-    threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
-
-
-def _exit_with_parent(parent: int) -> None:
-    while os.getppid() == parent:
-        time.sleep(0.5)
-    os._exit(1)
+    end_with(parent, lambda: os._exit(1))
 
 
 class RunInterrupted(KeyboardInterrupt):
@@ -187,7 +180,7 @@ def _execute(plan: RunPlan, chunks, workers: int) -> Iterator[list[EpisodeResult
             store.close()
         return
     EventStore.open(plan.db).close()  # migrate once, before the workers race to
-    with mp.get_context("spawn").Pool(workers, _init_worker, (plan.db,)) as pool:
+    with mp.get_context("spawn").Pool(workers, _init_worker, (plan.db, os.getpid())) as pool:
         yield from pool.imap(_work, chunks)
 
 

@@ -53,14 +53,14 @@ def test_ctrl_c_says_which_episodes_finished_and_keeps_them(tmp_path, monkeypatc
 
 
 _PARENT = textwrap.dedent("""
-    import multiprocessing as mp, sys, time
+    import multiprocessing as mp, os, sys, time
     from companyos.batch import _init_worker
     def pid_then_wait(_):
         import os
         print(os.getpid(), flush=True)
         time.sleep(60)
     if __name__ == "__main__":
-        with mp.get_context("spawn").Pool(1, _init_worker, (sys.argv[1],)) as pool:
+        with mp.get_context("spawn").Pool(1, _init_worker, (sys.argv[1], os.getpid())) as pool:
             pool.map(pid_then_wait, [0])
 """)
 
