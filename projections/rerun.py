@@ -126,10 +126,19 @@ def compare(episode_id: str, stored: list[Envelope], fresh: list[Envelope], acti
     for i in range(max(len(stored), len(fresh))):
         a = stored[i] if i < len(stored) else None
         b = fresh[i] if i < len(fresh) else None
+        if a is not None and a.version != i:
+            result.first_difference = i
+            result.stored, result.rerun = a, b
+            result.notes.append(f"the stream's event {i + 1} is stored as version {a.version}: "
+                                "versions run 0, 1, 2, … without gaps (the version column was altered)")
+            return result
         if a is None or b is None or (a.type, a.schema_version, a.data_json) != (
                 b.type, b.schema_version, b.data_json):
             result.first_difference = i
             result.stored, result.rerun = a, b
+            if a is not None and b is not None and a.digest == b.digest:
+                result.notes.append(f"version {i}: the stored digest is the one the re-simulated "
+                                    "event chains to, so the stored content was altered after it was written")
             return result
         if a.digest != b.digest:
             result.first_difference = i

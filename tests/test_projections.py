@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import contextlib
 
+import orjson
 import pytest
 import sqlalchemy as sa
 
 import domain
-from eventstore import CorruptCommit, EventStore, NewEvent
+from eventstore import CorruptCommit, EventStore, NewEvent, canonical_json
 from projections import ProjectionRunner, default_projections
 from projections.episodes import EpisodesProjection, list_episodes, summarize
 from projections.replay import StepNotFound, replay
@@ -152,6 +153,42 @@ def test_rerun_shows_the_first_differing_event(logged, tmp_path):
     assert not result.match
     assert result.stored.type == result.rerun.type == "ActionTaken"
     assert '"step":7' in result.stored.data_json and '"step":2' in result.rerun.data_json
+    store.close()
+
+
+def test_rerun_says_a_stored_event_was_altered_when_its_digest_still_chains(logged, tmp_path):
+    url, played = logged
+    store = copy_store(url, tmp_path)
+    victim = played[2]["episode_id"]
+    version = tamper.versions_of_type(store.engine, victim, "RewardGranted")[0]
+
+    def pay_more(data_json: str) -> str:
+        data = orjson.loads(data_json)
+        data["value"] += 100
+        return canonical_json(data).decode()
+
+    tamper.edit_event(store.engine, victim, version, "data", pay_more)
+    result = rerun(store, victim)
+    assert not result.match and result.first_difference == version
+    assert result.stored.digest == result.rerun.digest  # the digest column was left alone
+    assert any("altered after it was written" in note for note in result.notes)
+    store.close()
+
+
+def test_rerun_does_not_match_a_stream_whose_versions_were_shifted(logged, tmp_path):
+    """The content and digests are intact, only the version columns moved: a replayed or
+    continued episode would number its steps wrongly, so it is no match."""
+    url, played = logged
+    store = copy_store(url, tmp_path)
+    victim = played[1]["episode_id"]
+    with store.engine.begin() as conn:  # two steps, so no moment breaks the unique index
+        for shift in (1000, -999):
+            conn.execute(sa.text("UPDATE commits SET first_version = first_version + :d, "
+                                 "last_version = last_version + :d WHERE stream_id = :s"),
+                         {"d": shift, "s": victim})
+    result = rerun(store, victim)
+    assert not result.match and result.first_difference == 0
+    assert any("stored as version 1" in note for note in result.notes)
     store.close()
 
 
