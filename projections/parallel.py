@@ -80,19 +80,25 @@ def _run(target, store: EventStore, upto: int, workers: int, extra: tuple,
 
 
 def rebuild_in_parallel(store: EventStore, projections: Sequence[Projection], upto: int,
-                        workers: int, page: int, progress: Progress | None) -> int:
-    """Fold positions (0, upto] into the (already cleared) read models with `workers` processes."""
-    return _run(_rebuild_range, store, upto, workers, (list(projections), page), progress)[0]
+                        workers: int, page: int, progress: Progress | None
+                        ) -> tuple[int, dict[str, set[str]]]:
+    """Fold positions (0, upto] into the (already cleared) read models with `workers` processes.
+
+    Returns (events read, per read model the streams it could not fold)."""
+    read, parts = _run(_rebuild_range, store, upto, workers, (list(projections), page), progress,
+                       mp.get_context("fork").Queue())
+    return read, {p.name: set().union(*(part[p.name] for part in parts)) for p in projections}
 
 
-def _rebuild_range(where: tuple[str, Any], lo: str, hi: str | None, upto: int, counter, _results,
+def _rebuild_range(where: tuple[str, Any], lo: str, hi: str | None, upto: int, counter, results,
                    projections: list[Projection], page: int) -> None:
     gc.disable()  # see runner.bulk: a short-lived process folding fresh tuples
     store = EventStore.open(where[0], upcasters=where[1])
     entries: dict[str, dict[str, Entry]] = {p.name: {} for p in projections}
+    unfolded: dict[str, set[str]] = {p.name: set() for p in projections}
     for records in scan_range(store, lo, hi, upto, page):
         for projection in projections:
-            fold_records(projection, records, entries[projection.name])
+            fold_records(projection, records, entries[projection.name], unfolded[projection.name])
         with transaction(store.engine) as conn:
             for projection in projections:
                 mine = entries[projection.name]
@@ -104,6 +110,7 @@ def _rebuild_range(where: tuple[str, Any], lo: str, hi: str | None, upto: int, c
             if entry is not None:
                 entry.dirty = False
         counter.value += len(records)
+    results.put(unfolded)
     store.close()
 
 

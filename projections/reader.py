@@ -25,15 +25,20 @@ def _commits_for(limit: int) -> int:
     return max(1, limit // _EVENTS_PER_COMMIT_GUESS)
 
 
+STAND_IN = "<undecodable commit: "
+"""How a stand-in event's type begins (no event type of the domain starts with '<')."""
+
+
 def _events_of(row: tuple) -> Iterable[RecordedEvent]:
     """A commit's events; a commit damaged past unpacking becomes one stand-in event whose type
-    names the damage, so `verify` reports the stream and the runner folds on past it."""
+    names the damage, so `verify` reports the stream and the runner folds on past it (leaving
+    the stream out of the read models: its state is unknown from there on)."""
     try:
         return unpack(row)
     except CorruptCommit as exc:
         position, stream_id, first_version, _payload = row
         return [RecordedEvent(position, stream_id, first_version, "",
-                              f"<undecodable commit: {exc.reason}>", 1, "{}", "{}", "")]
+                              f"{STAND_IN}{exc.reason}>", 1, "{}", "{}", "")]
 
 
 def _upcast(store: EventStore, records: list[RecordedEvent]) -> list[RecordedEvent]:

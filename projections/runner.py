@@ -36,7 +36,7 @@ import sqlalchemy as sa
 
 from eventstore import EventStore, RecordedEvent
 from eventstore.engine import sqlite_file
-from projections.reader import fetch_page
+from projections.reader import STAND_IN, fetch_page
 from projections.schema import projection_checkpoints
 
 PAGE = 10_000
@@ -94,11 +94,13 @@ class Entry:
 
 
 def fold_records(projection: Projection, records: Iterable[RecordedEvent],
-                 entries: dict[str, Entry] | None = None) -> dict[str, Entry]:
+                 entries: dict[str, Entry] | None = None,
+                 unfolded: set[str] | None = None) -> dict[str, Entry]:
     """Fold records into per-stream entries with the runner's exact rules (verify uses it too).
 
     An event the fold cannot digest (damaged data, a type this code does not know) makes that
-    stream's state None instead of raising: one bad stream must not wedge every read model.
+    stream's state None instead of raising: one bad stream must not wedge every read model. Its
+    id goes into `unfolded`, so whoever folds can say which episodes the read model leaves out.
     """
     entries = {} if entries is None else entries
     evolve = projection.evolve
@@ -115,8 +117,14 @@ def fold_records(projection: Projection, records: Iterable[RecordedEvent],
                 entry.state = evolve(entry.state, record)
             except Exception as exc:
                 entry.state = None
+                if unfolded is not None:
+                    unfolded.add(record.stream_id)
                 if projection.on_error is not None:
                     projection.on_error(projection.name, record, exc)
+        elif record.type.startswith(STAND_IN):  # events lost in a damaged commit: state unknown
+            entry.state = None
+            if unfolded is not None:
+                unfolded.add(record.stream_id)
         entry.version = record.version
         entry.last = record
         entry.dirty = True
@@ -149,6 +157,9 @@ class ProjectionRunner:
         self.projections = list(projections)
         self._entries: dict[str, dict[str, Entry]] = {p.name: {} for p in projections}
         self._checkpoints: dict[str, int] | None = None
+        self.unfolded: dict[str, set[str]] = {p.name: set() for p in projections}
+        """Per read model, the streams it could not fold (a damaged log) since this runner was
+        made: they have no row there. `verify` says what is wrong with them."""
 
     # -- checkpoints ---------------------------------------------------------------------------
 
@@ -203,7 +214,9 @@ class ProjectionRunner:
         if workers > 1 and _parallel_capable(self.store):
             from projections.parallel import rebuild_in_parallel
 
-            read = rebuild_in_parallel(self.store, chosen, upto, workers, page, progress)
+            read, unfolded = rebuild_in_parallel(self.store, chosen, upto, workers, page, progress)
+            for name, streams in unfolded.items():
+                self.unfolded[name].update(streams)
             with transaction(self.store.engine) as conn:
                 for projection in chosen:
                     # compare-and-set: if another runner moved on meanwhile, its checkpoint stands
@@ -267,7 +280,7 @@ class ProjectionRunner:
                 continue
             entries = self._entries[projection.name]
             load_missing(self.store, projection, entries, todo)
-            fold_records(projection, todo, entries)
+            fold_records(projection, todo, entries, self.unfolded[projection.name])
             touched[projection.name] = [sid for sid, e in entries.items() if e.dirty]
         with transaction(self.store.engine) as conn:
             for projection in self.projections:

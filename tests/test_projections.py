@@ -385,6 +385,28 @@ def test_verify_names_a_commit_whose_payload_no_longer_unpacks(damaged, workers)
         list(store.read_stream(victim))
 
 
+@pytest.mark.parametrize("rebuild_workers", [1, 2], ids=["1-process", "2-processes"])
+def test_a_rebuild_names_the_episodes_a_damaged_log_leaves_out(damaged, rebuild_workers):
+    """A read model drops an episode whose events it cannot fold; the rebuild says which."""
+    store, played = damaged
+    undecodable, unpackable = played[4]["episode_id"], played[8]["episode_id"]
+
+    def listed() -> set[str]:
+        with store.engine.connect() as conn:
+            return set(conn.execute(sa.select(episodes.c.episode_id)).scalars())
+
+    sound = listed()
+    tamper.edit_event(store.engine, undecodable, 2, "data", lambda _data: '{"broken')
+    with store.engine.begin() as conn:
+        conn.execute(sa.text("UPDATE commits SET payload = substr(payload, 1, 40) "
+                             "WHERE position = :p"), {"p": _middle_commit(store, unpackable)[0]})
+    runner = ProjectionRunner(store, default_projections())
+    runner.rebuild(workers=rebuild_workers, page=97)
+    # the undecodable event is a world event, which only the views read model decodes
+    assert runner.unfolded == {"episodes": {unpackable}, "views": {undecodable, unpackable}}
+    assert listed() == sound - {unpackable}
+
+
 def played_started(store: EventStore, p: dict) -> dict:
     return next(store.read_stream(p["episode_id"])).data
 

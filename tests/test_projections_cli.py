@@ -142,6 +142,18 @@ def test_verify_and_rebuild(cli, db, tmp_path):
     assert doc["ok"] is False and [b["episode_id"] for b in doc["broken"]] == [ids[1]]
 
 
+def test_rebuild_of_a_damaged_log_names_what_it_left_out_and_exits_1(cli, db, tmp_path):
+    url, ids = db
+    url, engine = _copy(url, tmp_path)
+    tamper.edit_event(engine, ids[1], 2, "data", lambda _data: '{"broken')
+    engine.dispose()
+    for workers in ("1", "2"):
+        out = cli("rebuild", "--workers", workers, "--db", url)
+        assert out.exit_code == 1 and "rebuilt episodes, views" in out.stdout
+        assert "1 episode(s) left out of the views read model" in out.stderr
+        assert ids[1] in out.stderr and "the log is damaged" in out.stderr
+
+
 def _copy(url: str, tmp_path) -> tuple[str, sa.Engine]:
     import shutil
 

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 import typer
 
 from companyos.commands.options import DbOption, EpisodeArgument, JsonOption, utf8_text
-from companyos.commands.output import fail, print_json, stdout_console
+from companyos.commands.output import fail, print_json, say_error, stdout_console
 from companyos.config import resolve_existing_db
 
 
@@ -249,3 +249,10 @@ def rebuild(
     rate = read / elapsed if elapsed > 0 else 0.0
     typer.echo(f"rebuilt {projection or ', '.join(PROJECTION_NAMES)}: {read} events in "
                f"{elapsed:.2f} s ({rate:,.0f} events/s)")
+    left_out = {name: sorted(streams) for name, streams in runner.unfolded.items() if streams}
+    for name, streams in left_out.items():
+        shown = ", ".join(streams[:5]) + (", …" if len(streams) > 5 else "")
+        say_error(f"{len(streams)} episode(s) left out of the {name} read model, since their "
+                  f"events do not fold there: {shown}")
+    if left_out:
+        fail("the log is damaged; `companyos verify` says where and how", code=1)
