@@ -24,7 +24,7 @@ from analytics.paths import why_not_written
 from eventstore.engine import normalise_url, sqlite_file
 
 # Bump when the derived tables' definition changes: a warehouse built by older code is rebuilt.
-DERIVE_VERSION = 2  # 2: lead_in ends at the decisive step, not the first mistake
+DERIVE_VERSION = 3  # 2: lead_in ends at the decisive step; 3: a finished episode's return unrounded
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sync_state (key VARCHAR PRIMARY KEY, value VARCHAR NOT NULL);

@@ -108,17 +108,16 @@ def _one_episode(env: CompanyEnv, plan: RunPlan, index: int) -> EpisodeResult:
     observation, _ = env.reset(seed=seed, options={"task": task, "chaos": plan.chaos,
                                                    "reward_profile": plan.reward_profile})
     agent.reset(observation)
-    total = 0.0
     while True:
-        observation, reward, terminated, truncated, info = env.step(agent.act(observation))
-        total += reward
+        observation, _reward, terminated, truncated, info = env.step(agent.act(observation))
         if terminated or truncated:
             break
     runtime = env.runtime
     runtime.flush()
     state = runtime.state
+    # the return as EpisodeEnded logs it (summed grant by grant), so every view shows one figure
     return EpisodeResult(runtime.episode_id, task, seed, state.chaos, plan.agent,
-                         info["outcome"], info["failure_mode"], state.step, round(total, 6),
+                         info["outcome"], info["failure_mode"], state.step, state.total_return,
                          runtime.digest)
 
 

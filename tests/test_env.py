@@ -246,6 +246,19 @@ def test_run_cli_json_reports_every_episode_with_its_digest(tmp_path):
     assert [e["digest"] for e in json.loads(again.stdout)["episodes"]] == [e["digest"] for e in episodes]
 
 
+def test_run_reports_each_return_exactly_as_the_log_holds_it(tmp_path):
+    """`run --json` and `episodes --json` give one episode the same return, to the last bit."""
+    url = f"sqlite:///{tmp_path / 'run.db'}"
+    cli = [sys.executable, "-m", "companyos"]
+    ran = json.loads(subprocess.run(
+        [*cli, "run", "--agent", "random", "--chaos", "high", "--episodes", "30", "--db", url,
+         "--json"], capture_output=True, text=True, check=True).stdout)["episodes"]
+    listed = json.loads(subprocess.run([*cli, "episodes", "--limit", "0", "--db", url, "--json"],
+                                       capture_output=True, text=True, check=True).stdout)["episodes"]
+    assert {e["episode_id"]: e["return"] for e in ran} == {
+        e["episode_id"]: e["total_return"] for e in listed}
+
+
 def test_run_cli_refuses_unknown_agents_and_tasks(tmp_path):
     url = f"sqlite:///{tmp_path / 'run.db'}"
     for args in (["--agent", "genius"], ["--task", "nap"], ["--chaos", "extreme"],
