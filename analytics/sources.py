@@ -4,9 +4,11 @@ The store keeps one row per append (see eventstore.packing): the commit's events
 columnar JSON. Python objects per event cap a reader at a few hundred thousand events/s on this
 class of machine, so every path here moves whole commits and unpacks them in C:
 
-- SQLite with `adbc_driver_sqlite` installed: the ADBC driver steps SQLite in C and fills Arrow
-  buffers directly.
-- SQLite without it: the stdlib cursor, a few thousand commit rows transposed into Arrow.
+- SQLite: the stdlib cursor, a few thousand commit rows transposed into Arrow. Never a second
+  SQLite library (such as the ADBC driver's): the process also holds the store open through the
+  stdlib, and closing another library's handle on the file drops this process's POSIX locks on
+  it, so another process closing the store deletes the WAL under a live writer (a server that
+  answered one analytics request split and then damaged its store that way).
 - PostgreSQL: `COPY (SELECT ...) TO STDOUT (FORMAT csv)` parsed by Arrow's C++ CSV reader,
   behind the transaction-id high-water mark (PG_VISIBLE) the store's own reader uses.
 - Any other engine: the store's `read_all` (correct everywhere, slow; the reference reader).
@@ -256,34 +258,6 @@ _FIRST_SQL = "SELECT position, stream_id, first_version, payload FROM commits OR
 _LAST_SQL = "SELECT coalesce(max(position), 0) FROM commits"
 
 
-class AdbcSqliteSource(_SqliteSource):
-    """SQLite through the ADBC driver: rows go from SQLite's C API straight into Arrow buffers."""
-
-    name = "sqlite-adbc"
-
-    def __init__(self, path: str) -> None:
-        import adbc_driver_sqlite.dbapi as adbc
-
-        self._con = adbc.connect(_read_only_uri(path), autocommit=True)
-        self._cur = self._con.cursor()
-        # type inference looks at the first rows of a page; a fixed large batch keeps pages whole
-        self._cur.adbc_statement.set_options(**{"adbc.sqlite.query.batch_rows": "65536"})
-        self._unpacker = Unpacker()
-
-    def fetch_range(self, after: int, upto: int) -> pa.Table:
-        self._cur.execute(_RANGE_SQL, (after, upto))
-        return self._cur.fetch_arrow_table()
-
-    def _row(self, sql: str, params: tuple = ()) -> tuple | None:
-        self._cur.execute(sql, params)
-        return self._cur.fetchone()
-
-    def close(self) -> None:
-        self._unpacker.close()
-        self._cur.close()
-        self._con.close()
-
-
 class SqliteSource(_SqliteSource):
     """SQLite through the stdlib: commit rows transposed into columns, then one Arrow array each
     (a row per commit, not per event, so the Python cost is small)."""
@@ -431,14 +405,6 @@ class StoreSource:
         """The store belongs to the caller."""
 
 
-def adbc_available() -> bool:
-    try:
-        import adbc_driver_sqlite.dbapi  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 class UnsyncableStore(ValueError):
     """The store cannot feed a warehouse: an in-memory SQLite store lives in one process only."""
 
@@ -451,7 +417,7 @@ def check_syncable(url: str) -> None:
 
 
 def open_source(url: str, engine: sa.Engine | None = None, prefer: str | None = None) -> Source:
-    """The fastest reader for the store at `url` (`prefer` forces one: adbc, sqlite, store)."""
+    """The fastest reader for the store at `url` (`prefer="store"` forces the reference reader)."""
     parsed = normalise_url(url)
     backend = parsed.get_backend_name()
     if prefer == "store":
@@ -461,8 +427,6 @@ def open_source(url: str, engine: sa.Engine | None = None, prefer: str | None = 
     if backend == "sqlite":
         check_syncable(url)
         path = parsed.database
-        if prefer == "adbc" or (prefer is None and adbc_available()):
-            return AdbcSqliteSource(path)
         return SqliteSource(path)
     if backend == "postgresql":
         return PostgresSource(engine if engine is not None else sa.create_engine(parsed))

@@ -6,7 +6,7 @@ end of its last committed batch, and the next sync continues from there: nothing
 nothing is counted twice. The store holds one row per append (a commit); the readers page whole
 commits and unpack them into event rows (analytics.sources), so batches end on commit boundaries,
 and the checkpoint is the position of the batch's last event. Reading and unpacking the next
-batch overlaps with writing the current one (a reader thread; SQLite, ADBC, Arrow and DuckDB all
+batch overlaps with writing the current one (a reader thread; SQLite, Arrow and DuckDB all
 release the GIL while they work). A sync reads up to the store's head as of its start, so it ends
 even while writers keep appending; the next sync takes what came since.
 """
@@ -210,7 +210,7 @@ def _not_json(con: duckdb.DuckDBPyConnection, batch: pa.Table) -> CorruptCommit 
 
 def _prefetch(source: Source, after: int, head: int, limit: int) -> Iterator[pa.Table]:
     """Yield the store's pages up to `head` in order, reading and annotating page n+1 on a thread while the
-    caller writes page n (SQLite, ADBC, Arrow and DuckDB all release the GIL while they work).
+    caller writes page n (SQLite, Arrow and DuckDB all release the GIL while they work).
 
     A further stage that derived new episodes on its own DuckDB instance was tried and dropped:
     moving the rows between instances cost more CPU than the overlap saved on two cores.

@@ -29,7 +29,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from analytics import report  # noqa: E402
-from analytics.sources import adbc_available  # noqa: E402
 from analytics.sync import sync  # noqa: E402
 from analytics.warehouse import Warehouse  # noqa: E402
 
@@ -107,7 +106,6 @@ def main() -> None:
     print(f"sync events={result.events} episodes={result.episodes} batches={result.batches} "
           f"seconds={result.seconds:.2f} events_per_s={result.events_per_s:.0f} "
           f"events_per_cpu_s={result.events / cpu:.0f} reader={result.source} "
-          f"(adbc {'installed' if adbc_available() else 'not installed'}) "
           f"store_mb={store.stat().st_size / 1e6:.0f} warehouse_mb={warehouse.stat().st_size / 1e6:.0f}")
 
     with Warehouse(warehouse) as wh:

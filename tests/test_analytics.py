@@ -17,7 +17,6 @@ import pytest
 
 from analytics import service, synthetic
 from analytics.named import QueryError, UnknownQuery
-from analytics.sources import adbc_available
 from analytics.sync import sync
 from analytics.warehouse import Warehouse, WarehouseError
 from eventstore import GENESIS_DIGEST, CorruptCommit, EventStore, NewEvent, chain_digest
@@ -384,23 +383,20 @@ def test_bulk_filled_store_reads_back_as_appended_events(tmp_path):
         store.close()
 
 
-@pytest.mark.parametrize("prefer", ["adbc", "sqlite"])
-def test_commit_readers_agree_with_the_reference_reader(tmp_path, prefer):
+def test_the_commit_reader_agrees_with_the_reference_reader(tmp_path):
     """Pages smaller than one commit (such a page is then that one whole commit) and larger ones."""
-    if prefer == "adbc" and not adbc_available():
-        pytest.skip("adbc_driver_sqlite is not installed")
     url = f"sqlite:///{tmp_path / 'bulk.db'}"
     synthetic.fill_sqlite(url, 30, seed=5)
     pending = fill(url, 100, 20, open_every=3)
     reference = tmp_path / "reference.duckdb"
     sync(url, reference, prefer="store")
     tiny = tmp_path / "tiny.duckdb"
-    assert sync(url, tiny, prefer=prefer, batch_events=20).batches >= 24  # commits of 12 to 53
+    assert sync(url, tiny, batch_events=20).batches >= 24  # commits of 12 to 53
     finish(url, pending)
     sync(url, reference, prefer="store")
-    sync(url, tiny, prefer=prefer, batch_events=20)
+    sync(url, tiny, batch_events=20)
     whole = tmp_path / "whole.duckdb"
-    sync(url, whole, prefer=prefer, batch_events=1_000_000)
+    sync(url, whole, batch_events=1_000_000)
     assert dump(tiny) == dump(reference)
     assert dump(whole) == dump(reference)
 
@@ -420,12 +416,9 @@ def _set_payload(path: str, where: str, payload: str | None = None) -> tuple[int
     return position, stream, old
 
 
-@pytest.mark.parametrize("prefer", ["adbc", "sqlite"])
-def test_a_damaged_commit_is_named_and_nothing_of_its_batch_is_committed(tmp_path, prefer):
+def test_a_damaged_commit_is_named_and_nothing_of_its_batch_is_committed(tmp_path):
     """DuckDB only says some payload of the batch is malformed; the sync names the commit as
     `companyos verify` does, and after a repair it catches up to what a fresh sync builds."""
-    if prefer == "adbc" and not adbc_available():
-        pytest.skip("adbc_driver_sqlite is not installed")
     path = str(tmp_path / "store.db")
     url = f"sqlite:///{path}"
     fill(url, 0, 60)
@@ -433,19 +426,19 @@ def test_a_damaged_commit_is_named_and_nothing_of_its_batch_is_committed(tmp_pat
         path, "SELECT min(position) FROM commits WHERE position >= (SELECT max(position) / 2 FROM commits)")
     live = tmp_path / "live.duckdb"
     with pytest.raises(CorruptCommit, match=f"stream '{stream}': the commit at position {position} "):
-        sync(url, live, batch_events=501, prefer=prefer)
+        sync(url, live, batch_events=501)
     with Warehouse(live) as wh:
         assert 0 < wh.checkpoint < position  # the batches before it are in, its own is not
         assert wh.counts()["events"] == wh.checkpoint  # SQLite positions are dense
     _set_payload(path, str(position), payload)
-    sync(url, live, batch_events=501, prefer=prefer)
+    sync(url, live, batch_events=501)
     fresh = tmp_path / "fresh.duckdb"
-    sync(url, fresh, prefer=prefer)
+    sync(url, fresh)
     assert dump(live) == dump(fresh)
     # the store's first commit is read on its own first, to know which store this is
     position, stream, _ = _set_payload(path, "SELECT min(position) FROM commits")
     with pytest.raises(CorruptCommit, match=f"stream '{stream}': the commit at position {position} "):
-        sync(url, tmp_path / "other.duckdb", prefer=prefer)
+        sync(url, tmp_path / "other.duckdb")
 
 
 _WRONG_SHAPES = {  # valid JSON of the wrong shape, and what the sync says about it

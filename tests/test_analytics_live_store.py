@@ -68,3 +68,31 @@ def test_ctrl_c_during_a_sync_is_one_line_and_the_next_sync_resumes(sqlite_url, 
     assert sync(sqlite_url, path).events > 0
     with Warehouse(path) as wh:
         assert wh.counts()["episodes"] == len(tally(sqlite_url)["episodes"])
+
+
+def test_a_sync_in_a_writers_process_leaves_its_store_shared(tmp_path):
+    """A server syncs its warehouse in the process that writes the store. Reading the store
+    through a second SQLite library (the ADBC driver's) dropped that process's locks on the
+    file when it closed, so the next process to close the store deleted the live WAL: the
+    writer's later episodes were seen by no other process, and the store ended damaged."""
+    import subprocess
+    import sys
+
+    from companyos.batch import RunPlan, run_range
+
+    path = tmp_path / "store.db"
+    url = f"sqlite:///{path}"
+    plan = RunPlan(url, "expert", "all", "medium", 6, 0, "episode")
+    count = [sys.executable, "-c", "import sys; from eventstore import EventStore; "
+             "s = EventStore.open(sys.argv[1]); print(s.count_events()); s.close()", url]
+    with EventStore.open(url) as store:
+        run_range(plan, 0, 3, store)
+        sync(url, tmp_path / "w.duckdb")
+        subprocess.run(count, check=True, capture_output=True)  # another process opens and closes
+        run_range(plan, 3, 6, store)
+        assert (tmp_path / "store.db-wal").exists()
+        seen = subprocess.run(count, check=True, capture_output=True, text=True).stdout
+        assert int(seen) == store.count_events()
+    verified = subprocess.run([sys.executable, "-m", "companyos", "verify", "--db", url],
+                              capture_output=True, text=True)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
