@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 from collections.abc import AsyncIterator, Callable
@@ -27,6 +28,7 @@ from api.analytics_routes import analytics_router
 from api.config import ServerConfig
 from api.episodes import EpisodeLog
 from api.guard import BodyTooLarge, Guard, deny_websocket
+from api.jsonbody import JsonRoute, loads
 from api.models import (
     ERROR_RESPONSES,
     EpisodeEvents,
@@ -151,6 +153,7 @@ def create_app(config: ServerConfig | None = None, store: EventStore | None = No
                   f"{config.max_body_bytes} bytes (413 above).",
                   default_response_class=JSON, lifespan=lifespan)
     app.state.server = server
+    app.router.route_class = JsonRoute
     app.add_middleware(Guard, api_key=config.api_key, max_body_bytes=config.max_body_bytes)
     _register_errors(app)
     _register_openenv(app, server)
@@ -188,9 +191,18 @@ def _register_errors(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, exc: RequestValidationError) -> JSON:
-        errors = [{"loc": list(e.get("loc", ())), "msg": str(e.get("msg", "")),
+        errors = [{"loc": list(e.get("loc", ())), "msg": _said(e),
                    "type": str(e.get("type", ""))} for e in exc.errors()]
         return JSON({"detail": errors}, status_code=422)
+
+
+def _said(error: dict) -> str:
+    """A validation error's message; for a body that is not JSON, what the parser found wrong
+    (FastAPI's own message is only "JSON decode error")."""
+    msg = str(error.get("msg", ""))
+    if error.get("type") == "json_invalid" and (error.get("ctx") or {}).get("error"):
+        msg = f"the body is not valid JSON: {error['ctx']['error']}"
+    return msg
 
 
 def _unparsable_body(cause: BaseException) -> JSON:
@@ -285,9 +297,9 @@ def _register_openenv(app: FastAPI, server: Server) -> None:
 def _mcp_http(server: Server, body: bytes, session_key: str | None, episode_id: str | None,
               token: str | None, query: dict[str, str]) -> Response:
     try:
-        message = orjson.loads(body) if body else None
-    except orjson.JSONDecodeError:
-        return JSON(mcp.error(mcp.PARSE_ERROR, "Parse error: the body is not JSON"))
+        message = loads(body) if body else None
+    except json.JSONDecodeError as exc:
+        return JSON(mcp.error(mcp.PARSE_ERROR, f"Parse error: the body is not JSON: {exc.msg}"))
     if message is None:
         return JSON(mcp.error(mcp.INVALID_REQUEST, "empty request"))
     ctx = mcp.McpContext(session_key=session_key, episode_id=episode_id, episode_token=token,

@@ -9,12 +9,14 @@ codes). `/ws?session_id=<episode_id>.<token>` (or `?session_id=<episode_id>` wit
 
 from __future__ import annotations
 
+import json
 from typing import Any
 from urllib.parse import parse_qs
 
 import orjson
 
 from api import catalog, mcp
+from api.jsonbody import loads
 from api.sessions import ApiError, Session, split_session_key
 
 INVALID_JSON = "INVALID_JSON"
@@ -25,7 +27,6 @@ CAPACITY_REACHED = "CAPACITY_REACHED"
 SESSION_ERROR = "SESSION_ERROR"
 
 _dumps = orjson.dumps
-_loads = orjson.loads
 
 
 def _error(message: str, code: str, **extra: Any) -> str:
@@ -120,8 +121,8 @@ class _Connection:
     async def handle(self, raw: str | bytes) -> str | None:
         """One client message -> the reply frame (None: the client asked to close)."""
         try:
-            message = _loads(raw)
-        except orjson.JSONDecodeError as exc:
+            message = loads(raw)
+        except json.JSONDecodeError as exc:
             return _error(f"Invalid JSON: {exc}", INVALID_JSON)
         if not isinstance(message, dict):
             return _error("a message must be a JSON object with a 'type'", VALIDATION_ERROR)

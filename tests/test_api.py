@@ -3,7 +3,7 @@ that live in the log (restart, any worker, 409), access rules, bad inputs, the e
 
 from __future__ import annotations
 
-import sys
+import json
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -129,6 +129,63 @@ def test_text_that_is_not_unicode_is_logged_spelled_out_not_a_500(sqlite_url):
         logged = c.get(f"/episodes/{episode_id}/events").json()
     actions = [e["data"]["action"] for e in logged["events"] if e["type"] == "ActionTaken"]
     assert actions[0]["params"]["query"] == "renew \\ud800" and len(actions) == 2
+
+
+SURROGATE_ACTION = ('{"app": "ticketdesk", "method": "search_tickets", '
+                    '"params": {"query": "renew \\ud800"}}')
+
+
+def test_every_transport_takes_the_same_json_as_the_same_action(sqlite_url, tmp_path):
+    """A lone-surrogate escape is valid JSON text: HTTP took it and WebSocket and MCP refused the
+    frame, so the same actions logged different episodes. NaN is not JSON: HTTP took it (and
+    logged null) while WebSocket refused it; now every transport refuses it in words."""
+    sent = [ACTIONS[0], SURROGATE_ACTION, ACTIONS[1]]
+
+    def raw(action) -> str:
+        return action if isinstance(action, str) else json.dumps(action)
+
+    digests = {}
+    with client(sqlite_url) as c:
+        episode_id, token, _ = reset(c)
+        for action in sent:
+            r = c.post("/step", content=f'{{"episode_id": "{episode_id}", "action": {raw(action)}}}',
+                       headers={"content-type": "application/json", "X-Episode-Token": token})
+            assert r.status_code == 200, r.text
+        digests["http"] = stream_digest(sqlite_url, episode_id)
+        nan = c.post("/step", content=f'{{"episode_id": "{episode_id}", "action": {{"x": NaN}}}}',
+                     headers={"content-type": "application/json", "X-Episode-Token": token})
+        assert nan.status_code == 422 and "not valid JSON" in nan.json()["detail"][0]["msg"]
+
+        with c.websocket_connect("/ws") as ws:
+            ws.send_json({"type": "reset", "data": RESET})
+            episode_id = ws.receive_json()["data"]["metadata"]["episode_id"]
+            for action in sent:
+                ws.send_text(f'{{"type": "step", "data": {raw(action)}}}')
+                assert ws.receive_json()["type"] == "observation"
+            ws.send_text('{"type": "step", "data": {"x": NaN}}')
+            assert ws.receive_json()["data"]["code"] == "INVALID_JSON"
+        digests["ws"] = stream_digest(sqlite_url, episode_id)
+
+        episode_id, token, _ = reset(c)
+        headers = {"content-type": "application/json", "X-Episode-Id": episode_id,
+                   "X-Episode-Token": token}
+        for i, action in enumerate(sent):
+            action = json.loads(raw(action)) if i != 1 else None
+            name = "ticketdesk_search_tickets" if action is None else f"{action['app']}_{action['method']}"
+            arguments = '{"query": "renew \\ud800"}' if action is None else json.dumps(action["params"])
+            r = c.post("/mcp", headers=headers, content=(
+                f'{{"jsonrpc": "2.0", "id": {i}, "method": "tools/call", '
+                f'"params": {{"name": "{name}", "arguments": {arguments}}}}}'))
+            assert "result" in r.json(), r.text
+        digests["mcp"] = stream_digest(sqlite_url, episode_id)
+        r = c.post("/mcp", headers=headers, content='{"jsonrpc": "2.0", "id": 9, "method": "tools/call", '
+                   '"params": {"name": "ticketdesk_get_ticket", "arguments": {"ticket_id": NaN}}}')
+        assert r.json()["error"]["code"] == -32700 and "not JSON" in r.json()["error"]["message"]
+    assert digests["http"] == digests["ws"] == digests["mcp"]
+    assert digests["http"] == digest_uninterrupted(
+        tmp_path, [json.loads(raw(a)) if isinstance(a, dict) else
+                   {"app": "ticketdesk", "method": "search_tickets",
+                    "params": {"query": "renew \ud800"}} for a in sent])
 
 
 def test_text_rendering_on_request(sqlite_url):
@@ -351,7 +408,7 @@ def test_bodies_the_parser_gives_up_on_are_said_in_words(sqlite_url):
         chunked = c.post("/reset", content=(b'{"task": "' + b"x" * 1000 for _ in range(10)),
                          headers=json_type)
         not_utf8 = c.post("/reset", content=b'{"task": "\xff"}', headers=json_type)
-    depth = sys.getrecursionlimit() + 10  # the parser's limit (other tests may raise it)
+    depth = 1_100  # past orjson's limit
     with client(sqlite_url, max_body_bytes=2 * depth + 1024) as c:
         deep = c.post("/reset", content=b"[" * depth + b"]" * depth, headers=json_type)
         assert chunked.status_code == 413 and chunked.json()["code"] == "body_too_large"
