@@ -264,6 +264,15 @@ class EventStore:
         with self.engine.connect() as conn:
             return conn.execute(sa.text("SELECT max(position) FROM commits")).scalar() or 0
 
+    def readable_position(self) -> int:
+        """The last position a reader of the global order may read now. On PostgreSQL a commit
+        still running can yet land below `last_position()`, so what lies past the transaction-id
+        high-water mark is not final: readers and checks that must agree stop here."""
+        where = " AND ".join(self._backend.visible)
+        with self.engine.connect() as conn:
+            return conn.execute(sa.text("SELECT max(position) FROM commits"
+                                        + (f" WHERE {where}" if where else ""))).scalar() or 0
+
     def count_events(self, after_position: int = 0) -> int:
         """How many events lie after a position (the total of a progress bar)."""
         with self.engine.connect() as conn:

@@ -40,6 +40,8 @@ class VerifyReport:
     # per read model: rows, checkpoint, differing; `moved_to` (rows None) when another process
     # caught it up while verify ran, so its rows were not compared
     read_models: dict[str, dict[str, Any]] = field(default_factory=dict)
+    upto: int = 0  # the log was checked up to this position
+    waiting: bool = False  # commits past `upto` wait on an older transaction (PostgreSQL)
 
     @property
     def ok(self) -> bool:
@@ -54,7 +56,7 @@ class VerifyReport:
         return {"ok": self.ok, "streams": self.streams, "events": self.events,
                 "broken": [{"episode_id": sid, "problems": problems}
                            for sid, problems in sorted(self.problems.items())],
-                "read_models": self.read_models}
+                "read_models": self.read_models, "upto": self.upto, "waiting": self.waiting}
 
 
 def verify(store: EventStore, projections: Sequence[Projection] | None = None,
@@ -69,7 +71,7 @@ def verify(store: EventStore, projections: Sequence[Projection] | None = None,
     with store.engine.connect() as conn:  # before the head: a checkpoint never lies beyond it
         checkpoints = dict(conn.execute(
             sa.select(projection_checkpoints.c.name, projection_checkpoints.c.position)).all())
-    upto = store.last_position()
+    upto = store.readable_position()  # the heads and the events, read to one bound
     if workers is None:
         workers = _default_workers(store, upto)
     if workers > 1 and _parallel_capable(store):
@@ -87,7 +89,10 @@ def verify(store: EventStore, projections: Sequence[Projection] | None = None,
                 if progress is not None:
                     progress(len(records))
         checker.check_heads(store, upto)
-    return checker.finish(store)
+    report = checker.finish(store)
+    report.upto = upto
+    report.waiting = store.last_position() > upto
+    return report
 
 
 def _known_versions() -> dict[str, set[int]]:

@@ -215,6 +215,9 @@ def verify(
             "by another process meanwhile; verify again to compare it)"
             for name, m in report.read_models.items())
         typer.echo(f"{report.streams} streams, {report.events} events checked; read models: {models}")
+        if report.waiting:
+            typer.echo(f"commits after position {report.upto} were not checked: a transaction "
+                       "older than them is still running (verify again once it ends)")
         for sid, problems in sorted(report.problems.items()):
             typer.echo(f"BROKEN {sid}:")
             for problem in problems:
