@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 from eventstore import DEFAULT_URL, StoreUnavailable
@@ -17,9 +18,11 @@ def resolve_db(db: str | None) -> str:
 
 
 def resolve_existing_db(db: str | None) -> str:
-    """The store a command that only reads the log names, refused when it is a SQLite file that
-    does not exist: opening would create an empty store, and `verify --db typo.db` said "ok"
-    about nothing (the commands that write, `run` and `serve`, create it as before)."""
+    """The store a command that only reads the log names, refused when there is none there (a
+    SQLite file that does not exist, a database without the store's tables): opening would
+    create an empty store, and `verify --db typo.db` said "ok" about nothing (the commands that
+    write, `run` and `serve`, create it as before)."""
+    from eventstore import EventStore
     from eventstore.engine import normalise_url, sqlite_file
 
     url = resolve_db(db)
@@ -30,4 +33,22 @@ def resolve_existing_db(db: str | None) -> str:
     if path is not None and not os.path.exists(path):
         raise StoreUnavailable(f"there is no store at {path} ({url}); `companyos run` or "
                                "`companyos db upgrade` creates one")
+    if path is not None and _sqlite_holds_a_store(path) is False:  # a look that changes nothing
+        raise StoreUnavailable(f"there is no store at {path} ({url}): the file holds none of its "
+                               "tables; `companyos run` or `companyos db upgrade` creates one")
+    if path is None:
+        EventStore.open(url, create=False).close()
     return url
+
+
+def _sqlite_holds_a_store(path: str) -> bool | None:
+    import sqlite3
+    from pathlib import Path
+
+    try:
+        with contextlib.closing(sqlite3.connect(f"{Path(path).resolve().as_uri()}?mode=ro",
+                                                uri=True)) as con:
+            return con.execute("SELECT count(*) FROM sqlite_master "
+                               "WHERE name = 'alembic_version'").fetchone()[0] > 0
+    except sqlite3.Error:
+        return None  # not a database, or unreadable: opening the store says what is wrong

@@ -42,12 +42,20 @@ def known_revisions() -> frozenset[str]:
     return frozenset(s.revision for s in ScriptDirectory.from_config(alembic_config()).walk_revisions())
 
 
-def upgrade(engine: sa.Engine) -> None:
-    """Run pending migrations inside one write transaction so concurrent openers queue, not clash."""
+class NoStore(Exception):
+    """The database holds no store, and the caller only reads one: creating it would be wrong."""
+
+
+def upgrade(engine: sa.Engine, create: bool = True) -> None:
+    """Run pending migrations inside one write transaction so concurrent openers queue, not clash.
+
+    `create=False`: a database without the store's tables is NoStore, not a new empty store."""
     with engine.connect() as probe:
         current = current_revision(probe)
         if current == head_revision():
             return
+        if current is None and not create:
+            raise NoStore
         if current is not None and current not in known_revisions():
             raise NewerStore(f"migration {current!r}, which this companyos does not know (its "
                              f"newest is {head_revision()!r}): upgrade companyos to use it")

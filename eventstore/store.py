@@ -59,8 +59,10 @@ class EventStore:
         url: str = DEFAULT_URL,
         synchronous: str | None = None,
         upcasters: Upcasters | None = None,
+        create: bool = True,
     ) -> EventStore:
-        """Open (and if needed create and migrate) the store at `url`.
+        """Open (and if needed create and migrate) the store at `url`; with `create=False` a
+        database that holds no store is refused (StoreUnavailable), not given one.
 
         SQLite durability: `synchronous="normal"` (default) survives a crashed process;
         `"full"` also survives power loss, at the price of an fsync per commit.
@@ -76,7 +78,12 @@ class EventStore:
                                    "use e.g. sqlite:///companyos.db or postgresql://user@host/db"
                                    ) from None
         try:
-            migrate.upgrade(engine)
+            migrate.upgrade(engine, create)
+        except migrate.NoStore:
+            engine.dispose()
+            raise StoreUnavailable(f"there is no store at {shown}: the database holds none of its "
+                                   "tables; `companyos run` or `companyos db upgrade` creates one"
+                                   ) from None
         except sa.exc.DBAPIError as exc:
             engine.dispose()
             raise StoreUnavailable(f"cannot open the store at {shown}: {exc.orig}") from None

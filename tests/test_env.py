@@ -342,6 +342,24 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
                           text=True)
 
 
+@pytest.mark.parametrize("args", [["verify"], ["episodes"], ["analytics", "query", "failure_modes"]])
+def test_a_command_that_reads_the_log_adds_no_store_to_a_database_without_one(
+        empty_store_url, tmp_path, args):
+    """On PostgreSQL any database a URL named got the store's tables (and verify said "ok");
+    a SQLite file that is not a store was migrated the same way."""
+    engine = sa.create_engine(empty_store_url)
+    with engine.begin() as conn:
+        conn.execute(sa.text("CREATE TABLE customers (id INTEGER)"))
+    engine.dispose()
+    out = subprocess.run([sys.executable, "-m", "companyos", *args, "--db", empty_store_url],
+                         capture_output=True, text=True, cwd=tmp_path)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "there is no store at" in out.stderr and "holds none of its tables" in out.stderr
+    assert sa.inspect(engine).get_table_names() == ["customers"]
+    assert [p.name for p in tmp_path.iterdir()] == (["store.db"] if "sqlite" in empty_store_url else [])
+    engine.dispose()
+
+
 def test_run_refuses_seeds_past_64_bits_before_logging_anything(tmp_path):
     """Seeds are 64-bit in every reader of the log: one past it used to be stored, then break
     `episodes` and `rebuild` for the whole store."""
