@@ -73,7 +73,7 @@ class EventStore:
         except ImportError as exc:
             raise StoreUnavailable(f"{shown} needs a database driver that is not installed "
                                    f"({exc}); the store runs on SQLite and PostgreSQL") from None
-        except (sa.exc.ArgumentError, sa.exc.NoSuchModuleError) as exc:
+        except (sa.exc.ArgumentError, sa.exc.NoSuchModuleError, ValueError) as exc:
             raise StoreUnavailable(f"{shown} is not a database URL the store can open ({exc}); "
                                    "use e.g. sqlite:///companyos.db or postgresql://user@host/db"
                                    ) from None
@@ -303,7 +303,7 @@ def _shown_url(url: str) -> str:
     """The URL for messages, password masked."""
     try:
         return sa.make_url(url).render_as_string(hide_password=True)
-    except sa.exc.ArgumentError:
+    except (sa.exc.ArgumentError, ValueError):  # ValueError: a port that is not a number
         return repr(url)
 
 

@@ -276,6 +276,15 @@ def test_cli_names_a_store_it_cannot_open_without_a_traceback(tmp_path):
     assert "cannot open the store" in out.stderr and "Traceback" not in out.stderr
 
 
+@pytest.mark.parametrize("args", [["verify"], ["episodes"], ["db", "upgrade"], ["analytics", "sync"]])
+def test_a_url_whose_port_is_not_a_number_is_one_error_line(tmp_path, args):
+    out = subprocess.run([sys.executable, "-m", "companyos", *args, "--db",
+                          "postgresql://u@127.0.0.1:abc/db"], capture_output=True, text=True,
+                         cwd=tmp_path)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert out.stderr.startswith("error: ") and "is not a database URL" in out.stderr
+
+
 @pytest.mark.parametrize("args", [["verify"], ["episodes"], ["rebuild"], ["replay", "x"],
                                   ["analytics", "sync"], ["analytics", "query", "failure_modes"]])
 def test_a_command_that_reads_the_log_refuses_a_store_file_that_does_not_exist(tmp_path, args):
