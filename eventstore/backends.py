@@ -227,7 +227,8 @@ class PostgresBackend(Backend):
                     try:
                         position = conn.execute(_PG_INSERT, params).fetchone()[0]
                     finally:
-                        conn.autocommit = False
+                        if not conn.closed:  # else this would raise again, hiding why it closed
+                            conn.autocommit = False
                 else:
                     with conn.transaction():
                         position = conn.execute(_PG_INSERT, params).fetchone()[0]
@@ -236,6 +237,8 @@ class PostgresBackend(Backend):
             except Exception as exc:
                 if _is_unique_violation(exc):
                     raise UniqueViolation(str(exc)) from None
+                if conn.closed:  # lost: the pool must not reset it (a logged traceback) or reuse it
+                    raw.invalidate()
                 raise
             return position, commit
         finally:

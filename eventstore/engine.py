@@ -43,7 +43,9 @@ def create_engine(url: str, synchronous: str | None = None) -> sa.Engine:
         return _sqlite_engine(parsed, synchronous or "normal")
     if synchronous is not None:
         raise ValueError("synchronous= applies to SQLite only; PostgreSQL durability is the server's")
-    return sa.create_engine(parsed, pool_size=8, max_overflow=32)
+    # pre-ping: a connection the server dropped (a restart, a failover, a terminated backend) is
+    # replaced when it is checked out, instead of failing the step or request that drew it
+    return sa.create_engine(parsed, pool_size=8, max_overflow=32, pool_pre_ping=True)
 
 
 def _sqlite_engine(url: sa.URL, synchronous: str) -> sa.Engine:

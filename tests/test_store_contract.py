@@ -347,3 +347,24 @@ def test_a_store_that_cannot_be_opened_is_refused_in_words(url, words):
     with pytest.raises(StoreUnavailable, match=words) as err:
         EventStore.open(url)
     assert "secret" not in str(err.value), "passwords never appear in messages"
+
+
+def test_a_connection_the_server_dropped_is_replaced_not_failed(fresh_pg_url):
+    """After a PostgreSQL restart or failover (here: its backends terminated) the next append
+    and read used a dead pooled connection and failed (a bare 500 in the server)."""
+    import sqlalchemy as sa
+
+    store = EventStore.open(fresh_pg_url)
+    stream = unique_stream()
+    store.append(stream, [NewEvent("Opened", {"n": 0})], None)
+    assert len(list(store.read_stream(stream))) == 1
+    killer = sa.create_engine(fresh_pg_url, isolation_level="AUTOCOMMIT")
+    with killer.connect() as conn:
+        killed = conn.execute(sa.text(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()")).scalar()
+    killer.dispose()
+    assert killed >= 1
+    store.append(stream, [NewEvent("Noted", {"n": 1})], 0)
+    assert [r.data["n"] for r in store.read_stream(stream)] == [0, 1]
+    store.close()
