@@ -50,7 +50,7 @@ from companyos.config import resolve_db
 from companyos.lifecycle import end_with
 from domain import TASK_FAMILIES
 from eventstore import EventStore
-from projections.episodes import OUTCOMES
+from projections.episodes import MAX_AGENT_LABEL, OUTCOMES
 
 T = TypeVar("T")
 EpisodeId = Annotated[str, Path(max_length=200)]
@@ -328,9 +328,9 @@ def _register_log(app: FastAPI, server: Server) -> None:
         return JSON(catalog.openai_tools())
 
     @app.get("/episodes", response_model=EpisodeList, tags=["Episode log"],
-             responses=errors(401, 403))
+             responses=errors(400, 401, 403))
     def list_episodes(task: Annotated[TaskFamily | None, Query()] = None,
-                      agent: Annotated[str | None, Query(max_length=200)] = None,
+                      agent: Annotated[str | None, Query(max_length=MAX_AGENT_LABEL)] = None,
                       outcome: Annotated[Outcome | None, Query()] = None,
                       limit: Annotated[int, Query(ge=1, le=500)] = 50,
                       offset: Annotated[int, Query(ge=0, le=10**9)] = 0) -> JSON:

@@ -33,7 +33,10 @@ class EpisodeLog:
         with self._catch_up_lock:
             self._runner.catch_up()
         table = episodes_table
-        where = episode_filters(task, agent, outcome)
+        try:
+            where = episode_filters(task, agent, outcome)
+        except ValueError as exc:
+            raise ApiError(400, "invalid_filter", str(exc)) from None
         columns = [c for c in table.c if c.name not in _HIDDEN_COLUMNS]
         query = (sa.select(*columns).where(*where)
                  .order_by(table.c.first_position.desc()).limit(limit).offset(offset))

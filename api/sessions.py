@@ -28,6 +28,7 @@ import domain
 from companyos.env import SEED_MAX, episode_state, spec_from_options
 from companyos.runtime import EpisodeNotFound, EpisodeRuntime
 from eventstore import ConcurrencyError, CorruptCommit, EventStore
+from projections.episodes import agent_label_problem
 
 EPISODE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
 RESET_FIELDS = ("seed", "episode_id", "task", "chaos", "reward_profile", "max_steps", "agent", "text")
@@ -188,8 +189,8 @@ class SessionManager:
         if not isinstance(text, bool):
             raise ApiError(400, "invalid_reset", "text must be true or false")
         agent = opts.pop("agent", None)
-        if agent is not None and (not isinstance(agent, str) or not 0 < len(agent) <= 100):
-            raise ApiError(400, "invalid_reset", "agent must be a string of 1-100 characters")
+        if agent is not None and (problem := agent_label_problem(agent)):
+            raise ApiError(400, "invalid_reset", problem)
         try:
             spec = spec_from_options(seed, opts)
         except ValueError as exc:

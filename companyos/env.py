@@ -9,6 +9,7 @@ import domain
 from companyos.config import resolve_db
 from companyos.runtime import DURABILITY, EpisodeRuntime
 from eventstore import EventStore
+from projections.episodes import agent_label_problem
 from projections.render import render_views
 
 DEFAULT_CHAOS = "medium"
@@ -65,12 +66,14 @@ class CompanyEnv:
 
     def __init__(self, db: str | EventStore | None = None, durability: str = "step",
                  agent: str | None = None) -> None:
+        if durability not in DURABILITY:
+            raise ValueError(f"durability must be one of {DURABILITY}, not {durability!r}")
+        if agent is not None and (problem := agent_label_problem(agent)):
+            raise ValueError(problem)
         if isinstance(db, EventStore):
             self.store, self._owns_store = db, False
         else:
             self.store, self._owns_store = EventStore.open(resolve_db(db)), True
-        if durability not in DURABILITY:
-            raise ValueError(f"durability must be one of {DURABILITY}, not {durability!r}")
         self.durability = durability
         self.agent = agent
         self.runtime: EpisodeRuntime | None = None

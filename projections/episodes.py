@@ -116,6 +116,21 @@ OUTCOMES = ("success", "failure", "truncated", "running")
 """What an episode listing filters on: the three ends, and `running` for episodes not ended."""
 
 
+MAX_AGENT_LABEL = 100
+
+
+def agent_label_problem(agent: object) -> str | None:
+    """What is wrong with an agent label, in words (None: nothing). The label is a text column
+    of the read models: PostgreSQL text holds no NUL, so one such label stopped every listing,
+    and other control characters break the tables that show it."""
+    if not isinstance(agent, str) or not 0 < len(agent) <= MAX_AGENT_LABEL:
+        return f"agent must be a string of 1-{MAX_AGENT_LABEL} characters"
+    control = next((c for c in agent if c < " " or "\x7f" <= c <= "\x9f"), None)
+    if control is not None:
+        return f"agent must not hold control characters (it holds {control!r})"
+    return None
+
+
 def episode_filters(task: str | None = None, agent: str | None = None,
                     outcome: str | None = None) -> list[sa.ColumnElement[bool]]:
     """The WHERE clauses of an episode listing (every reader of the read model uses these);
@@ -124,6 +139,8 @@ def episode_filters(task: str | None = None, agent: str | None = None,
         raise ValueError(f"unknown outcome {outcome!r}; choose one of {', '.join(OUTCOMES)}")
     if task:
         task_family(task)  # a typo would otherwise list nothing, without a word
+    if agent and (problem := agent_label_problem(agent)):
+        raise ValueError(f"no episode has that agent: {problem}")
     where = []
     if task:
         where.append(episodes.c.task == task)

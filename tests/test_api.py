@@ -643,3 +643,18 @@ def test_a_damaged_commit_is_a_500_that_names_it_and_the_server_keeps_serving(sq
             assert response.json()["code"] == "log_damaged"
             assert episode_id in response.json()["detail"] and "verify" in response.json()["detail"]
         assert step(c, healthy, healthy_token, ACTIONS[0]).status_code == 200
+
+
+def test_an_agent_label_with_control_characters_is_refused_and_listings_go_on(store_url):
+    """On PostgreSQL a NUL in an agent label could not enter the episodes read model: every
+    later listing was a 500, for every client. Now the label is refused in words, as is a
+    listing filter holding one, on both backends."""
+    with client(store_url) as c:
+        for label in ("a\u0000b", "two\nlines"):
+            r = c.post("/reset", json={"seed": 1, "agent": label})
+            assert r.status_code == 400 and "control characters" in r.json()["detail"]
+        r = c.get("/episodes", params={"agent": "a\u0000b"})
+        assert r.status_code == 400 and "control characters" in r.json()["detail"]
+        assert c.get("/episodes").status_code == 200
+    with pytest.raises(ValueError, match="control characters"):
+        CompanyEnv(store_url, agent="a\u0000b")
