@@ -6,10 +6,12 @@ import multiprocessing as mp
 import os
 import signal
 import statistics
+import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import sqlalchemy
 
@@ -88,13 +90,22 @@ def _in_memory(url: str) -> bool:
         return False  # opening the store says what is wrong with it
 
 
-def run_range(plan: RunPlan, start: int, stop: int, store: EventStore | None = None) -> list[EpisodeResult]:
-    """Episodes start..stop-1 of the plan; episode i uses seed plan.seed + i."""
+def run_range(plan: RunPlan, start: int, stop: int, store: EventStore | None = None,
+              halt: Halt | None = None, into: list | None = None) -> list[EpisodeResult]:
+    """Episodes start..stop-1 of the plan; episode i uses seed plan.seed + i. Once `halt` is set
+    no further episode starts: the ones finished so far are the result. Each result is appended
+    to `into` (default: a new list, returned) as its episode finishes, so an exception loses
+    none of them."""
     own = store is None
     store = store or EventStore.open(plan.db)
     env = CompanyEnv(store, durability=plan.durability, agent=plan.agent)
+    done = [] if into is None else into
     try:
-        return [_one_episode(env, plan, index) for index in range(start, stop)]
+        for index in range(start, stop):
+            if halt is not None and halt.is_set():
+                break
+            done.append(_one_episode(env, plan, index))
+        return done
     finally:
         env.close()
         if own:
@@ -121,66 +132,109 @@ def _one_episode(env: CompanyEnv, plan: RunPlan, index: int) -> EpisodeResult:
                          runtime.digest)
 
 
+class Halt(Protocol):
+    def is_set(self) -> bool: ...
+
+
 _worker_store: EventStore | None = None
+_worker_halt: Halt | None = None
 
 
-def _init_worker(db: str, parent: int) -> None:
+def _init_worker(db: str, parent: int, halt: Halt | None = None) -> None:
     """Each worker process opens the store once and keeps it for all its chunks.
 
-    Ctrl-C is the parent's to handle (it stops the pool); a worker whose parent died stops too,
-    rather than log episodes no one will report and die on a broken pipe with a traceback.
+    Ctrl-C is the parent's to handle (it sets `halt`: each worker finishes the episode under way
+    and starts no other); a worker whose parent died stops too, rather than log episodes no one
+    will report and die on a broken pipe with a traceback.
     """
-    global _worker_store
+    global _worker_store, _worker_halt
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _worker_store = EventStore.open(db)
+    _worker_halt = halt
     end_with(parent, lambda: os._exit(1))
 
 
 class RunInterrupted(KeyboardInterrupt):
-    """Ctrl-C during a run: carries the results of the episodes finished (and logged) so far."""
+    """Ctrl-C during a run: carries the results of the episodes finished (and logged) so far;
+    `forced` when a second Ctrl-C cut episodes under way short."""
 
-    def __init__(self, results: list[EpisodeResult]) -> None:
+    def __init__(self, results: list[EpisodeResult], forced: bool = False) -> None:
         super().__init__()
         self.results = results
+        self.forced = forced
 
 
 def _work(args: tuple[RunPlan, int, int]) -> list[EpisodeResult]:
     plan, start, stop = args
-    return run_range(plan, start, stop, _worker_store)
+    return run_range(plan, start, stop, _worker_store, _worker_halt)
 
 
 def run(plan: RunPlan, workers: int = 1,
         progress: Callable[[int], None] | None = None) -> list[EpisodeResult]:
-    """All episodes of the plan, in index order; `progress(n)` is told as chunks finish."""
+    """All episodes of the plan, in index order; `progress(n)` is told as chunks finish.
+
+    The first Ctrl-C lets every process finish the episode under way and start no other, then
+    raises RunInterrupted with exactly the episodes finished (none is left half-logged); a
+    second one stops at once."""
     validate(plan)
     size = max(CHUNK, min(2_000, plan.episodes // max(1, workers * 40)))
     chunks = [(plan, s, min(s + size, plan.episodes)) for s in range(0, plan.episodes, size)]
     results: list[EpisodeResult] = []
+    halt = mp.get_context("spawn").Event()
     try:
-        for chunk in _execute(plan, chunks, workers):
-            results.extend(chunk)
-            if progress:
-                progress(len(chunk))
+        with _first_ctrl_c_sets(halt):
+            if workers <= 1 or len(chunks) <= 1:
+                _run_here(plan, chunks, halt, results, progress)
+            else:
+                for chunk in _run_pooled(plan, chunks, workers, halt):
+                    results.extend(chunk)
+                    if progress:
+                        progress(len(chunk))
     except BaseException as exc:
         # Ctrl-C in the middle of a commit surfaces as the driver's failure to roll back
         if isinstance(exc, KeyboardInterrupt) or isinstance(exc.__context__, KeyboardInterrupt):
-            raise RunInterrupted(results) from None
+            raise RunInterrupted(results, forced=True) from None
         raise
+    if halt.is_set():
+        raise RunInterrupted(results)
     return results
 
 
-def _execute(plan: RunPlan, chunks, workers: int) -> Iterator[list[EpisodeResult]]:
-    if workers <= 1 or len(chunks) <= 1:
-        store = EventStore.open(plan.db)  # opening migrates a new store
-        try:
-            for _, start, stop in chunks:
-                yield run_range(plan, start, stop, store)
-        finally:
-            store.close()
+@contextmanager
+def _first_ctrl_c_sets(halt) -> Iterator[None]:
+    """SIGINT sets `halt` once; the next one is a KeyboardInterrupt as usual. Only the main
+    thread can take signals: elsewhere Ctrl-C keeps its default meaning."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
         return
+
+    def handler(signum, frame) -> None:
+        if halt.is_set():
+            raise KeyboardInterrupt
+        halt.set()
+
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _run_here(plan: RunPlan, chunks, halt: Halt, results: list[EpisodeResult],
+              progress: Callable[[int], None] | None) -> None:
+    """The chunks in this process, each result into `results` as its episode finishes."""
+    with EventStore.open(plan.db) as store:  # opening migrates a new store
+        for _, start, stop in chunks:
+            before = len(results)
+            run_range(plan, start, stop, store, halt, into=results)
+            if progress:
+                progress(len(results) - before)
+
+
+def _run_pooled(plan: RunPlan, chunks, workers: int, halt: Halt) -> Iterator[list[EpisodeResult]]:
     EventStore.open(plan.db).close()  # migrate once, before the workers race to
-    with mp.get_context("spawn").Pool(workers, _init_worker, (plan.db, os.getpid())) as pool:
-        yield from pool.imap(_work, chunks)
+    with mp.get_context("spawn").Pool(workers, _init_worker, (plan.db, os.getpid(), halt)) as pool:
+        yield from pool.imap(_work, chunks)  # once halted, the chunks left return at once
 
 
 def summarise(results: list[EpisodeResult]) -> dict[str, Any]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -12,34 +13,10 @@ import time
 import pytest
 
 from companyos import batch, cli
+from companyos.commands.run import seed_ranges
 
 
-def test_ctrl_c_says_which_episodes_finished_and_keeps_them(tmp_path, monkeypatch, capsys):
-    """An interrupted run printed nothing (or a store error from the interrupted rollback), so
-    no one could tell which seeds were done."""
-    url = f"sqlite:///{tmp_path / 'store.db'}"
-    run_range, chunks = batch.run_range, []
-
-    def interrupted_in_the_third_chunk(plan, start, stop, store):
-        chunks.append(start)
-        if len(chunks) == 3:
-            raise KeyboardInterrupt
-        return run_range(plan, start, stop, store)
-
-    monkeypatch.setattr(batch, "run_range", interrupted_in_the_third_chunk)
-    monkeypatch.setattr(batch, "CHUNK", 4)
-    monkeypatch.setattr("sys.argv", ["companyos", "run", "--episodes", "20", "--seed", "100",
-                                     "--db", url, "--json"])
-    with pytest.raises(SystemExit) as stopped:
-        cli.main()
-    assert stopped.value.code == 130
-    out = capsys.readouterr()
-    assert not out.out
-    assert out.err.strip().splitlines() == [
-        "error: interrupted: 8 episode(s) finished and reported (seeds 100..107); the ones after "
-        "them may be partly logged (an episode under way is left running), and `companyos "
-        "episodes` lists all the log holds"]
-    monkeypatch.undo()
+def _logged(url: str) -> list[dict]:
     from eventstore import EventStore
     from projections import default_projections
     from projections.episodes import list_episodes
@@ -48,8 +25,74 @@ def test_ctrl_c_says_which_episodes_finished_and_keeps_them(tmp_path, monkeypatc
     with EventStore.open(url) as store:
         ProjectionRunner(store, default_projections()).catch_up()
         with store.engine.connect() as conn:
-            seeds = sorted(r["seed"] for r in list_episodes(conn))
-    assert seeds == list(range(100, 108))
+            return list_episodes(conn, limit=None)
+
+
+@pytest.mark.parametrize("presses", [1, 2], ids=["ctrl-c", "ctrl-c-twice"])
+def test_ctrl_c_finishes_the_episode_under_way_and_says_which_finished(
+        tmp_path, monkeypatch, capsys, presses):
+    """An interrupted run reported only whole chunks, while the log held more finished episodes
+    (a user resuming from the seed after the reported ones ran those instances twice). The first
+    Ctrl-C now lets the episode under way finish; a second one stops at once."""
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    one_episode = batch._one_episode
+
+    def ctrl_c_during_the_tenth(env, plan, index):
+        if index == 9:
+            for _ in range(presses):
+                os.kill(os.getpid(), signal.SIGINT)
+        return one_episode(env, plan, index)
+
+    monkeypatch.setattr(batch, "_one_episode", ctrl_c_during_the_tenth)
+    monkeypatch.setattr(batch, "CHUNK", 4)
+    monkeypatch.setattr("sys.argv", ["companyos", "run", "--episodes", "20", "--seed", "100",
+                                     "--db", url, "--json"])
+    with pytest.raises(SystemExit) as stopped:
+        cli.main()
+    assert stopped.value.code == 130
+    out = capsys.readouterr()
+    assert not out.out
+    monkeypatch.undo()
+    logged = _logged(url)
+    if presses == 1:
+        assert out.err.strip().splitlines() == [
+            "error: interrupted: 10 episode(s) finished, logged and reported (seeds 100..109); "
+            "no other episode was begun or left half-logged"]
+        assert sorted(e["seed"] for e in logged) == list(range(100, 110))
+        assert all(e["outcome"] is not None for e in logged)
+    else:
+        assert out.err.strip().splitlines() == [
+            "error: interrupted: 9 episode(s) finished, logged and reported (seeds 100..108); a "
+            "second Ctrl-C stopped it at once: the episodes under way were cut short (each left "
+            "running in the log) and, with --workers, some finished ones may be unreported; "
+            "`companyos episodes` lists all the log holds"]
+        assert sorted(e["seed"] for e in logged if e["outcome"]) == list(range(100, 109))
+
+
+def test_ctrl_c_with_workers_reports_exactly_the_episodes_the_log_holds(tmp_path):
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    run = subprocess.Popen([sys.executable, "-m", "companyos", "run", "--episodes", "100000",
+                            "--workers", "2", "--durability", "episode", "--db", url, "--json"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for _ in range(600):  # until both workers have logged episodes
+        time.sleep(0.1)
+        if (tmp_path / "store.db").exists() and len(_logged(url)) > 300:
+            break
+    run.send_signal(signal.SIGINT)
+    out, err = run.communicate(timeout=60)
+    assert run.returncode == 130 and not out, err
+    reported = re.search(r"interrupted: (\d+) episode\(s\) finished, logged and reported "
+                         r"\(seeds ([^)]*)\); no other episode", err)
+    assert reported, err
+    logged = _logged(url)
+    assert all(e["outcome"] is not None for e in logged)
+    assert int(reported[1]) == len(logged)
+    assert reported[2] == seed_ranges(sorted(e["seed"] for e in logged))
+
+
+def test_seed_ranges_reads_as_a_person_would_write_it():
+    assert seed_ranges([3, 4, 5, 7, 9, 10]) == "3..5, 7, 9..10"
+    assert seed_ranges(list(range(0, 20, 2)), shown=3) == "0, 2, 4 and 7 more ranges"
 
 
 _PARENT = textwrap.dedent("""

@@ -54,18 +54,32 @@ def run(
                 job = bar.add_task(f"{agent} on {task}", total=episodes)
                 results = run_plan(plan, workers, progress=lambda n: bar.advance(job, n))
     except RunInterrupted as stop:
-        done = len(stop.results)
-        fail(f"interrupted: {done} episode(s) finished and reported"
-             + (f" (seeds {seed}..{seed + done - 1})" if done else "")
-             + "; the ones after them may be partly logged (an episode under way is "
-             + ("lost" if durability == "episode" else "left running")
-             + "), and `companyos episodes` lists all the log holds", code=130)
+        done = sorted(r.seed for r in stop.results)
+        fail(f"interrupted: {len(done)} episode(s) finished, logged and reported"
+             + (f" (seeds {seed_ranges(done)})" if done else "")
+             + ("; a second Ctrl-C stopped it at once: the episodes under way were cut short "
+                "(each " + ("lost" if durability == "episode" else "left running in the log")
+                + ") and, with --workers, some finished ones may be unreported; `companyos "
+                "episodes` lists all the log holds" if stop.forced else
+                "; no other episode was begun or left half-logged"), code=130)
     summary = summarise(results)
     if as_json:
         document = {"summary": summary, "episodes": [r.to_json() for r in results]}
         sys.stdout.buffer.write(orjson.dumps(document) + b"\n")
         return
     _print_summary(plan, summary)
+
+
+def seed_ranges(seeds: list[int], shown: int = 6) -> str:
+    """Sorted seeds as ranges, 'a..b, c, d..e' (after `shown` ranges, how many more there are)."""
+    ranges: list[list[int]] = []
+    for s in seeds:
+        if ranges and s == ranges[-1][1] + 1:
+            ranges[-1][1] = s
+        else:
+            ranges.append([s, s])
+    text = ", ".join(f"{a}..{b}" if a != b else str(a) for a, b in ranges[:shown])
+    return text + (f" and {len(ranges) - shown} more ranges" if len(ranges) > shown else "")
 
 
 def _print_summary(plan, summary: dict) -> None:
