@@ -7,6 +7,7 @@ the rest of the system uses.
 from domain.chaos import CHAOS_LEVELS, parse_chaos
 from domain.datahub import sim_time
 from domain.episode import (
+    INITIAL_STATE,
     EpisodeFinished,
     EpisodeSpec,
     EpisodeState,
@@ -22,13 +23,13 @@ from domain.episode import (
 from domain.events import EVENT_TYPES, from_envelope, to_envelope
 from domain.outcomes import FAILURE_MODES
 from domain.render import render_text
-from domain.rewards import REWARD_PROFILES
+from domain.rewards import REWARD_PROFILES, RewardRule
 from domain.tasks import TASK_FAMILIES, task_family
 from domain.tools import TOOLS, ToolSpec
 
 __all__ = [
-    "CHAOS_LEVELS", "EVENT_TYPES", "FAILURE_MODES", "REWARD_PROFILES", "TASK_FAMILIES", "TOOLS",
-    "EpisodeFinished", "EpisodeSpec", "EpisodeState", "StepInfo", "ToolSpec", "apply", "fold",
-    "from_envelope", "observe", "parse_chaos", "render_text", "reset", "sim_time", "step",
-    "step_info", "task_family", "to_envelope", "views",
+    "CHAOS_LEVELS", "EVENT_TYPES", "FAILURE_MODES", "INITIAL_STATE", "REWARD_PROFILES",
+    "TASK_FAMILIES", "TOOLS", "EpisodeFinished", "EpisodeSpec", "EpisodeState", "RewardRule",
+    "StepInfo", "ToolSpec", "apply", "fold", "from_envelope", "observe", "parse_chaos",
+    "render_text", "reset", "sim_time", "step", "step_info", "task_family", "to_envelope", "views",
 ]

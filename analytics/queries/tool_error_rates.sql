@@ -2,6 +2,7 @@
 -- param agent VARCHAR = NULL: only steps of this agent
 -- param task TASK = NULL: only this task family
 -- param min_calls INTEGER[0..] = 1: leave out tools called fewer times
+
 -- one pass over the steps, per (tool, code); tools and their top code come from these few rows
 WITH s AS (
     SELECT tool, accepted, reject_cause, reject_code, chaos_active
