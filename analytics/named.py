@@ -108,7 +108,7 @@ def convert(query: str, p: Param, value: Any) -> Any:
             raise bad("an integer")
         if isinstance(value, int):
             number = value
-        elif text is not None and re.fullmatch(r"[+-]?\d+", text):
+        elif text is not None and re.fullmatch(r"[+-]?[0-9]+", text):  # ASCII digits only
             number = int(text) if len(text) <= 20 else int(text[0] + "9" * 20)  # beyond any range
         else:
             raise bad("an integer")

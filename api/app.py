@@ -190,18 +190,27 @@ def _register_errors(app: FastAPI) -> None:
                     headers=exc.headers)
 
     @app.exception_handler(RequestValidationError)
-    async def invalid(_: Request, exc: RequestValidationError) -> JSON:
-        errors = [{"loc": list(e.get("loc", ())), "msg": _said(e),
+    async def invalid(request: Request, exc: RequestValidationError) -> JSON:
+        json_body = _is_json(request.headers.get("content-type"))
+        errors = [{"loc": list(e.get("loc", ())), "msg": _said(e, json_body),
                    "type": str(e.get("type", ""))} for e in exc.errors()]
         return JSON({"detail": errors}, status_code=422)
 
 
-def _said(error: dict) -> str:
+def _is_json(content_type: str | None) -> bool:
+    media = (content_type or "").split(";")[0].strip().lower()
+    return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
+
+
+def _said(error: dict, json_body: bool) -> str:
     """A validation error's message; for a body that is not JSON, what the parser found wrong
-    (FastAPI's own message is only "JSON decode error")."""
+    (FastAPI's own message is only "JSON decode error"), and for one sent without a JSON content
+    type, that (FastAPI leaves such a body unparsed and calls it 'not a valid dictionary')."""
     msg = str(error.get("msg", ""))
     if error.get("type") == "json_invalid" and (error.get("ctx") or {}).get("error"):
         msg = f"the body is not valid JSON: {error['ctx']['error']}"
+    elif not json_body and list(error.get("loc", ())) == ["body"]:
+        msg = "the body must be JSON, sent with Content-Type: application/json"
     return msg
 
 
@@ -284,14 +293,16 @@ def _register_openenv(app: FastAPI, server: Server) -> None:
     async def mcp_get() -> JSON:
         return JSON({"detail": "no server-to-client stream here: POST JSON-RPC messages",
                      "code": "method_not_allowed"}, status_code=405,
-                    headers={"Allow": "POST, DELETE"})
+                    headers={"Allow": "POST"})
 
     @app.delete("/mcp", tags=["MCP"], include_in_schema=False)
     def mcp_delete(mcp_session_id: Annotated[str | None, Header()] = None) -> Response:
-        """Ends an MCP session: the episode leaves the cache; the log keeps it."""
+        """405, as MCP lets a server answer when clients may not end sessions: a session is its
+        episode, which lives in the log and any worker serves, so no one process could end it.
+        The episode leaves this process's cache (it is reloaded from the log if used again)."""
         if mcp_session_id:
             sessions.forget(split_session_key(mcp_session_id)[0])
-        return Response(status_code=204)
+        return Response(status_code=405, headers={"Allow": "POST"})
 
 
 def _mcp_http(server: Server, body: bytes, session_key: str | None, episode_id: str | None,

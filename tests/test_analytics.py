@@ -273,6 +273,8 @@ def test_bad_query_names_and_parameters_give_clear_errors(filled, tmp_path):
             service.run_named(wh, "first_mistake_step", {"chaos": "wild"})
         with pytest.raises(QueryError, match="must be an integer"):
             service.run_named(wh, "pass_at_k", {"k": "1; DROP TABLE episodes"})
+        with pytest.raises(QueryError, match="must be an integer"):  # digits of another script
+            service.run_named(wh, "pass_at_k", {"k": "\u0663"})
         # a value outside the declared range is refused, not clamped into it
         with pytest.raises(QueryError, match="'k' must be between 1 and 64, got '0'"):
             service.run_named(wh, "pass_at_k", {"k": "0"})

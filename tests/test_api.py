@@ -555,6 +555,10 @@ def test_mcp_session_flow(sqlite_url):
                    ).json()["error"]["data"]["status"] == 403
         assert rpc(c, "tools/call", {"name": "datahub_list_metrics"},
                    headers={"Mcp-Session-Id": f"gone.{'x' * 32}"}).status_code == 404
+        # clients cannot end a session that lives in the log: 405 (MCP's word for it), not a
+        # 204 after which the session went on answering
+        assert c.delete("/mcp", headers=session).status_code == 405
+        assert "result" in rpc(c, "tools/call", {"name": "datahub_list_metrics"}, headers=session).json()
 
 
 def test_mcp_plain_json_rpc(sqlite_url):
@@ -658,3 +662,16 @@ def test_an_agent_label_with_control_characters_is_refused_and_listings_go_on(st
         assert c.get("/episodes").status_code == 200
     with pytest.raises(ValueError, match="control characters"):
         CompanyEnv(store_url, agent="a\u0000b")
+
+
+def test_a_body_sent_without_a_json_content_type_is_told_so(sqlite_url):
+    """FastAPI leaves such a body unparsed and said 'Input should be a valid dictionary'."""
+    with client(sqlite_url) as c:
+        for headers in ({"content-type": "text/plain"}, {}):
+            r = c.post("/reset", content=b'{"seed": 1}', headers=headers)
+            assert r.status_code == 422
+            assert r.json()["detail"][0]["msg"] == ("the body must be JSON, sent with "
+                                                    "Content-Type: application/json")
+        r = c.post("/reset", content=b'{"seed": 1}',
+                   headers={"content-type": "application/vnd.api+json"})
+        assert r.status_code == 200
