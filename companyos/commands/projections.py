@@ -211,8 +211,10 @@ def verify(
     else:
         models = ", ".join(
             f"{name} {m['rows']} rows" if m["rows"] is not None else
-            f"{name} not compared (caught up from position {m['checkpoint']} to {m['moved_to']} "
-            "by another process meanwhile; verify again to compare it)"
+            f"{name} not compared ("
+            + (f"caught up from position {m['checkpoint']} to {m['moved_to']}"
+               if m["moved_to"] > m["checkpoint"] else "rebuilt")
+            + " by another process meanwhile; verify again to compare it)"
             for name, m in report.read_models.items())
         typer.echo(f"{report.streams} streams, {report.events} events checked; read models: {models}")
         if report.waiting:
