@@ -183,8 +183,6 @@ def _register_errors(app: FastAPI) -> None:
         cause = exc.__cause__  # FastAPI's "error parsing the body" hides what went wrong
         if isinstance(cause, BodyTooLarge):  # a chunked body, cut off at the limit
             return await too_large(request, cause)
-        if exc.status_code == 400 and isinstance(cause, RecursionError | UnicodeDecodeError):
-            return _unparsable_body(cause)
         code = HTTPStatus(exc.status_code).phrase.lower().replace(" ", "_").replace("-", "_")
         return JSON({"detail": str(exc.detail), "code": code}, status_code=exc.status_code,
                     headers=exc.headers)
@@ -212,14 +210,6 @@ def _said(error: dict, json_body: bool) -> str:
     elif not json_body and list(error.get("loc", ())) == ["body"]:
         msg = "the body must be JSON, sent with Content-Type: application/json"
     return msg
-
-
-def _unparsable_body(cause: BaseException) -> JSON:
-    """A body the JSON parser gave up on: a malformed request (422), said in words."""
-    msg = ("the JSON body is nested too deeply to parse" if isinstance(cause, RecursionError)
-           else f"the body is not valid UTF-8 ({cause.reason} at byte {cause.start})")
-    return JSON({"detail": [{"loc": ["body"], "msg": msg, "type": "json_invalid"}]},
-                status_code=422)
 
 
 def _token(header: str | None, body: str | None) -> str | None:
