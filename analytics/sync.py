@@ -54,13 +54,13 @@ def warehouse_path(db_url: str, warehouse: str | Path | None) -> Path:
     return Path(warehouse) if warehouse else default_path(db_url)
 
 
-def open_store(db_url: str) -> EventStore:
+def open_store(db_url: str, create: bool = True) -> EventStore:
     """Open the store to sync from before any warehouse file is made for it, so a --db naming no
     store (StoreUnavailable) or one that cannot be synced (UnsyncableStore) leaves no file behind.
 
-    Like every command, it creates and migrates an empty store where none exists yet.
+    `create=False` (the CLI) refuses a database holding no store, as `EventStore.open` does.
     """
-    store = EventStore.open(db_url)
+    store = EventStore.open(db_url, create=create)
     try:
         check_syncable(db_url)
     except BaseException:

@@ -17,7 +17,7 @@ from eventstore.backends import (
     backend_for,
 )
 from eventstore.encoding import GENESIS_DIGEST, canonical_json, chain_digests, decode_json
-from eventstore.engine import create_engine
+from eventstore.engine import create_engine, normalise_url, sqlite_file
 from eventstore.ids import new_event_id, new_event_ids
 from eventstore.packing import Commit, make_commit, unpack
 from eventstore.records import (
@@ -68,6 +68,8 @@ class EventStore:
         `"full"` also survives power loss, at the price of an fsync per commit.
         """
         shown = _shown_url(url)
+        if not create:
+            _refuse_a_sqlite_file_without_a_store(url, shown)
         try:
             engine = create_engine(url, synchronous)
         except ImportError as exc:
@@ -297,6 +299,35 @@ def _as_retry(stream_id: str, stored: list[RecordedEvent], supplied_ids: list[st
         return None
     order = {event_id: i for i, event_id in enumerate(supplied_ids)}
     return sorted(stored, key=lambda r: order[r.event_id])
+
+
+def _refuse_a_sqlite_file_without_a_store(url: str, shown: str) -> None:
+    """For `open(create=False)`: a SQLite file that does not exist, or holds no store, is refused
+    before the engine touches it (its first connection would create the file, or turn it to WAL
+    mode). Other databases are probed by the migration step."""
+    import os
+    import sqlite3
+    from contextlib import closing
+    from pathlib import Path
+
+    try:
+        path = sqlite_file(normalise_url(url))
+    except Exception:  # not a URL at all: creating the engine says so
+        return
+    if path is None:
+        return
+    if not os.path.exists(path):
+        raise StoreUnavailable(f"there is no store at {path} ({url}); `companyos run` or "
+                               "`companyos db upgrade` creates one")
+    try:
+        with closing(sqlite3.connect(f"{Path(path).resolve().as_uri()}?mode=ro", uri=True)) as con:
+            holds = con.execute("SELECT count(*) FROM sqlite_master "
+                                "WHERE name = 'alembic_version'").fetchone()[0] > 0
+    except sqlite3.Error:
+        return  # not a database, or unreadable: opening the store says what is wrong
+    if not holds:
+        raise StoreUnavailable(f"there is no store at {path} ({url}): the file holds none of its "
+                               "tables; `companyos run` or `companyos db upgrade` creates one")
 
 
 def _shown_url(url: str) -> str:

@@ -16,7 +16,7 @@ import typer
 
 from companyos.commands.options import DbOption
 from companyos.commands.output import fail, print_json, stdout_console
-from companyos.config import resolve_existing_db
+from companyos.config import resolve_db
 
 if TYPE_CHECKING:
     from analytics.warehouse import Warehouse
@@ -41,9 +41,9 @@ def _store(db: str | None) -> Iterator[tuple[str, EventStore]]:
     from analytics.sources import UnsyncableStore
     from analytics.sync import open_store
 
-    url = resolve_existing_db(db)
+    url = resolve_db(db)
     try:
-        store = open_store(url)
+        store = open_store(url, create=False)
     except UnsyncableStore as exc:
         fail(str(exc))
     try:

@@ -14,7 +14,7 @@ import typer
 
 from companyos.commands.options import DbOption, EpisodeArgument, JsonOption, utf8_text
 from companyos.commands.output import fail, print_json, say_error, stdout_console
-from companyos.config import resolve_existing_db
+from companyos.config import resolve_db
 
 
 def register(app: typer.Typer) -> None:
@@ -31,7 +31,7 @@ def register(app: typer.Typer) -> None:
 def _open(db: str | None):
     from eventstore import EventStore
 
-    return EventStore.open(resolve_existing_db(db))
+    return EventStore.open(resolve_db(db), create=False)  # these commands only read the log
 
 
 @contextmanager
