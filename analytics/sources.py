@@ -393,7 +393,7 @@ class StoreSource:
             schema=EVENT_SCHEMA)
 
     def head(self) -> int:
-        return self._store.last_position()
+        return self._store.readable_position()
 
     def first_event_id(self) -> str:
         return next((r.event_id for r in self._store.read_all(0, 1)), "")
