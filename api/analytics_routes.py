@@ -10,7 +10,6 @@ Wire it in with `app.include_router(analytics_router(db_url))`.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
@@ -19,6 +18,7 @@ from fastapi.responses import JSONResponse
 from analytics import service
 from analytics.named import QueryError, UnknownQuery
 from analytics.warehouse import WarehouseError
+from api.querystring import RepeatedParameter, single_valued
 
 
 def analytics_router(db: str | Callable[[], str], warehouse: str | None = None) -> APIRouter:
@@ -37,11 +37,10 @@ def analytics_router(db: str | Callable[[], str], warehouse: str | None = None) 
                            404: {"description": "no named query has this name"},
                            503: {"description": "the warehouse is busy or belongs to another store"}})
     async def answer(name: str, request: Request) -> JSONResponse:
-        params: dict[str, Any] = {}
-        for key, value in request.query_params.multi_items():
-            if key in params:
-                return _error(400, "invalid_param", f"parameter {key!r} is given more than once")
-            params[key] = value
+        try:
+            params = single_valued(request.query_params.multi_items())
+        except RepeatedParameter as exc:
+            return _error(400, "invalid_param", str(exc))
         try:
             rows = await run_in_threadpool(service.answer, db_url(), name, params, warehouse)
         except UnknownQuery as exc:

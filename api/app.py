@@ -277,7 +277,7 @@ def _register_openenv(app: FastAPI, server: Server) -> None:
         headers = request.headers
         return await server.in_thread(_mcp_http, server, body, headers.get("mcp-session-id"),
                                 headers.get("x-episode-id"), headers.get("x-episode-token"),
-                                dict(request.query_params))
+                                request.query_params.multi_items())
 
     @app.get("/mcp", tags=["MCP"], include_in_schema=False)
     async def mcp_get() -> JSON:
@@ -296,7 +296,7 @@ def _register_openenv(app: FastAPI, server: Server) -> None:
 
 
 def _mcp_http(server: Server, body: bytes, session_key: str | None, episode_id: str | None,
-              token: str | None, query: dict[str, str]) -> Response:
+              token: str | None, query: list[tuple[str, str]]) -> Response:
     try:
         message = loads(body) if body else None
     except json.JSONDecodeError as exc:

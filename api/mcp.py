@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from api import catalog
+from api.querystring import RepeatedParameter, single_valued
 from api.sessions import ApiError, Session, SessionManager, split_session_key
 
 PROTOCOL_VERSIONS = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
@@ -36,7 +37,7 @@ class McpContext:
     session_key: str | None = None  # Mcp-Session-Id
     episode_id: str | None = None  # X-Episode-Id
     episode_token: str | None = None  # X-Episode-Token
-    query: dict[str, str] | None = None  # reset options for `initialize`
+    query: list[tuple[str, str]] | None = None  # reset options for `initialize`, as given
     bound: Session | None = None  # the WebSocket connection's episode
 
 
@@ -134,7 +135,10 @@ def _initialize(manager: SessionManager, params: dict, ctx: McpContext,
         session = manager.get(ctx.episode_id, ctx.episode_token)
         key = f"{session.episode_id}.{ctx.episode_token}"
     else:
-        options: dict[str, Any] = dict(ctx.query or {})
+        try:
+            options: dict[str, Any] = single_valued(ctx.query or ())
+        except RepeatedParameter as exc:
+            raise ApiError(400, "invalid_reset", str(exc)) from None
         for name in _INT_OPTIONS:
             if name in options:
                 try:

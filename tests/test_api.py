@@ -401,6 +401,16 @@ def test_mcp_initialize_refuses_a_text_flag_it_cannot_read(sqlite_url):
         assert "result" in r.json()
 
 
+def test_mcp_initialize_refuses_an_option_given_twice_as_analytics_does(sqlite_url):
+    """`?seed=1&seed=2` could mean either seed: neither is guessed, and no episode starts."""
+    with client(sqlite_url) as c:
+        r = rpc(c, "initialize", {"protocolVersion": "2025-06-18"}, path="/mcp?seed=1&seed=2")
+        assert "parameter 'seed' is given more than once" in r.json()["error"]["message"]
+        assert c.get("/episodes").json()["total"] == 0
+        r = c.get("/analytics/pass_at_k?k=1&k=2")
+        assert r.status_code == 400 and r.json()["detail"] == "parameter 'k' is given more than once"
+
+
 def test_bodies_the_parser_gives_up_on_are_said_in_words(sqlite_url):
     """Chunked (no Content-Length) past the limit: 413 as with one; too deep or not UTF-8: 422."""
     json_type = {"content-type": "application/json"}
