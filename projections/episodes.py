@@ -42,7 +42,7 @@ class EpisodesProjection(Projection):
             meta = _loads(record.meta_json)
             state = {
                 "task": data.get("task"), "seed": data.get("seed"), "chaos": data.get("chaos"),
-                "agent": meta.get("agent"), "reward_profile": data.get("reward_profile"),
+                "agent": _storable_label(meta.get("agent")), "reward_profile": data.get("reward_profile"),
                 "max_steps": data.get("max_steps"), "started_at": meta.get("recorded_at"),
                 "ended_at": None, "sim_started_at": sim_time(0), "sim_ended_at": None,
                 "steps": 0, "total_return": 0.0, "outcome": None, "failure_mode": None,
@@ -117,6 +117,15 @@ OUTCOMES = ("success", "failure", "truncated", "running")
 
 
 MAX_AGENT_LABEL = 100
+
+
+def _storable_label(agent: object) -> str | None:
+    """The label as the text column can hold it. New labels are checked at input
+    (`agent_label_problem`), but a log written before that may hold a NUL, which PostgreSQL text
+    refuses, or a non-string; one such episode would otherwise stop the whole read model."""
+    if agent is None or (isinstance(agent, str) and "\x00" not in agent):
+        return agent
+    return (agent if isinstance(agent, str) else orjson.dumps(agent).decode()).replace("\x00", "\ufffd")
 
 
 def agent_label_problem(agent: object) -> str | None:

@@ -623,3 +623,23 @@ def test_verify_never_blames_a_stream_stepped_while_an_older_transaction_runs(em
     env.close()
     holder.dispose()
     store.close()
+
+
+@pytest.mark.parametrize("logged, shown", [("old\x00bot", "old\ufffdbot"), (7, "7")])
+def test_a_label_logged_before_labels_were_checked_does_not_stop_the_read_model(
+        empty_store_url, logged, shown):
+    """Older logs may hold a NUL (which PostgreSQL text refuses) or a non-string as the label."""
+    from companyos.runtime import EpisodeRuntime
+
+    store = EventStore.open(empty_store_url)
+    spec = domain.EpisodeSpec(task="expense_report", seed=1, chaos=0.0)
+    EpisodeRuntime.start(store, spec, meta={"agent": logged})
+    later = play(store, "expense_report", 2, "none", "expert")
+    ProjectionRunner(store, default_projections()).catch_up()
+    with store.engine.connect() as conn:
+        rows = list_episodes(conn, limit=None)
+        assert [r["agent"] for r in rows] == ["expert", shown]
+        (row,) = list_episodes(conn, agent=shown)
+        assert row["episode_id"] != later["episode_id"] and row["steps"] == 0
+    assert verify(store).ok
+    store.close()
