@@ -124,7 +124,24 @@ def _check_identity(wh: Warehouse, db_url: str, source: Source) -> str:
                              "holds events; rebuild it with `companyos analytics sync --rebuild`")
     if not known_first and first_id and int(state.get("position", 0)) > 0:
         wh.set_state(store_first_event=first_id)  # the store was empty when the first sync began
+    _check_history(wh, db_url, source, state)
     return first_id
+
+
+def _check_history(wh: Warehouse, db_url: str, source: Source, state: dict[str, str]) -> None:
+    """Refuse a store whose events up to the checkpoint are not the ones synced: one restored from
+    a backup, or a copy that went on separately, starts with the same event, yet the sync would
+    keep the rows of episodes it no longer holds and never read what now lies below the checkpoint."""
+    position, seen = int(state.get("position", 0)), state.get("checkpoint_digest")
+    if not position or not seen:  # nothing synced, or synced before the digest was kept
+        return
+    now = source.digest_at(position)
+    if now != seen:
+        what = "no longer holds it" if now is None else "holds another event there"
+        raise WarehouseError(
+            f"the store {store_label(db_url)} changed history since the warehouse {wh.path} last "
+            f"synced up to position {position}: it {what} (restored from a backup, or a copy?); "
+            "rebuild it with `companyos analytics sync --rebuild`")
 
 
 Identity = tuple[str, str]  # (the store's label, its first event id): what the warehouse remembers
@@ -159,7 +176,8 @@ def _batches(wh: Warehouse, source: Source, identity: Identity, batch_events: in
             con.execute("INSERT INTO events SELECT position, stream_id, version, type, schema_version, "
                         "data, meta FROM batch")
             episodes += derive_batch(con, lo)
-            values = {"position": hi, "derive_version": DERIVE_VERSION}
+            values = {"position": hi, "checkpoint_digest": batch["digest"][-1].as_py() or "",
+                      "derive_version": DERIVE_VERSION}
             if checkpoint == 0 and batches == 0:
                 values["store"], first_id = identity
                 if first_id:  # else the store was empty at the check; the next sync records it

@@ -708,3 +708,33 @@ def test_floats_in_tables_keep_their_magnitude():
     assert number_text(2 / 3) == "0.666667" and number_text(-0.0) == "0"
     assert number_text(1e-9) == "1e-09"  # not rounded away to 0
     assert _cell(-2_200_000.25) == "-2200000.25"
+
+
+@pytest.mark.parametrize("reader", [None, "store"])
+def test_a_store_restored_from_a_backup_is_refused_not_half_synced(empty_store_url, tmp_path, reader):
+    """A restored store starts with the same event as the one synced, so only the checkpoint's own
+    event tells it apart: the sync refuses instead of keeping episodes the store no longer holds."""
+    url = empty_store_url
+    path = tmp_path / "w.duckdb"
+    fill(url, 0, 6)
+    sync(url, path, prefer=reader)
+    with EventStore.open(url) as store:
+        restored_to = store.last_position()
+    fill(url, 6, 6)
+    sync(url, path, prefer=reader)
+    _roll_back(url, restored_to)  # the backup taken after the first sync, restored
+    with pytest.raises(WarehouseError, match="changed history"):
+        sync(url, path, prefer=reader)  # the checkpoint now lies past the store's last event
+    fill(url, 100, 8)  # new episodes reach past the old checkpoint again (SQLite reuses positions)
+    with pytest.raises(WarehouseError, match="changed history"):
+        sync(url, path, prefer=reader)
+    with Warehouse(path) as wh:
+        wh.reset()  # what `analytics sync --rebuild` does
+        sync(url, wh, prefer=reader)
+        assert wh.counts()["episodes"] == len(tally(url)["episodes"]) == 14
+
+
+def _roll_back(url: str, position: int) -> None:
+    """Drop every commit after `position`, as restoring a backup taken then would."""
+    with EventStore.open(url) as store, store.engine.begin() as conn:
+        conn.exec_driver_sql(f"DELETE FROM commits WHERE position > {int(position)}")
