@@ -258,9 +258,6 @@ WITH en AS (
 agg AS (
     SELECT episode_id AS stream_id,
            count(*) AS actions,
-           min(step) FILTER (WHERE mistake IS NOT NULL) AS first_mistake_step,
-           arg_min(mistake, version) FILTER (WHERE mistake IS NOT NULL) AS first_mistake_mode,
-           sum(mistakes) AS mistakes,
            min(step) FILTER (WHERE NOT accepted) AS first_rejection_step,
            count(*) FILTER (WHERE NOT accepted) AS rejected_actions,
            max(step) AS last_step
@@ -272,25 +269,38 @@ mech AS (
            list(DISTINCT mechanism ORDER BY mechanism) AS chaos_mechanisms
     FROM t_chaos GROUP BY stream_id
 ),
--- the decisive step, as domain/outcomes.py decides the failure mode: the irreversible mistake that
--- ended the episode, or on truncation the first mistake never put right (`_resolved` mirrored:
--- escalated, or a later submission of its approval type, one without problems unless the mistake
--- was missing fields); else the last step carrying the mode, else the last step
+-- whether a recorded mistake was put right, `_resolved` of domain/outcomes.py mirrored: a rejection
+-- escalated, or followed by a later submission of its approval type; missing fields followed by
+-- any later submission of the type; other problems by a later one without problems
 subm AS (
     SELECT stream_id, step, s1 AS approval_type, s2 AS approval_id, s3 = '[]' AS clean
     FROM t_facts WHERE type = 'ApprovalSubmitted'
 ),
 esc AS (SELECT DISTINCT stream_id, s1 AS approval_id FROM t_facts WHERE type = 'ApprovalEscalated'),
+-- a rejection is recorded when it happens, but it is only a mistake if left unhandled: one that
+-- was handled (chaos rejects correct requests too) is never the agent's mistake
+handled AS (
+    SELECT m.position FROM t_facts m
+    WHERE m.type = 'MistakeRecorded' AND m.s1 = 'rejection_not_handled'
+      AND (EXISTS (SELECT 1 FROM esc WHERE esc.stream_id = m.stream_id AND esc.approval_id = m.s2)
+           OR EXISTS (SELECT 1 FROM subm a JOIN subm b ON b.stream_id = a.stream_id
+                      AND b.approval_type = a.approval_type
+                      WHERE a.stream_id = m.stream_id AND a.approval_id = m.s2 AND b.step > m.step))
+),
+firsts AS (
+    SELECT stream_id, min(step) AS first_mistake_step, arg_min(s1, version) AS first_mistake_mode,
+           count(*) AS mistakes
+    FROM t_facts
+    WHERE type = 'MistakeRecorded' AND position NOT IN (SELECT position FROM handled)
+    GROUP BY stream_id
+),
+-- the decisive step, as domain/outcomes.py decides the failure mode: the irreversible mistake that
+-- ended the episode, or on truncation the first mistake never put right; else the last step
+-- carrying the mode, else the last step
 mist AS (
     SELECT m.stream_id, m.step, m.version, m.s3 = 'true' AS irreversible,
            m.s1 = en.x[2] AS decides, en.x[1] AS outcome,
-           CASE WHEN m.s1 = 'rejection_not_handled'
-                     THEN EXISTS (SELECT 1 FROM esc
-                                  WHERE esc.stream_id = m.stream_id AND esc.approval_id = m.s2)
-                       OR EXISTS (SELECT 1 FROM subm a JOIN subm b ON b.stream_id = a.stream_id
-                                  AND b.approval_type = a.approval_type
-                                  WHERE a.stream_id = m.stream_id AND a.approval_id = m.s2
-                                    AND b.step > m.step)
+           CASE WHEN m.s1 = 'rejection_not_handled' THEN m.position IN (SELECT position FROM handled)
                 WHEN m.s1 = 'missing_required_fields'
                      THEN EXISTS (SELECT 1 FROM subm b WHERE b.stream_id = m.stream_id
                                   AND b.approval_type = m.s2 AND b.step > m.step)
@@ -329,7 +339,7 @@ SELECT t.stream_id AS episode_id,
        coalesce(TRY_CAST(en.x[3] AS INTEGER), a.actions, 0) AS steps,
        coalesce(TRY_CAST(en.x[4] AS DOUBLE), round(r.reward_sum, 6), 0) AS total_return,
        round(coalesce(r.reward_sum, 0), 6) AS reward_sum,
-       a.first_mistake_step, a.first_mistake_mode, coalesce(a.mistakes, 0) AS mistakes,
+       fm.first_mistake_step, fm.first_mistake_mode, coalesce(fm.mistakes, 0) AS mistakes,
        a.first_rejection_step, coalesce(a.rejected_actions, 0) AS rejected_actions,
        coalesce(m.chaos_events, 0) AS chaos_events,
        coalesce(m.chaos_mechanisms, []) AS chaos_mechanisms,
@@ -340,6 +350,7 @@ FROM t_targets t
 JOIN t_start st ON st.stream_id = t.stream_id
 LEFT JOIN en ON en.stream_id = t.stream_id
 LEFT JOIN agg a ON a.stream_id = t.stream_id
+LEFT JOIN firsts fm ON fm.stream_id = t.stream_id
 LEFT JOIN rew r ON r.stream_id = t.stream_id
 LEFT JOIN mech m ON m.stream_id = t.stream_id
 LEFT JOIN lead l ON l.stream_id = t.stream_id

@@ -24,7 +24,8 @@ from analytics.paths import why_not_written
 from eventstore.engine import normalise_url, sqlite_file
 
 # Bump when the derived tables' definition changes: a warehouse built by older code is rebuilt.
-DERIVE_VERSION = 3  # 2: lead_in ends at the decisive step; 3: a finished episode's return unrounded
+DERIVE_VERSION = 4  # 2: lead_in ends at the decisive step; 3: a finished episode's return unrounded;
+# 4: a rejection that was handled is not a mistake (first_mistake_step, first_mistake_mode, mistakes)
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sync_state (key VARCHAR PRIMARY KEY, value VARCHAR NOT NULL);

@@ -568,40 +568,42 @@ def test_lead_in_ends_at_the_step_that_decided_the_failure_mode(tmp_path):
     first mistake never put right, not merely the first mistake."""
     idle: list[tuple[str, dict]] = []
     a1, a2 = [_submitted("A1")], [_submitted("A2")]
+    escalate_a1 = [("ApprovalEscalated", {"approval_id": "A1", "reason": "r"})]
+    # name: (steps, (outcome, failure mode), decisive step, first mistake step, mistakes)
     cases = {
         # A1 rejected (2), put right by resubmitting A2 (3), A2 rejected (4) and never handled
         "resubmitted": ([a1, _rejected("A1"), a2, _rejected("A2"), idle, idle],
-                        ("truncated", "rejection_not_handled"), 4),
+                        ("truncated", "rejection_not_handled"), 4, 4, 1),
         # both pending, A1 rejected first (3), A2 after (4), neither handled: the first unresolved decides
         "two_pending": ([a1, a2, _rejected("A1"), _rejected("A2"), idle, idle],
-                        ("truncated", "rejection_not_handled"), 3),
+                        ("truncated", "rejection_not_handled"), 3, 3, 2),
         # as above, but A1 escalated (5): A2's rejection is the first never put right
-        "escalated": ([a1, a2, _rejected("A1"), _rejected("A2"),
-                       [("ApprovalEscalated", {"approval_id": "A1", "reason": "r"})], idle],
-                      ("truncated", "rejection_not_handled"), 4),
+        "escalated": ([a1, a2, _rejected("A1"), _rejected("A2"), escalate_a1, idle],
+                      ("truncated", "rejection_not_handled"), 4, 4, 1),
         # missing fields (2) fixed by a resubmission (3); the budget ran out with no mistake left
         "fixed_then_slow": ([idle, [_mistake("missing_required_fields", "expense")], [_submitted("A1")],
-                             idle, idle, idle, idle], ("truncated", "step_budget_exhausted"), 7),
+                             idle, idle, idle, idle], ("truncated", "step_budget_exhausted"), 7, 2, 1),
         # stale figures sent (2, recoverable), later the irreversible stale decision (5) ends it
         "irreversible": ([idle, [_submitted("A1", ["stale"]), _mistake("stale_data_used", "expense")], idle,
                           idle, [_mistake("stale_data_used", "T-1", True)]],
-                         ("failure", "stale_data_used"), 5),
+                         ("failure", "stale_data_used"), 5, 2, 2),
+        # a sent request with missing fields is a mistake even when it is fixed
         "success": ([idle, [_mistake("missing_required_fields", "expense")], [_submitted("A1")]],
-                    ("success", None), 3),
+                    ("success", None), 3, 2, 1),
+        # a (chaos) rejection handled by escalating it is no mistake of the agent's
+        "handled": ([a1, _rejected("A1"), escalate_a1], ("success", None), 3, None, 0),
     }
 
     def write(store):
-        for eid, (steps, end, _) in cases.items():
+        for eid, (steps, end, *_) in cases.items():
             _episode(store, eid, steps, end)
 
     with _warehouse_of(tmp_path, write) as wh:
         rows = {r[0]: r[1:] for r in wh.con.execute(
-            "SELECT episode_id, lead_in, first_mistake_step FROM episodes").fetchall()}
-        for eid, (steps, _, decisive) in cases.items():
+            "SELECT episode_id, lead_in, first_mistake_step, mistakes FROM episodes").fetchall()}
+        for eid, (_, _, decisive, first, mistakes) in cases.items():
             assert rows[eid][0] == [f"t.s{n}" for n in range(max(1, decisive - 4), decisive + 1)], eid
-            first = next((n for n, extra in enumerate(steps, 1)
-                          if any(t == "MistakeRecorded" for t, _ in extra)), None)
-            assert rows[eid][1] == first, eid  # first_mistake_step stays the first mistake
+            assert rows[eid][1:] == (first, mistakes), eid
         sequences = {(r["failure_mode"], r["sequence"]) for r in
                      service.run_named(wh, "actions_before_failure", {"k": 2})}
         assert ("rejection_not_handled", "t.s3 > t.s4") in sequences
