@@ -258,6 +258,8 @@ class SessionManager:
                 session.runtime = None  # its state ran ahead of the log: reload next time
                 raise ApiError(409, "conflict", "another step on this episode was logged first "
                                "(by another process); this action was not applied") from None
+            except ValueError as exc:  # too big for the log (a body limit over 1 MiB lets it in)
+                raise ApiError(413, "action_too_large", f"{exc}; this action was not applied") from None
             except BaseException:
                 session.runtime = None
                 raise

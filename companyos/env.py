@@ -81,7 +81,8 @@ class CompanyEnv:
 
     def reset(self, seed: int | None = None, options: dict[str, Any] | None = None):
         if self.runtime is not None:
-            self.runtime.flush()
+            previous, self.runtime = self.runtime, None
+            previous.flush_or_discard()
         if seed is None:
             seed = secrets.randbelow(2**31)
         spec = spec_from_options(seed, options)
@@ -117,10 +118,12 @@ class CompanyEnv:
         return render_views(domain.views(self.runtime.state))
 
     def close(self) -> None:
-        if self.runtime is not None:
-            self.runtime.flush()
-        if self._owns_store:
-            self.store.close()
+        try:
+            if self.runtime is not None:
+                self.runtime.flush_or_discard()
+        finally:
+            if self._owns_store:
+                self.store.close()
 
     def __enter__(self) -> CompanyEnv:
         return self

@@ -13,11 +13,21 @@ import orjson
 
 import domain
 from companyos.observation import Observation
-from eventstore import MAX_EVENT_BYTES, EventStore, NewEvent
+from eventstore import MAX_EVENT_BYTES, ConcurrencyError, EventStore, NewEvent
 from projections.replay import EpisodeNotFound  # one class for 'no such episode', every layer
 from projections.views import check_starts_episode, decode
 
 DURABILITY = ("step", "episode")
+
+
+class EpisodeExists(ConcurrencyError):
+    """A reset named an episode id the store already holds: said at the reset, whatever the
+    durability, not when a held-back episode is finally written and all its steps are lost."""
+
+    def __init__(self, episode_id: str, version: int) -> None:
+        super().__init__(episode_id, None, version)
+        self.args = (f"episode {episode_id!r} is already in the store; pass another episode_id, "
+                     "or none for a fresh one",)
 
 
 def to_new_events(events: list) -> list[NewEvent]:
@@ -52,6 +62,8 @@ class EpisodeRuntime:
         """Reset the world for `spec` and log EpisodeStarted with the initial world."""
         if durability not in DURABILITY:
             raise ValueError(f"durability must be one of {DURABILITY}, not {durability!r}")
+        if episode_id is not None and (version := store.stream_version(episode_id)) is not None:
+            raise EpisodeExists(episode_id, version)
         state, events, info = domain.reset(spec)
         runtime = cls(store, episode_id or uuid.uuid4().hex, state, durability, meta, None)
         runtime._record(events, state.done, first_meta=meta)
@@ -77,7 +89,7 @@ class EpisodeRuntime:
         """Apply one action and log its events; if the log refuses them, the live episode stays
         where the log is (a ValueError, nothing applied), so what the agent saw is what is stored."""
         state, events, info = domain.step(self.state, action)
-        check_loggable(events[0].action)  # the step's ActionTaken: the action as it is logged
+        check_loggable(events)
         self._record(events, state.done)
         self.state = state
         return info
@@ -108,24 +120,50 @@ class EpisodeRuntime:
             self._append(self._pending, self.start_meta if self._stored_version is None else None)
             self._pending = []
 
+    def flush_or_discard(self) -> None:
+        """Flush when the episode is left (a reset, a close): if the log still refuses what was
+        held back, drop it and say so, once. Keeping it would make every later reset and close
+        fail the same way, and leave the environment unusable."""
+        try:
+            self.flush()
+        except Exception as exc:
+            lost, self._pending = len(self._pending), []
+            raise UnloggedEpisode(f"episode {self.episode_id!r} was not logged and is dropped "
+                                  f"({lost} events held back by durability='episode'): {exc}") from exc
+
     def observe(self, info: domain.StepInfo) -> dict[str, Any]:
         observation = Observation(domain.observe(self.state, info))
         observation["tools"] = TOOL_NAMES
         return observation
 
 
+class UnloggedEpisode(RuntimeError):
+    """Events held back by `durability="episode"` that the log refused when the episode was left."""
+
+
 # An action travels in its ActionTaken event (and may be echoed by one effect): leave room for the rest.
 MAX_ACTION_BYTES = MAX_EVENT_BYTES - 4096
+# Effects quote an action's values at most a few times (a submission's data, and its problems with
+# the values' repr, which may escape a character into 6): below this no event of a step can reach
+# the log's limit, so only bigger actions pay for measuring every event.
+_QUOTE_FACTOR = 8
 
 
-def check_loggable(action: Any) -> None:
-    """Refuse an action too big for the log before its step is applied: with
-    `durability="episode"` the store would only refuse it when the episode ends, and every step
-    of the episode would be lost with it. The domain already made it a JSON value, so plain
-    orjson gives its size (canonical JSON only sorts the keys) at a fifth of the cost."""
-    size = len(orjson.dumps(action))
+def check_loggable(events: list) -> None:
+    """Refuse a step too big for the log before it is applied: with `durability="episode"` the
+    store would only refuse it when the episode ends, and every step of the episode would be lost
+    with it. The domain already made every value JSON, so plain orjson gives the sizes (canonical
+    JSON only sorts the keys) at a fifth of the cost."""
+    size = len(orjson.dumps(events[0].action))  # the step's ActionTaken: the action as logged
     if size > MAX_ACTION_BYTES:
         raise ValueError(f"the action is {size} bytes of JSON; an action is at most {MAX_ACTION_BYTES}")
+    if size * _QUOTE_FACTOR <= MAX_EVENT_BYTES:
+        return
+    for event in events[1:]:
+        name, data, _ = domain.to_envelope(event)
+        if (n := len(orjson.dumps(data))) > MAX_EVENT_BYTES:
+            raise ValueError(f"the action would log a {name} event of {n} bytes of JSON (it quotes "
+                             f"the action's values), over the log's limit of {MAX_EVENT_BYTES}")
 
 
 # Every observation lists the tools by reference: one shared tuple, never copied per step.

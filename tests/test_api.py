@@ -685,3 +685,19 @@ def test_a_body_sent_without_a_json_content_type_is_told_so(sqlite_url):
         r = c.post("/reset", content=b'{"seed": 1}',
                    headers={"content-type": "application/vnd.api+json"})
         assert r.status_code == 200
+
+
+def test_an_action_too_big_for_the_log_is_a_413_when_the_body_limit_lets_it_in(sqlite_url):
+    """A server started with a body limit over the log's 1 MiB used to answer 500 and drop the
+    connection; the episode goes on as if the action had not been sent."""
+    huge = {"app": "ticketdesk", "method": "add_comment",
+            "params": {"ticket_id": "T-101", "text": "x" * 1_500_000}}
+    with client(sqlite_url, max_body_bytes=4 << 20) as c:
+        episode_id, token, _ = reset(c)
+        r = step(c, episode_id, token, huge)
+        assert r.status_code == 413 and r.json()["code"] == "action_too_large", r.text
+        assert "an action is at most" in r.json()["detail"]
+        r = step(c, episode_id, token, {"app": "ticketdesk", "method": "list_tickets", "params": {}})
+        assert r.status_code == 200
+        state = c.get("/state", params={"episode_id": episode_id, "episode_token": token}).json()
+        assert state["step_count"] == 1

@@ -104,6 +104,66 @@ def test_an_action_too_big_to_log_is_refused_and_the_episode_goes_on(sqlite_url,
     assert taken == [listing] * 3 and records[-1].type == "EpisodeEnded"
 
 
+@pytest.mark.parametrize("durability", ["step", "episode"])
+def test_an_action_whose_events_would_be_too_big_to_log_is_refused(sqlite_url, durability):
+    """A submission echoes its data and quotes mismatching values in its problems: an action of
+    half the limit logs an event over it. Held back, that used to lose the whole episode."""
+    with CompanyEnv(sqlite_url, durability=durability) as env:
+        env.reset(seed=1, options={"task": "expense_report", "chaos": "none", "max_steps": 2})
+        target = env.runtime.state.target
+        approver = env.runtime.state.world.datahub.approvers[target["role"]]["name"]
+        data = {**target["fields"], target["field"]: 0, next(iter(target["fields"])): "x" * 540_000}
+        action = {"app": "approvalflow", "method": "submit_approval",
+                  "params": {"approval_type": target["approval_type"], "approver": approver, "data": data}}
+        with pytest.raises(ValueError, match="would log a ApprovalSubmitted event of .* over the log"):
+            env.step(action)
+        listing = {"app": "ticketdesk", "method": "list_tickets", "params": {}}
+        env.step(listing)
+        env.step(listing)
+        assert env.state["done"]
+        records = list(env.store.read_stream(env.state["episode_id"]))
+    assert [r.data["action"] for r in records if r.type == "ActionTaken"] == [listing] * 2
+
+
+@pytest.mark.parametrize("durability", ["step", "episode"])
+def test_a_reused_episode_id_is_refused_at_reset_in_words(sqlite_url, durability):
+    """Held back, the clash used to surface only when the second episode ended: all of it lost,
+    and every later reset and close failing the same way."""
+    from companyos.runtime import EpisodeExists
+
+    with CompanyEnv(sqlite_url, durability=durability) as env:
+        env.reset(seed=7, options={"task": "expense_report", "episode_id": "expense_report-7"})
+        env.step({"app": "ticketdesk", "method": "list_tickets", "params": {}})
+        with pytest.raises(EpisodeExists, match="'expense_report-7' is already in the store"):
+            env.reset(seed=7, options={"task": "expense_report", "episode_id": "expense_report-7"})
+        env.reset(seed=8, options={"task": "expense_report"})
+        env.step({"app": "ticketdesk", "method": "list_tickets", "params": {}})
+    with EventStore.open(sqlite_url) as store:
+        assert len(list(store.read_stream("expense_report-7"))) > 1
+        assert len(store.stream_ids(store.last_position())) == 2
+
+
+def test_an_episode_the_log_refuses_at_the_end_is_dropped_once_not_forever(sqlite_url):
+    """With durability="episode", a write that fails when the episode is left is said once; the
+    next reset and close work."""
+    from companyos.runtime import UnloggedEpisode
+
+    listing = {"app": "ticketdesk", "method": "list_tickets", "params": {}}
+    with CompanyEnv(sqlite_url, durability="episode") as env:
+        env.reset(seed=4, options={"task": FAMILIES[0]})
+        env.step(listing)
+        append = env.store.append
+        env.store.append = lambda *a, **k: (_ for _ in ()).throw(OSError("disk full"))
+        with pytest.raises(UnloggedEpisode, match="was not logged and is dropped .*disk full"):
+            env.reset(seed=5, options={"task": FAMILIES[0]})
+        env.store.append = append
+        env.reset(seed=5, options={"task": FAMILIES[0]})
+        env.step(listing)
+        kept = env.state["episode_id"]
+    with EventStore.open(sqlite_url) as store:
+        assert store.stream_ids(store.last_position()) == [kept]
+
+
 def test_a_step_the_store_fails_to_log_is_not_applied(sqlite_url):
     """What the agent saw is what is stored: a failed append leaves the live episode as it was."""
     listing = {"app": "ticketdesk", "method": "list_tickets", "params": {}}
