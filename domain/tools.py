@@ -182,7 +182,9 @@ def _explain(app: str, method: str, params, compiled) -> tuple[str, str, dict] |
             return Invalid("invalid_params",
                            f"{app}.{method}: missing required parameter {pname!r}.")
     known = [c.name for c in checks]
-    for k in params:
+    # in key order, not the order they came in: the log keeps the action's keys sorted, so a
+    # replay must name the same one (and equal actions must log equal events)
+    for k in sorted(params, key=str):
         if k not in known:
             return Invalid("invalid_params",
                            f"{app}.{method}: unexpected parameter {k!r}; expected "

@@ -220,3 +220,15 @@ def test_max_steps_overrides_budget_and_truncates():
     end = steps[-1][-1]
     assert type(end) is EpisodeEnded and end.failure_mode == "step_budget_exhausted"
     assert end.total_return == pytest.approx(s.total_return)
+
+
+def test_the_order_of_an_actions_keys_changes_nothing_logged():
+    """The log keeps an action's keys sorted and a replay reads them back so: a rejection that
+    named the first unexpected key as sent made `rerun` report an intact log as changed."""
+    s0, _, _ = reset(EpisodeSpec("expense_report", 3, "none"))
+    logged = []
+    for params in ({"zeta": 1, "alpha": 2, "query": "x"}, {"alpha": 2, "query": "x", "zeta": 1}):
+        _, events, info = step(s0, {"params": params, "method": "search_tickets", "app": "ticketdesk"})
+        logged.append(_digest(events))
+        assert "unexpected parameter 'alpha'" in info.message
+    assert logged[0] == logged[1]
