@@ -253,7 +253,10 @@ def _register_openenv(app: FastAPI, server: Server) -> None:
         rejected in the episode with a penalty, and the observation says why. 409: another step
         on this episode is running, or the episode has finished."""
         session = sessions.get(request.episode_id, _token(x_episode_token, request.episode_token))
-        return JSON(sessions.step(session, request.action))
+        kind, action = catalog.tool_envelope(request.action)
+        if kind == "tools":
+            return JSON(action)
+        return JSON(sessions.step(session, action))
 
     @app.get("/state", tags=["OpenEnv"], responses={200: {"model": dict[str, Any]},
                                                     **errors(400, 401, 403, 404)})

@@ -50,6 +50,23 @@ def action_from_tool_call(name: Any, arguments: Any) -> dict[str, Any]:
     return {"app": app, "method": method, "params": {} if arguments is None else arguments}
 
 
+def tool_envelope(data: Any) -> tuple[str, Any]:
+    """Read a step's payload: OpenEnv's MCP-style actions (`{"type": "list_tools"}`,
+    `{"type": "call_tool", "tool_name": ..., "arguments": ...}`, what its MCPToolClient sends) or
+    an action. ("tools", observation) lists the tools without a step; ("action", action) is
+    stepped. Only a payload without `app` and `method` is an envelope, and HTTP and WebSocket both
+    read it here, so the same payload logs the same step on either."""
+    if isinstance(data, dict) and "app" not in data and "method" not in data:
+        kind = data.get("type")
+        if kind == "list_tools":
+            tools = [{"name": t["name"], "description": t["description"],
+                      "input_schema": t["inputSchema"]} for t in mcp_tools()]
+            return "tools", {"observation": {"tools": tools}, "reward": None, "done": False}
+        if kind == "call_tool":
+            return "action", action_from_tool_call(data.get("tool_name"), data.get("arguments"))
+    return "action", data
+
+
 @cache
 def openai_tools() -> list[dict[str, Any]]:
     """Tools in OpenAI function-calling format (names `app_method`: dots are not allowed there)."""

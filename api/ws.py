@@ -155,15 +155,10 @@ class _Connection:
     async def _step(self, message: dict) -> str:
         if "data" not in message:
             return _error("a step message carries the action as its 'data'", VALIDATION_ERROR)
-        data = message["data"]  # any JSON value: one that is no action is rejected in the episode
-        kind = data.get("type") if isinstance(data, dict) else None
-        if kind == "list_tools":  # OpenEnv's MCP-style actions (MCPToolClient)
-            tools = [{"name": t["name"], "description": t["description"],
-                      "input_schema": t["inputSchema"]} for t in catalog.mcp_tools()]
-            return _dumps({"type": "observation", "data": {
-                "observation": {"tools": tools}, "reward": None, "done": False}}).decode()
-        if kind == "call_tool":
-            data = catalog.action_from_tool_call(data.get("tool_name"), data.get("arguments"))
+        # any JSON value: one that is no action is rejected in the episode
+        kind, data = catalog.tool_envelope(message["data"])
+        if kind == "tools":
+            return _dumps({"type": "observation", "data": data}).decode()
         session = self.session
         if session is None:
             return _error("no episode yet: send a reset first", EXECUTION_ERROR,

@@ -701,3 +701,25 @@ def test_an_action_too_big_for_the_log_is_a_413_when_the_body_limit_lets_it_in(s
         assert r.status_code == 200
         state = c.get("/state", params={"episode_id": episode_id, "episode_token": token}).json()
         assert state["step_count"] == 1
+
+
+def test_openenv_tool_envelopes_log_the_same_steps_over_http_and_websocket(sqlite_url):
+    """MCPToolClient's `list_tools`/`call_tool` payloads are read alike on both transports; a
+    payload with `app` and `method` is an action whatever else it holds."""
+    payloads = [{"type": "list_tools"},
+                {"type": "call_tool", "tool_name": "ticketdesk_list_tickets", "arguments": {}},
+                {"app": "ticketdesk", "method": "list_tickets", "params": {}, "type": "list_tools"}]
+    with client(sqlite_url) as c:
+        episode_id, token, _ = reset(c)
+        replies = [step(c, episode_id, token, p).json() for p in payloads]
+        assert len(replies[0]["observation"]["tools"]) >= 14 and "metadata" not in replies[0]
+        assert replies[2]["metadata"]["step"] == 2
+        over_http = c.get(f"/episodes/{episode_id}").json()
+        with c.websocket_connect("/ws") as ws:
+            ws.send_json({"type": "reset", "data": RESET})
+            ws_episode = ws.receive_json()["data"]["metadata"]["episode_id"]
+            for p in payloads:
+                ws.send_json({"type": "step", "data": p})
+                ws.receive_json()
+        over_ws = c.get(f"/episodes/{ws_episode}").json()
+    assert over_http["steps"] == over_ws["steps"] == 2 and over_http["digest"] == over_ws["digest"]
