@@ -3,13 +3,16 @@ WebSocket and MCP (and so log the same episode).
 
 orjson parses almost everything. It refuses one thing JSON allows: a string escape of a lone
 surrogate (`"\\ud800"`), text no UTF-8 log can hold; the stdlib parser takes it and the domain
-logs the escape spelled out. NaN and Infinity are not JSON (RFC 8259): refused on every
+logs the escape spelled out. And it reads an integer past 64 bits as a float, losing digits, where
+the stdlib (and so a caller in process) keeps the integer: a body with such a run of digits goes to
+the stdlib parser too. NaN and Infinity are not JSON (RFC 8259): refused on every
 transport (the stdlib would have taken them, and the log would have held null).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import orjson
@@ -21,19 +24,29 @@ def _not_json(name: str) -> Any:
     raise json.JSONDecodeError(f"{name} is not a JSON number", name, 0)
 
 
-_STDLIB = json.JSONDecoder(parse_constant=_not_json)
+def _finite(text: str) -> float:
+    value = float(text)
+    if value - value != 0.0:  # inf (NaN cannot be spelled as a number)
+        raise json.JSONDecodeError(f"the number {text[:40]} is infinity when parsed as double", text, 0)
+    return value
+
+
+_STDLIB = json.JSONDecoder(parse_constant=_not_json, parse_float=_finite)
 TOO_DEEP = "nested too deeply to parse (orjson's limit: 1,024 levels)"
+# 20 digits in a row: maybe an integer orjson would turn into a float (2**64 has 20 digits)
+_LONG_DIGITS = re.compile(rb"[0-9]{20}")
 
 
 def loads(raw: bytes | str) -> Any:
     """The JSON value of `raw`; json.JSONDecodeError (a ValueError) saying what is wrong."""
-    try:
-        return orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        if "depth limit" in str(exc):
-            raise json.JSONDecodeError(TOO_DEEP, "", 0) from None
-        if "surrogate" not in str(exc):
-            raise
+    if _LONG_DIGITS.search(raw.encode() if isinstance(raw, str) else raw) is None:
+        try:
+            return orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            if "depth limit" in str(exc):
+                raise json.JSONDecodeError(TOO_DEEP, "", 0) from None
+            if "surrogate" not in str(exc):
+                raise
     try:
         text = raw.decode() if isinstance(raw, bytes | bytearray) else raw
         return _STDLIB.decode(text)

@@ -723,3 +723,20 @@ def test_openenv_tool_envelopes_log_the_same_steps_over_http_and_websocket(sqlit
                 ws.receive_json()
         over_ws = c.get(f"/episodes/{ws_episode}").json()
     assert over_http["steps"] == over_ws["steps"] == 2 and over_http["digest"] == over_ws["digest"]
+
+
+def test_an_integer_past_64_bits_logs_what_it_logs_in_process(sqlite_url, tmp_path):
+    """orjson would read it as a float (digits lost); the stdlib, and so a caller in process,
+    keeps the integer: the same body is the same action on every path."""
+    raw = b'{"app": "ticketdesk", "method": "get_ticket", "params": {"ticket_id": 18446744073709551616}}'
+    action = json.loads(raw)
+    with client(sqlite_url) as c:
+        episode_id, token, _ = reset(c)
+        body = b'{"episode_id": "%s", "action": %s}' % (episode_id.encode(), raw)
+        r = c.post("/step", content=body, headers={"X-Episode-Token": token,
+                                                    "content-type": "application/json"})
+        assert r.status_code == 200 and "18446744073709551616" in r.json()["observation"]["message"]
+        r = c.post("/step", content=body.replace(b"18446744073709551616", b"1e400"),
+                   headers={"X-Episode-Token": token, "content-type": "application/json"})
+        assert r.status_code == 422 and "infinity" in r.text
+    assert stream_digest(sqlite_url, episode_id) == digest_uninterrupted(tmp_path, [action])
