@@ -9,7 +9,8 @@ from typing import Any
 import orjson
 import sqlalchemy as sa
 
-from api.sessions import EPISODE_ID_RE, ApiError, log_damaged, public_meta
+from api.sessions import ApiError, log_damaged, public_meta
+from companyos.runtime import episode_id_problem
 from eventstore import CorruptCommit, EventStore
 from projections.episodes import EpisodesProjection, episode_filters, summarize
 from projections.replay import EpisodeNotFound, StepNotFound, replay
@@ -49,7 +50,7 @@ class EpisodeLog:
                 "next_offset": next_offset}
 
     def _records(self, episode_id: str) -> list:
-        if not EPISODE_ID_RE.match(episode_id):
+        if episode_id_problem(episode_id):
             raise ApiError(404, "episode_not_found", f"no episode {episode_id!r}")
         try:
             records = list(self.store.read_stream(episode_id))
@@ -83,7 +84,7 @@ class EpisodeLog:
                 "total": len(records)}
 
     def views(self, episode_id: str, step: int | None = None) -> dict[str, Any]:
-        if not EPISODE_ID_RE.match(episode_id):
+        if episode_id_problem(episode_id):
             raise ApiError(404, "episode_not_found", f"no episode {episode_id!r}")
         try:
             return replay(self.store, episode_id, step)

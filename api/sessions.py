@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import re
 import secrets
 import threading
 import time
@@ -26,11 +25,10 @@ from typing import Any
 
 import domain
 from companyos.env import SEED_MAX, episode_state, spec_from_options
-from companyos.runtime import EpisodeNotFound, EpisodeRuntime
+from companyos.runtime import EpisodeNotFound, EpisodeRuntime, episode_id_problem
 from eventstore import ConcurrencyError, CorruptCommit, EventStore
 from projections.episodes import agent_label_problem
 
-EPISODE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
 RESET_FIELDS = ("seed", "episode_id", "task", "chaos", "reward_profile", "max_steps", "agent", "text")
 TOKEN_META_KEY = "token_sha256"
 _HIDDEN_META = frozenset({TOKEN_META_KEY})
@@ -66,10 +64,8 @@ def public_meta(meta: dict[str, Any]) -> dict[str, Any]:
 
 
 def check_episode_id(episode_id: Any) -> str:
-    if not isinstance(episode_id, str) or not EPISODE_ID_RE.match(episode_id):
-        raise ApiError(400, "invalid_episode_id",
-                       "episode_id must be 1-128 characters of letters, digits, '_', '.', ':' "
-                       "or '-', starting with a letter or digit")
+    if problem := episode_id_problem(episode_id):
+        raise ApiError(400, "invalid_episode_id", problem)
     return episode_id
 
 

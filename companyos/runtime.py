@@ -6,6 +6,7 @@ them (per step, or all at once at the end) and folds nothing twice.
 
 from __future__ import annotations
 
+import re
 import uuid
 from typing import Any
 
@@ -18,6 +19,19 @@ from projections.replay import EpisodeNotFound  # one class for 'no such episode
 from projections.views import check_starts_episode, decode
 
 DURABILITY = ("step", "episode")
+
+# An episode id travels in URLs, headers and `<id>.<token>` session keys, and is a text column.
+EPISODE_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}")
+EPISODE_ID_RULE = ("episode_id must be 1-128 characters of letters, digits, '_', '.', ':' or '-', "
+                   "starting with a letter or digit")
+
+
+def episode_id_problem(episode_id: object) -> str | None:
+    """What is wrong with an episode id, in words (None: nothing); the same rule in process and
+    over the network, so no episode is logged under an id a client could not name."""
+    if isinstance(episode_id, str) and EPISODE_ID_RE.fullmatch(episode_id):
+        return None
+    return EPISODE_ID_RULE
 
 
 class EpisodeExists(ConcurrencyError):
@@ -62,8 +76,11 @@ class EpisodeRuntime:
         """Reset the world for `spec` and log EpisodeStarted with the initial world."""
         if durability not in DURABILITY:
             raise ValueError(f"durability must be one of {DURABILITY}, not {durability!r}")
-        if episode_id is not None and (version := store.stream_version(episode_id)) is not None:
-            raise EpisodeExists(episode_id, version)
+        if episode_id is not None:
+            if problem := episode_id_problem(episode_id):
+                raise ValueError(problem)
+            if (version := store.stream_version(episode_id)) is not None:
+                raise EpisodeExists(episode_id, version)
         state, events, info = domain.reset(spec)
         runtime = cls(store, episode_id or uuid.uuid4().hex, state, durability, meta, None)
         runtime._record(events, state.done, first_meta=meta)

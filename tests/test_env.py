@@ -487,3 +487,22 @@ def test_serve_says_in_one_line_why_it_cannot_listen(tmp_path):
     assert out.returncode == 2 and out.stderr.startswith("error: cannot listen on 'no-such-host")
     out = _cli("serve", "--log-level", "loud", "--db", url)
     assert out.returncode == 2 and "--log-level must be one of critical" in out.stderr
+
+
+@pytest.mark.parametrize("episode_id", ["a\x00b", "épisode-1", "ends-in-newline\n", "", "x" * 129, 7])
+def test_an_episode_id_no_client_could_name_is_refused_in_process_as_over_http(sqlite_url, episode_id):
+    """A NUL failed on PostgreSQL with a driver error; other ids were logged but unreachable
+    over HTTP, whose rule now applies in process too (and `$` no longer lets a newline end one)."""
+    from api.app import create_app
+    from api.config import ServerConfig
+    from fastapi.testclient import TestClient
+
+    with CompanyEnv(sqlite_url) as env:
+        with pytest.raises(ValueError, match="episode_id must be 1-128 characters"):
+            env.reset(seed=1, options={"task": FAMILIES[0], "episode_id": episode_id})
+        env.reset(seed=1, options={"task": FAMILIES[0], "episode_id": "ok-1"})
+    with TestClient(create_app(ServerConfig(db=sqlite_url))) as c:
+        r = c.post("/reset", json={"task": FAMILIES[0], "episode_id": episode_id})
+        assert r.status_code in (400, 422), r.text
+    with EventStore.open(sqlite_url) as store:
+        assert store.stream_ids(store.last_position()) == ["ok-1"]
