@@ -27,7 +27,7 @@ import domain
 from companyos.env import SEED_MAX, episode_state, spec_from_options
 from companyos.runtime import EpisodeNotFound, EpisodeRuntime, episode_id_problem
 from eventstore import ConcurrencyError, CorruptCommit, EventStore
-from projections.episodes import agent_label_problem
+from projections.episodes import new_agent_label_problem
 
 RESET_FIELDS = ("seed", "episode_id", "task", "chaos", "reward_profile", "max_steps", "agent", "text")
 TOKEN_META_KEY = "token_sha256"
@@ -185,7 +185,7 @@ class SessionManager:
         if not isinstance(text, bool):
             raise ApiError(400, "invalid_reset", "text must be true or false")
         agent = opts.pop("agent", None)
-        if agent is not None and (problem := agent_label_problem(agent)):
+        if agent is not None and (problem := new_agent_label_problem(agent)):
             raise ApiError(400, "invalid_reset", problem)
         try:
             spec = spec_from_options(seed, opts)

@@ -9,7 +9,7 @@ import domain
 from companyos.config import resolve_db
 from companyos.runtime import DURABILITY, EpisodeRuntime
 from eventstore import EventStore
-from projections.episodes import agent_label_problem
+from projections.episodes import new_agent_label_problem
 from projections.render import render_views
 
 DEFAULT_CHAOS = "medium"
@@ -68,7 +68,7 @@ class CompanyEnv:
                  agent: str | None = None) -> None:
         if durability not in DURABILITY:
             raise ValueError(f"durability must be one of {DURABILITY}, not {durability!r}")
-        if agent is not None and (problem := agent_label_problem(agent)):
+        if agent is not None and (problem := new_agent_label_problem(agent)):
             raise ValueError(problem)
         if isinstance(db, EventStore):
             self.store, self._owns_store = db, False

@@ -140,6 +140,23 @@ def agent_label_problem(agent: object) -> str | None:
     return None
 
 
+UNKNOWN_AGENT = "(unknown)"
+"""How the analytics name the agent of an episode logged without a label."""
+
+
+def new_agent_label_problem(agent: object) -> str | None:
+    """`agent_label_problem`, plus what a new label must not be: the analytics' name for an
+    unlabelled episode (they would merge the two), or space at either end (the analytics strip
+    parameters, so such a label could never be asked for)."""
+    if problem := agent_label_problem(agent):
+        return problem
+    if agent == UNKNOWN_AGENT:
+        return f"agent {UNKNOWN_AGENT!r} is what the analytics call episodes without an agent label"
+    if agent != agent.strip():  # type: ignore[union-attr]
+        return "agent must not begin or end with spaces"
+    return None
+
+
 def episode_filters(task: str | None = None, agent: str | None = None,
                     outcome: str | None = None) -> list[sa.ColumnElement[bool]]:
     """The WHERE clauses of an episode listing (every reader of the read model uses these);

@@ -740,3 +740,16 @@ def test_an_integer_past_64_bits_logs_what_it_logs_in_process(sqlite_url, tmp_pa
                    headers={"X-Episode-Token": token, "content-type": "application/json"})
         assert r.status_code == 422 and "infinity" in r.text
     assert stream_digest(sqlite_url, episode_id) == digest_uninterrupted(tmp_path, [action])
+
+
+@pytest.mark.parametrize("label, said", [("(unknown)", "episodes without an agent label"),
+                                         (" padded ", "begin or end with spaces")])
+def test_an_agent_label_the_analytics_could_not_tell_apart_is_refused(sqlite_url, label, said):
+    """`(unknown)` is the analytics' name for unlabelled episodes (an agent so named was merged
+    with them), and analytics parameters are stripped (` padded ` could never be asked for)."""
+    with client(sqlite_url) as c:
+        r = c.post("/reset", json={"seed": 1, "agent": label})
+        assert r.status_code == 400 and said in r.json()["detail"]
+        assert c.get("/episodes").json()["total"] == 0
+    with pytest.raises(ValueError, match=said):
+        CompanyEnv(sqlite_url, agent=label)

@@ -493,9 +493,10 @@ def test_serve_says_in_one_line_why_it_cannot_listen(tmp_path):
 def test_an_episode_id_no_client_could_name_is_refused_in_process_as_over_http(sqlite_url, episode_id):
     """A NUL failed on PostgreSQL with a driver error; other ids were logged but unreachable
     over HTTP, whose rule now applies in process too (and `$` no longer lets a newline end one)."""
+    from fastapi.testclient import TestClient
+
     from api.app import create_app
     from api.config import ServerConfig
-    from fastapi.testclient import TestClient
 
     with CompanyEnv(sqlite_url) as env:
         with pytest.raises(ValueError, match="episode_id must be 1-128 characters"):
