@@ -740,3 +740,28 @@ def _roll_back(url: str, position: int) -> None:
     """Drop every commit after `position`, as restoring a backup taken then would."""
     with EventStore.open(url) as store, store.engine.begin() as conn:
         conn.exec_driver_sql(f"DELETE FROM commits WHERE position > {int(position)}")
+
+
+def test_the_report_says_what_it_leaves_out_and_keeps_the_steps_axis_whole(tmp_path):
+    """Its tool table used to stop at 12 rows without a word, and the first-mistake chart drew only
+    the steps someone went wrong at, side by side, which hid the distribution's shape."""
+    from analytics import report
+
+    def write(store):  # step n's tool is t.sN: 35 tools; first mistakes at steps 2, 3 and 9
+        _episode(store, "long", [[] for _ in range(35)], ("truncated", "step_budget_exhausted"))
+        for eid, at in (("m2", 2), ("m3", 3), ("m9", 9)):
+            steps = [[] for _ in range(at)]
+            steps[-1] = [_mistake("wrong_decision", "T-1", True)]
+            _episode(store, eid, steps, ("failure", "wrong_decision"))
+
+    with _warehouse_of(tmp_path, write) as wh:
+        data = report.build(wh)
+        every_tool = service.run_named(wh, "tool_error_rates", {"min_calls": 1})
+    assert len(every_tool) == 35 and data["tool_error_rates"] == every_tool[:report.TOOL_ROWS]
+    note = f"{35 - report.TOOL_ROWS} more tools with lower error rates are not shown"
+    assert note in report.to_markdown(data) and note in report.to_html(data)
+    bars = report.first_mistake_bars(data["first_mistake_step"])
+    assert [step for step, _ in bars] == list(range(2, 10))
+    assert [step for step, row in bars if row] == [2, 3, 9]
+    (chart,) = [c for c in report.charts(data) if "Step of the first mistake" in c]
+    assert all(f">{step}</text>" in chart for step in range(2, 10))  # empty steps keep their place

@@ -346,3 +346,5 @@ def _print_report(data: dict) -> None:
         for r in rows:
             table.add_row(*[_text(v, short=True) for v in r.values()])
         console.print(table)
+        if note := data["notes"].get(key):
+            console.print(note, markup=False)
