@@ -57,6 +57,11 @@ def export(wh: Warehouse, target: str | Path, tables: tuple[str, ...] = tuple(_T
         rows = wh.con.execute(f"COPY ({sql}) TO '{_quote(staging)}' "
                               "(FORMAT parquet, PARTITION_BY (task_family), COMPRESSION zstd)"
                               ).fetchone()[0]  # COPY answers with the rows it wrote
+        if rows == 0:  # no partition, so no file: readers globbing DIR/<table>/*/*.parquet would fail
+            empty = staging / "task_family=(none)"
+            empty.mkdir(parents=True, exist_ok=True)
+            wh.con.execute(f"COPY (SELECT * EXCLUDE (task_family) FROM ({sql}) LIMIT 0) "
+                           f"TO '{_quote(empty / 'data_0.parquet')}' (FORMAT parquet)")
         final = root / table
         if final.exists():
             trash = root / f".{table}.{uuid.uuid4().hex[:8]}.old"

@@ -23,6 +23,7 @@ from api.analytics_routes import analytics_router
 from companyos.batch import RunPlan
 from companyos.batch import run as run_plan
 from companyos.commands import analytics as commands
+from eventstore import EventStore
 from tests.conftest import command_runner
 
 
@@ -470,3 +471,21 @@ def test_tables_print_floats_with_their_magnitude(logged, tmp_path, cli):
               "--warehouse", str(tmp_path / "w.duckdb"))
     assert out.exit_code == 0, out.output
     assert "1234567.891" in out.stdout and "-0.1565" in out.stdout and "e+06" not in out.stdout
+
+
+def test_an_export_of_an_empty_store_reads_back_as_empty_tables(logged, tmp_path, cli):
+    """With no partition DuckDB wrote no file, and the documented read-back failed ("No files
+    found"); now each table reads back with no rows and the columns of a full export."""
+    empty = f"sqlite:///{tmp_path / 'empty.db'}"
+    EventStore.open(empty).close()
+    target, full = tmp_path / "empty-export", tmp_path / "full-export"
+    for root, url, wh in ((target, empty, "e.duckdb"), (full, logged[0], "f.duckdb")):
+        assert cli("export", str(root), "--db", url, "--warehouse", str(tmp_path / wh)).exit_code == 0
+    con = duckdb.connect()
+    for table in ("episodes", "steps", "rewards", "events"):
+        def read(root, table=table):
+            return con.execute(f"SELECT * FROM read_parquet('{root}/{table}/*/*.parquet', "
+                               "hive_partitioning = true)")
+        got = read(target)
+        assert got.fetchall() == [] and [d[0] for d in got.description] == \
+            [d[0] for d in read(full).description], table
