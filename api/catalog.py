@@ -101,8 +101,9 @@ def action_schema() -> dict[str, Any]:
     variants = [{"title": t.name, "description": t.description,
                  "type": "object",
                  "properties": {"app": {"const": t.app}, "method": {"const": t.method},
-                                "params": t.parameters},
-                 "required": ["app", "method"]}
+                                "params": _params_schema(t)},
+                 "required": ["app", "method", "params"] if t.parameters.get("required")
+                 else ["app", "method"]}
                 for t in domain.TOOLS]
     return {
         "title": "Action",
@@ -111,10 +112,18 @@ def action_schema() -> dict[str, Any]:
         "type": "object",
         "properties": {"app": {"type": "string", "enum": apps},
                        "method": {"type": "string"},
-                       "params": {"type": "object"}},
+                       "params": {"type": ["object", "null"]}},
         "required": ["app", "method"],
         "anyOf": variants,
     }
+
+
+def _params_schema(tool: domain.ToolSpec) -> dict[str, Any]:
+    """As the environment reads `params`: absent or null is no parameters, which a tool without
+    required ones accepts, so the schema accepts exactly the calls the environment does."""
+    if tool.parameters.get("required"):
+        return tool.parameters
+    return {"anyOf": [tool.parameters, {"type": "null"}]}
 
 
 _OBSERVATION_SCHEMA: dict[str, Any] = {

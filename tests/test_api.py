@@ -753,3 +753,20 @@ def test_an_agent_label_the_analytics_could_not_tell_apart_is_refused(sqlite_url
         assert c.get("/episodes").json()["total"] == 0
     with pytest.raises(ValueError, match=said):
         CompanyEnv(sqlite_url, agent=label)
+
+
+def test_the_action_schema_accepts_exactly_the_calls_without_params_the_environment_does():
+    """The schema did not require `params` of a tool that needs some, and refused `"params": null`,
+    which the environment reads as no parameters."""
+    from jsonschema import Draft202012Validator
+
+    from api import catalog
+    from domain import TOOLS
+    from domain.tools import Invalid, parse_action
+
+    validator = Draft202012Validator(catalog.action_schema())
+    for tool in TOOLS:
+        for extra in ({}, {"params": None}, {"params": {}}):
+            action = {"app": tool.app, "method": tool.method, **extra}
+            accepted = not isinstance(parse_action(action), Invalid)
+            assert validator.is_valid(action) == accepted, (tool.name, extra)
