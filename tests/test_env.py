@@ -507,3 +507,26 @@ def test_an_episode_id_no_client_could_name_is_refused_in_process_as_over_http(s
         assert r.status_code in (400, 422), r.text
     with EventStore.open(sqlite_url) as store:
         assert store.stream_ids(store.last_position()) == ["ok-1"]
+
+
+@pytest.mark.parametrize("task", FAMILIES)
+def test_an_episode_continued_from_the_log_shows_what_the_live_one_would(sqlite_url, task):
+    """Any process continues an episode from the log (a restart, a cache eviction, another
+    worker): its observations must be the live ones, key order included, or an agent that reads
+    them in order acts otherwise and the episode is not the one an uninterrupted run logs."""
+    seed = 782
+    with CompanyEnv(sqlite_url, agent="random") as live, CompanyEnv(sqlite_url, agent="random") as hop:
+        options = {"task": task, "chaos": "high"}
+        obs_live, _ = live.reset(seed=seed, options=options)
+        obs_hop, _ = hop.reset(seed=seed, options=options)
+        agent = make_agent("random", seed)
+        agent.reset(obs_live)
+        done = False
+        while not done:
+            action = agent.act(obs_live)
+            obs_live, _, terminated, truncated, _ = live.step(action)
+            hop.runtime = EpisodeRuntime.load(hop.store, hop.runtime.episode_id)  # from the log
+            obs_hop, *_ = hop.step(action)
+            assert json.dumps(obs_hop) == json.dumps(obs_live)  # same keys in the same order
+            done = terminated or truncated
+        assert live.runtime.digest == hop.runtime.digest

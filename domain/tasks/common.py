@@ -125,7 +125,10 @@ def build(fam: Family, seed: int) -> Instance:
     ent = fam.entity(rng, folks)
     key = ent.pop("key")
     owner, requester = folks[0], folks[1]
-    details = {**ent, "requester": requester, "owner": owner, "impact": rng.choice(IMPACTS)}
+    # in key order, as the log holds it (canonical JSON): an episode continued from the log then
+    # shows and quotes the details in the order the live one did
+    details = dict(sorted({**ent, "requester": requester, "owner": owner,
+                           "impact": rng.choice(IMPACTS)}.items()))
     ids = rng.sample(range(100, 1000), 8)
     main = f"T-{ids[0]}"
     metric = f"{fam.metric_field}.{key}"
