@@ -9,7 +9,7 @@ import statistics
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
@@ -19,7 +19,7 @@ import domain
 from companyos.agents import make_agent
 from companyos.env import SEED_MAX, CompanyEnv, spec_from_options
 from companyos.lifecycle import end_with
-from companyos.runtime import DURABILITY
+from companyos.runtime import DURABILITY, UnloggedEpisode
 from eventstore import EventStore
 from eventstore.engine import in_memory_sqlite
 
@@ -106,6 +106,10 @@ def run_range(plan: RunPlan, start: int, stop: int, store: EventStore | None = N
                 break
             done.append(_one_episode(env, plan, index))
         return done
+    except BaseException:
+        with suppress(UnloggedEpisode):  # the error in flight (a full disk...) is the one to say
+            env.close()
+        raise
     finally:
         env.close()
         if own:

@@ -188,7 +188,8 @@ class SqliteBackend(Backend):
                 cur.executemany(_INSERT_IDS.format(m="?"), commit.supplied_ids)
             cur.execute("COMMIT")
         except BaseException as exc:
-            cur.execute("ROLLBACK")
+            if cur.connection.in_transaction:  # a failed COMMIT (disk full) has rolled back already,
+                cur.execute("ROLLBACK")        # and a second ROLLBACK's error would hide its cause
             if _is_unique_violation(exc):
                 raise UniqueViolation(str(exc)) from None
             raise

@@ -530,3 +530,17 @@ def test_an_episode_continued_from_the_log_shows_what_the_live_one_would(sqlite_
             assert json.dumps(obs_hop) == json.dumps(obs_live)  # same keys in the same order
             done = terminated or truncated
         assert live.runtime.digest == hop.runtime.digest
+
+
+def test_a_bulk_run_on_a_full_disk_says_the_disk_is_full(tmp_path):
+    """Held back, the episode the disk refused was tried again on close and its UnloggedEpisode
+    replaced the cause, which the CLI then showed as a traceback."""
+    import sqlite3
+
+    from companyos.batch import RunPlan, run_range
+
+    url = f"sqlite:///{tmp_path / 'full.db'}"
+    with EventStore.open(url) as store:
+        store._backend._write_connection().execute("PRAGMA max_page_count = 60")
+        with pytest.raises(sqlite3.OperationalError, match="database or disk is full"):
+            run_range(RunPlan(url, "random", "all", "medium", 500, 0, "episode"), 0, 500, store=store)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import sqlite3
 import subprocess
 import sys
 import time
@@ -367,4 +368,17 @@ def test_a_connection_the_server_dropped_is_replaced_not_failed(fresh_pg_url):
     assert killed >= 1
     store.append(stream, [NewEvent("Noted", {"n": 1})], 0)
     assert [r.data["n"] for r in store.read_stream(stream)] == [0, 1]
+    store.close()
+
+
+def test_a_full_disk_is_said_as_such_not_hidden_by_a_failed_rollback(tmp_path):
+    """SQLite rolls back a transaction whose write fails for space itself; the second ROLLBACK's
+    'no transaction is active' used to be all a user saw of a full disk."""
+    store = EventStore.open(f"sqlite:///{tmp_path / 'full.db'}")
+    store.append("kept", [NewEvent("E", {"x": 1})], None)
+    store._backend._write_connection().execute("PRAGMA max_page_count = 40")  # a disk of 160 KB
+    with pytest.raises(sqlite3.OperationalError, match="database or disk is full"):
+        for i in range(100):
+            store.append(f"s{i}", [NewEvent("E", {"x": "y" * 20000})], None)
+    assert [e.data for e in store.read_stream("kept")] == [{"x": 1}]
     store.close()
