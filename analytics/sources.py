@@ -93,11 +93,6 @@ class Source(Protocol):
 
     def first_event_id(self) -> str: ...
 
-    def digest_at(self, position: int) -> str | None:
-        """The stream digest after the event at `position` (None: no event there). A warehouse
-        compares it with the one it saw there, to notice a store whose history changed."""
-        ...
-
     def remaining(self, after: int, head: int) -> int | None:
         """How many events lie in (after, head], when that is cheap to know (else None)."""
         ...
@@ -131,14 +126,6 @@ def _first_id(row: tuple | None) -> str:
     if not row:
         return ""
     return next(iter(unpack(tuple(row)))).event_id
-
-
-def _digest_in(row: tuple | None, position: int) -> str | None:
-    """The digest after the event at `position` in a commit row (position, stream_id,
-    first_version, payload) that holds it, else None."""
-    if not row:
-        return None
-    return next((r.digest for r in unpack(tuple(row)) if r.position == position), None)
 
 
 def _damaged(commits: pa.Table) -> None:
@@ -252,9 +239,6 @@ class _SqliteSource:
     def first_event_id(self) -> str:
         return _first_id(self._row(_FIRST_SQL))
 
-    def digest_at(self, position: int) -> str | None:
-        return _digest_in(self._row(_HOLDING_SQL, (position,)), position)
-
     def remaining(self, after: int, head: int) -> int:
         """Positions are dense on SQLite: the count is a subtraction."""
         return max(head - after, 0)
@@ -272,9 +256,6 @@ _RANGE_SQL = f"SELECT {_SELECT} FROM commits WHERE position > ? AND position <= 
 _NEXT_SQL = "SELECT min(position) FROM commits WHERE position > ?"
 _FIRST_SQL = "SELECT position, stream_id, first_version, payload FROM commits ORDER BY position LIMIT 1"
 _LAST_SQL = "SELECT coalesce(max(position), 0) FROM commits"
-# A commit's position is its last event's: the first commit at or after a position holds it, if any.
-_HOLDING_SQL = ("SELECT position, stream_id, first_version, payload FROM commits WHERE position >= ? "
-                "ORDER BY position LIMIT 1")
 
 
 class SqliteSource(_SqliteSource):
@@ -382,11 +363,6 @@ class PostgresSource:
         with self._engine.connect() as conn:
             return _first_id(conn.execute(sa.text(self._FIRST)).first())
 
-    def digest_at(self, position: int) -> str | None:
-        with self._engine.connect() as conn:
-            row = conn.execute(sa.text(_HOLDING_SQL.replace("?", ":p")), {"p": position}).first()
-        return _digest_in(row, position)
-
     def remaining(self, after: int, head: int) -> None:
         """Positions have gaps on PostgreSQL: unknown without counting."""
         return None
@@ -421,10 +397,6 @@ class StoreSource:
 
     def first_event_id(self) -> str:
         return next((r.event_id for r in self._store.read_all(0, 1)), "")
-
-    def digest_at(self, position: int) -> str | None:
-        return next((r.digest for r in self._store.read_all(position - 1, 1) if r.position == position),
-                    None)
 
     def remaining(self, after: int, head: int) -> None:
         return None

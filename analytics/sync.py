@@ -30,6 +30,7 @@ from analytics.derive import annotate, derive_batch
 from analytics.sources import EVENT_SCHEMA, Source, check_syncable, open_source
 from analytics.warehouse import DERIVE_VERSION, Warehouse, WarehouseError, default_path, store_label
 from eventstore import CorruptCommit, EventStore, canonical_json
+from eventstore.packing import unpack
 
 DEFAULT_BATCH = 500_000
 
@@ -98,6 +99,7 @@ def _sync(db_url: str, store: EventStore, wh: Warehouse, batch_events: int, prog
     source = open_source(db_url, engine=store.engine, prefer=prefer)
     try:
         first_id = _check_identity(wh, db_url, source)
+        _check_history(wh, db_url, store)
         return _run(wh, source, (store_label(db_url), first_id), batch_events, progress,
                     after_batch, started)
     finally:
@@ -124,18 +126,19 @@ def _check_identity(wh: Warehouse, db_url: str, source: Source) -> str:
                              "holds events; rebuild it with `companyos analytics sync --rebuild`")
     if not known_first and first_id and int(state.get("position", 0)) > 0:
         wh.set_state(store_first_event=first_id)  # the store was empty when the first sync began
-    _check_history(wh, db_url, source, state)
     return first_id
 
 
-def _check_history(wh: Warehouse, db_url: str, source: Source, state: dict[str, str]) -> None:
+def _check_history(wh: Warehouse, db_url: str, store: EventStore) -> None:
     """Refuse a store whose events up to the checkpoint are not the ones synced: one restored from
     a backup, or a copy that went on separately, starts with the same event, yet the sync would
     keep the rows of episodes it no longer holds and never read what now lies below the checkpoint."""
+    state = wh.state()
     position, seen = int(state.get("position", 0)), state.get("checkpoint_digest")
     if not position or not seen:  # nothing synced, or synced before the digest was kept
         return
-    now = source.digest_at(position)
+    holding = store.commit_rows(position - 1, 1)  # the commit that holds the checkpoint's event
+    now = next((r.digest for r in unpack(holding[0]) if r.position == position), None) if holding else None
     if now != seen:
         what = "no longer holds it" if now is None else "holds another event there"
         raise WarehouseError(
