@@ -79,11 +79,16 @@ class EpisodeRuntime:
         if episode_id is not None:
             if problem := episode_id_problem(episode_id):
                 raise ValueError(problem)
-            if (version := store.stream_version(episode_id)) is not None:
+            # held back, the first append comes at the end: ask the store now (per step, the
+            # reset's own append finds the id taken, at no extra read)
+            if durability == "episode" and (version := store.stream_version(episode_id)) is not None:
                 raise EpisodeExists(episode_id, version)
         state, events, info = domain.reset(spec)
         runtime = cls(store, episode_id or uuid.uuid4().hex, state, durability, meta, None)
-        runtime._record(events, state.done, first_meta=meta)
+        try:
+            runtime._record(events, state.done, first_meta=meta)
+        except ConcurrencyError as exc:
+            raise EpisodeExists(runtime.episode_id, exc.actual) from None
         return runtime, info
 
     @classmethod
