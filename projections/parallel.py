@@ -5,7 +5,8 @@ shared out: each worker reads only the streams in its key range, through the
 (stream_id, version) index, stream by stream, and folds them with the runner's own rules.
 A rebuild worker writes its rows in page-sized transactions and never moves a checkpoint
 (the caller does that once all succeeded); a verify worker sends its findings back.
-Processes are forked, so projections need not be importable or picklable.
+Processes are forked, so projections need not be importable or picklable. A worker leaves
+Ctrl-C to its parent (which stops it), and stops by itself once its parent is gone (`kill -9`).
 """
 
 from __future__ import annotations
@@ -13,12 +14,14 @@ from __future__ import annotations
 import contextlib
 import gc
 import multiprocessing as mp
+import os
 import queue
+import signal
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from eventstore import EventStore
+from eventstore import EventStore, RecordedEvent
 from projections.reader import scan_range, stream_ranges
 from projections.runner import Entry, Projection, fold_records, rows_of, transaction, write_rows
 from projections.verify import Checker
@@ -36,8 +39,9 @@ def _run(target, store: EventStore, upto: int, workers: int, extra: tuple,
     url = store.engine.url.render_as_string(hide_password=False)
     ranges = stream_ranges(store, workers, upto)
     counters = [ctx.Value("q", 0, lock=False) for _ in ranges]
+    where = (url, store.upcasters, os.getpid())
     procs = [ctx.Process(target=target, daemon=True,
-                         args=((url, store.upcasters), lo, hi, upto, counters[k], results, *extra))
+                         args=(where, lo, hi, upto, counters[k], results, *extra))
              for k, (lo, hi) in enumerate(ranges)]
     for proc in procs:
         proc.start()
@@ -76,6 +80,28 @@ def _run(target, store: EventStore, upto: int, workers: int, extra: tuple,
     return sum(c.value for c in counters), collected
 
 
+def _worker_store(where: tuple[str, Any, int]) -> EventStore:
+    """Set up a worker process and open its own connection to the store.
+
+    Ctrl-C reaches the whole process group: the parent stops its workers, so a worker ignores it
+    (no traceback from each).
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    gc.disable()  # see runner.bulk: a short-lived process folding fresh tuples
+    return EventStore.open(where[0], upcasters=where[1])
+
+
+def _pages(store: EventStore, where: tuple[str, Any, int], lo: str, hi: str | None, upto: int,
+           page: int) -> Iterator[list[RecordedEvent]]:
+    """A worker's pages of its stream range, read while its parent lives: a parent killed
+    outright stops no one, so the worker checks page by page rather than write on for no one."""
+    parent = where[2]
+    for records in scan_range(store, lo, hi, upto, page):
+        if os.getppid() != parent:
+            os._exit(1)
+        yield records
+
+
 # -- rebuild ---------------------------------------------------------------------------------
 
 
@@ -90,13 +116,12 @@ def rebuild_in_parallel(store: EventStore, projections: Sequence[Projection], up
     return read, {p.name: set().union(*(part[p.name] for part in parts)) for p in projections}
 
 
-def _rebuild_range(where: tuple[str, Any], lo: str, hi: str | None, upto: int, counter, results,
-                   projections: list[Projection], page: int) -> None:
-    gc.disable()  # see runner.bulk: a short-lived process folding fresh tuples
-    store = EventStore.open(where[0], upcasters=where[1])
+def _rebuild_range(where: tuple[str, Any, int], lo: str, hi: str | None, upto: int, counter,
+                   results, projections: list[Projection], page: int) -> None:
     entries: dict[str, dict[str, Entry]] = {p.name: {} for p in projections}
     unfolded: dict[str, set[str]] = {p.name: set() for p in projections}
-    for records in scan_range(store, lo, hi, upto, page):
+    store = _worker_store(where)
+    for records in _pages(store, where, lo, hi, upto, page):
         for projection in projections:
             fold_records(projection, records, entries[projection.name], unfolded[projection.name])
         with transaction(store.engine) as conn:
@@ -131,12 +156,11 @@ def check_in_parallel(store: EventStore, projections: Sequence[Projection] | Non
     return checker
 
 
-def _check_range(where: tuple[str, Any], lo: str, hi: str | None, upto: int, counter, results,
-                 projections, checkpoints: dict[str, int], page: int) -> None:
-    gc.disable()
-    store = EventStore.open(where[0], upcasters=where[1])
+def _check_range(where: tuple[str, Any, int], lo: str, hi: str | None, upto: int, counter,
+                 results, projections, checkpoints: dict[str, int], page: int) -> None:
+    store = _worker_store(where)
     checker = Checker(projections, checkpoints)
-    for records in scan_range(store, lo, hi, upto, page):
+    for records in _pages(store, where, lo, hi, upto, page):
         checker.feed(records)
         counter.value += len(records)
     checker.check_heads(store, upto, lo, hi)

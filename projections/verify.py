@@ -38,10 +38,13 @@ class VerifyReport:
     events: int = 0
     problems: dict[str, list[str]] = field(default_factory=dict)  # stream id -> what is wrong
     # per read model: rows, checkpoint, differing; `moved_to` (rows None) when another process
-    # caught it up while verify ran, so its rows were not compared
+    # caught it up while verify ran, or `unfinished_rows` (rows None) when a parallel rebuild was
+    # interrupted (its rows wait at checkpoint 0 for the next catch-up): rows not compared
     read_models: dict[str, dict[str, Any]] = field(default_factory=dict)
     upto: int = 0  # the log was checked up to this position
-    waiting: bool = False  # commits past `upto` wait on an older transaction (PostgreSQL)
+    # commits made before verify began lay past `upto`, waiting on an older transaction
+    # (PostgreSQL); commits made while it ran are simply after `upto`
+    waiting: bool = False
 
     @property
     def ok(self) -> bool:
@@ -71,6 +74,7 @@ def verify(store: EventStore, projections: Sequence[Projection] | None = None,
     with store.engine.connect() as conn:  # before the head: a checkpoint never lies beyond it
         checkpoints = dict(conn.execute(
             sa.select(projection_checkpoints.c.name, projection_checkpoints.c.position)).all())
+    newest = store.last_position()  # first: commits made while verify runs are not "waiting"
     upto = store.readable_position()  # the heads and the events, read to one bound
     if workers is None:
         workers = _default_workers(store, upto)
@@ -91,7 +95,7 @@ def verify(store: EventStore, projections: Sequence[Projection] | None = None,
         checker.check_heads(store, upto)
     report = checker.finish(store)
     report.upto = upto
-    report.waiting = store.last_position() > upto
+    report.waiting = newest > upto
     return report
 
 
@@ -322,6 +326,11 @@ class Fold:
             if now != self.checkpoint:
                 return {"rows": None, "checkpoint": self.checkpoint, "differing": 0,
                         "moved_to": now}
+            if now == 0:  # rows at checkpoint 0 are an interrupted parallel rebuild's
+                held = conn.execute(sa.select(sa.func.count()).select_from(table)).scalar()
+                if held:
+                    return {"rows": None, "checkpoint": 0, "differing": 0, "moved_to": 0,
+                            "unfinished_rows": held}
             for row in conn.execute(sa.select(table)).mappings():
                 rows += 1
                 sid = row[key]

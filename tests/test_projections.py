@@ -448,9 +448,74 @@ def test_rebuild_after_an_interrupted_run_equals_a_clean_build(damaged, workers)
     partial = dump(store)
     if workers == 1:
         assert 0 < len(partial["episodes"]) < len(played)
+    # the rows an interrupted parallel rebuild left at checkpoint 0 are not the log's damage:
+    # verify called every such episode broken
+    report = verify(store, workers=workers)
+    assert report.ok, report.problems
+    if workers > 1 and partial["episodes"]:
+        assert report.read_models["episodes"]["rows"] is None
+        assert report.read_models["episodes"]["unfinished_rows"] == len(partial["episodes"])
     ProjectionRunner(store, default_projections()).catch_up(page=113)  # a new process resumes
     assert dump(store) == clean
     assert verify(store).ok
+
+
+_SLOW_REBUILD = """
+import os, sys, time
+from projections import parallel
+
+real_scan = parallel.scan_range
+
+def one_commit_at_a_time(store, lo, hi, upto, page):
+    print(os.getpid(), flush=True)
+    for records in real_scan(store, lo, hi, upto, 1):
+        time.sleep(0.2)
+        yield records
+
+parallel.scan_range = one_commit_at_a_time
+sys.argv = ["companyos", "rebuild", "--workers", "2", "--db", sys.argv[1]]
+from companyos import cli
+cli.main()
+"""
+
+
+@pytest.mark.parametrize("stop", ["kill-9", "ctrl-c"])
+def test_a_parallel_rebuild_stops_its_workers_with_it(damaged, tmp_path, stop):
+    """Killed outright, a rebuild's workers wrote on for no one; on Ctrl-C each printed a
+    KeyboardInterrupt traceback before the command said it was interrupted."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    store, _ = damaged
+    script = tmp_path / "slow_rebuild.py"
+    script.write_text(_SLOW_REBUILD)
+    rebuild = subprocess.Popen([sys.executable, str(script), str(store.engine.url)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True, env={**os.environ, "PYTHONPATH": os.getcwd()})
+    workers = [int(rebuild.stdout.readline()) for _ in range(2)]
+    if stop == "ctrl-c":
+        os.killpg(rebuild.pid, signal.SIGINT)  # as a terminal does: the whole process group
+        _, err = rebuild.communicate(timeout=30)
+        assert rebuild.returncode == 130
+        assert err.strip().splitlines()[-1] == "error: interrupted" and "Traceback" not in err, err
+    else:
+        os.kill(rebuild.pid, signal.SIGKILL)
+        rebuild.wait()
+    for _ in range(100):
+        alive = []
+        for pid in workers:
+            with contextlib.suppress(ProcessLookupError, ChildProcessError):
+                os.kill(pid, 0)
+                alive.append(pid)
+        if not alive:
+            return
+        time.sleep(0.1)
+    for pid in alive:
+        os.kill(pid, signal.SIGKILL)
+    pytest.fail(f"rebuild workers {alive} outlived the command by 10 s")
 
 
 def test_a_parallel_rebuild_equals_a_single_process_one(damaged):
@@ -594,6 +659,21 @@ def test_projections_on_each_backend(empty_store_url):
     p = lives[1]
     assert replay(store, p["episode_id"], 2)["datahub"] == p["views"][2]["datahub"]
     assert rerun(store, p["episode_id"]).match
+    store.close()
+
+
+def test_verify_does_not_call_commits_made_while_it_ran_waiting(empty_store_url):
+    """On SQLite, verify said steps taken while it ran "wait on an older transaction"."""
+    from companyos.env import CompanyEnv
+
+    store = EventStore.open(empty_store_url)
+    env = CompanyEnv(db=store, agent="noop")
+    env.reset(seed=3, options={"task": "expense_report", "chaos": "none"})
+    action = {"app": "ticketdesk", "method": "list_tickets", "params": {}}
+    report = verify(store, workers=1, progress=lambda _n: env.step(action))
+    assert report.ok and not report.waiting
+    assert report.upto < store.last_position()
+    env.close()
     store.close()
 
 

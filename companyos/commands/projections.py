@@ -209,13 +209,7 @@ def verify(
     if as_json:
         print_json(report.to_json())
     else:
-        models = ", ".join(
-            f"{name} {m['rows']} rows" if m["rows"] is not None else
-            f"{name} not compared ("
-            + (f"caught up from position {m['checkpoint']} to {m['moved_to']}"
-               if m["moved_to"] > m["checkpoint"] else "rebuilt")
-            + " by another process meanwhile; verify again to compare it)"
-            for name, m in report.read_models.items())
+        models = ", ".join(_read_model_line(name, m) for name, m in report.read_models.items())
         typer.echo(f"{report.streams} streams, {report.events} events checked; read models: {models}")
         if report.waiting:
             typer.echo(f"commits after position {report.upto} were not checked: a transaction "
@@ -227,6 +221,18 @@ def verify(
         typer.echo("ok" if report.ok else f"{len(report.problems)} broken episode(s)")
     if not report.ok:
         raise typer.Exit(1)
+
+
+def _read_model_line(name: str, m: dict) -> str:
+    """How verify's comparison of one read model went, in a few words."""
+    if m["rows"] is not None:
+        return f"{name} {m['rows']} rows"
+    if m.get("unfinished_rows"):
+        return (f"{name} not compared (it holds {m['unfinished_rows']} rows of an interrupted "
+                "rebuild; `companyos rebuild` or `companyos episodes` completes it)")
+    moved = (f"caught up from position {m['checkpoint']} to {m['moved_to']}"
+             if m["moved_to"] > m["checkpoint"] else "rebuilt")
+    return f"{name} not compared ({moved} by another process meanwhile; verify again to compare it)"
 
 
 def rebuild(
