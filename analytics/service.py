@@ -81,7 +81,7 @@ def answer(db_url: str, name: str, params: dict[str, Any] | None = None,
     """Sync the warehouse with the store, then answer the named query: what `GET /analytics/{name}` runs.
 
     Raises QueryError (the caller's mistake: HTTP 400/404) before touching the warehouse, and
-    WarehouseError when the warehouse is busy or belongs to another store (HTTP 503/409).
+    WarehouseError when the warehouse is busy, another store's or cannot be written (HTTP 503).
     """
     query = named.get(name)
     bound = query.bind(params)

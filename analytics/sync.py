@@ -98,10 +98,11 @@ def _sync(db_url: str, store: EventStore, wh: Warehouse, batch_events: int, prog
     started = time.perf_counter()
     source = open_source(db_url, engine=store.engine, prefer=prefer)
     try:
-        first_id = _check_identity(wh, db_url, source)
-        _check_history(wh, db_url, store)
-        return _run(wh, source, (store_label(db_url), first_id), batch_events, progress,
-                    after_batch, started)
+        with wh.writing():
+            first_id = _check_identity(wh, db_url, source)
+            _check_history(wh, db_url, store)
+            return _run(wh, source, (store_label(db_url), first_id), batch_events, progress,
+                        after_batch, started)
     finally:
         source.close()
 

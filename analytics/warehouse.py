@@ -14,8 +14,10 @@ Tables (see docs/analytics.md for every column):
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import duckdb
@@ -146,7 +148,12 @@ class Warehouse:
         self.con = _connect(self.path, read_only, config, wait)
         self.con.execute("SET enable_progress_bar = false")
         if not read_only:
-            self._create()
+            try:
+                with self.writing():
+                    self._create()
+            except WarehouseError:
+                self.con.close()
+                raise
 
     def _create(self) -> None:
         """Create missing tables; long JSON text is zstd-compressed where this DuckDB supports choosing.
@@ -158,6 +165,21 @@ class Warehouse:
             self.con.execute(SCHEMA.replace("{zstd}", "USING COMPRESSION zstd"))
         except (duckdb.BinderException, duckdb.ParserException, duckdb.NotImplementedException):
             self.con.execute(SCHEMA.replace("{zstd}", ""))
+
+    @contextlib.contextmanager
+    def writing(self) -> Iterator[None]:
+        """DuckDB failing to write the file (a full disk, a read-only directory) as a
+        WarehouseError, said in one line: the world's fault, and the failed transaction is rolled
+        back, so the next run resumes from the checkpoint."""
+        try:
+            yield
+        except (duckdb.IOException, duckdb.TransactionException, duckdb.FatalException) as exc:
+            if isinstance(exc, duckdb.TransactionException) and "Failed to commit" not in str(exc):
+                raise
+            reason = str(exc)
+            for prefix in ("TransactionContext Error: ", "IO Error: ", "FATAL Error: "):
+                reason = reason.removeprefix(prefix)
+            raise WarehouseError(f"cannot write the warehouse {self.path}: {reason}") from exc
 
     def close(self) -> None:
         self.con.close()
@@ -187,11 +209,12 @@ class Warehouse:
 
     def reset(self) -> None:
         """Forget everything: the next sync reads the store from position 0."""
-        self.con.execute("BEGIN")
-        for table in ("events", "episodes", "steps", "rewards", "sync_state"):
-            self.con.execute(f"DELETE FROM {table}")
-        self.con.execute("COMMIT")
-        self.con.execute("CHECKPOINT")
+        with self.writing():
+            self.con.execute("BEGIN")
+            for table in ("events", "episodes", "steps", "rewards", "sync_state"):
+                self.con.execute(f"DELETE FROM {table}")
+            self.con.execute("COMMIT")
+            self.con.execute("CHECKPOINT")
 
     def counts(self) -> dict[str, int]:
         return {t: self.con.execute(f"SELECT count(*) FROM {t}").fetchone()[0]

@@ -35,7 +35,7 @@ def analytics_router(db: str | Callable[[], str], warehouse: str | None = None) 
     @router.get("/{name}", summary="Answer a named analytics question; parameters go in the query string",
                 responses={400: {"description": "a parameter is unknown or ill-typed"},
                            404: {"description": "no named query has this name"},
-                           503: {"description": "the warehouse is busy or belongs to another store"}})
+                           503: {"description": "the warehouse is busy, another store's or unwritable"}})
     async def answer(name: str, request: Request) -> JSONResponse:
         try:
             params = single_valued(request.query_params.multi_items())

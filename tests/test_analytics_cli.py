@@ -489,3 +489,36 @@ def test_an_export_of_an_empty_store_reads_back_as_empty_tables(logged, tmp_path
         got = read(target)
         assert got.fetchall() == [] and [d[0] for d in got.description] == \
             [d[0] for d in read(full).description], table
+
+
+def _file_size_limited(limit: int):
+    """For a child process: files it writes stop growing at `limit` bytes, as on a full disk."""
+    import resource
+    import signal
+
+    def apply() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # write() fails (EFBIG) instead of a kill
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    return apply
+
+
+def test_a_warehouse_that_cannot_be_written_is_one_error_line_and_the_next_sync_resumes(
+        logged, tmp_path):
+    """A full disk (or a read-only directory) under the warehouse gave DuckDB's traceback at COMMIT."""
+    url, reported = logged
+    wh = tmp_path / "w.duckdb"
+    args = [sys.executable, "-m", "companyos", "analytics", "query", "failure_modes", "--db", url,
+            "--warehouse", str(wh), "--format", "json"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    full = subprocess.run(args, capture_output=True, text=True, env=env, timeout=120,
+                          preexec_fn=_file_size_limited(64 * 1024))
+    assert full.returncode == 1 and not full.stdout
+    assert full.stderr.startswith(f"error: cannot write the warehouse {wh}: ")
+    assert "File too large" in full.stderr and full.stderr.count("\n") == 1, full.stderr
+    after = subprocess.run(args, capture_output=True, text=True, env=env, timeout=120)
+    assert after.returncode == 0, after.stderr
+    fresh = subprocess.run([*args[:-4], "--warehouse", str(tmp_path / "fresh.duckdb"),
+                            "--format", "json"], capture_output=True, text=True, env=env, timeout=120)
+    assert json.loads(after.stdout) == json.loads(fresh.stdout)
+    with Warehouse(wh, read_only=True) as opened:
+        assert opened.counts()["episodes"] == len(reported)
