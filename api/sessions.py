@@ -24,7 +24,7 @@ from collections import OrderedDict
 from typing import Any
 
 import domain
-from companyos.env import SEED_MAX, episode_state, spec_from_options
+from companyos.env import episode_state, spec_from_options
 from companyos.runtime import EpisodeNotFound, EpisodeRuntime, episode_id_problem
 from eventstore import ConcurrencyError, CorruptCommit, EventStore
 from projections.episodes import new_agent_label_problem
@@ -177,8 +177,6 @@ class SessionManager:
         seed = opts.pop("seed", None)
         if seed is None:
             seed = secrets.randbelow(2**31)
-        elif isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= SEED_MAX:
-            raise ApiError(400, "invalid_reset", "seed must be a non-negative integer")
         episode_id = opts.pop("episode_id", None)
         episode_id = uuid.uuid4().hex if episode_id is None else check_episode_id(episode_id)
         text = opts.pop("text", False)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 import secrets
 from typing import Any
 
@@ -15,21 +16,28 @@ from projections.render import render_views
 DEFAULT_CHAOS = "medium"
 
 
-SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
+SEED_MAX = 2**63 - 1
 """Seeds are stored in 64-bit columns (the read models, the warehouse)."""
 
 
-def check_seed(seed: Any) -> None:
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise ValueError(f"seed must be an integer, not {type(seed).__name__}")
-    if not SEED_MIN <= seed <= SEED_MAX:
-        raise ValueError(f"seed {seed} is outside the 64-bit range the log's readers hold "
-                         f"({SEED_MIN} to {SEED_MAX})")
+def checked_seed(seed: Any) -> int:
+    """The seed as a plain int, or ValueError in words.
+
+    Non-negative, as Gymnasium and the server ask, and within the 64-bit columns every reader of
+    the log holds. NumPy's integers pass (Gymnasium code draws seeds with NumPy), logged as ints.
+    """
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+        raise ValueError(f"seed must be a non-negative integer, not {type(seed).__name__}")
+    seed = int(seed)
+    if not 0 <= seed <= SEED_MAX:
+        raise ValueError(f"seed {seed} is outside 0 to {SEED_MAX}: seeds are non-negative and "
+                         "64-bit, as the log's readers hold them")
+    return seed
 
 
 def spec_from_options(seed: int, options: dict[str, Any] | None) -> domain.EpisodeSpec:
     """Turn reset options into a domain spec, with words for every bad value."""
-    check_seed(seed)
+    seed = checked_seed(seed)
     options = dict(options or {})
     unknown = set(options) - {"task", "chaos", "reward_profile", "max_steps", "episode_id"}
     if unknown:

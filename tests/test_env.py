@@ -434,15 +434,48 @@ def test_run_refuses_seeds_past_64_bits_before_logging_anything(tmp_path):
     `episodes` and `rebuild` for the whole store."""
     url = f"sqlite:///{tmp_path / 'run.db'}"
     for seed, why in ((2**63 - 1, "past the largest seed"),  # its second episode's seed
-                      (2**64 - 1, "outside the 64-bit range")):
+                      (2**64 - 1, "seeds are non-negative and 64-bit")):
         out = _cli("run", "--episodes", "2", "--seed", str(seed), "--db", url)
         assert out.returncode == 2 and why in _unboxed(out.stderr), out.stderr
     assert _cli("run", "--episodes", "1", "--seed", str(2**63 - 1), "--db", url).returncode == 0
     listed = _cli("episodes", "--db", url, "--json")
     assert listed.returncode == 0
     assert [e["seed"] for e in json.loads(listed.stdout)["episodes"]] == [2**63 - 1]
-    with pytest.raises(ValueError, match="outside the 64-bit range"):
+    with pytest.raises(ValueError, match="outside 0 to"):
         CompanyEnv(url).reset(seed=-(2**63) - 1)
+
+
+def test_seeds_follow_one_rule_in_process_in_run_and_over_the_network(sqlite_url, tmp_path):
+    """A negative seed played in process and in `run` but the server refused it; a NumPy integer
+    (as Gymnasium code draws seeds) was refused in process. Seeds are non-negative integers
+    everywhere, and a NumPy one plays and logs as the same int."""
+    import numpy as np
+    from fastapi.testclient import TestClient
+
+    from api.app import create_app
+    from api.config import ServerConfig
+
+    digests = []
+    for seed in (7, np.int64(7), np.uint32(7)):
+        with CompanyEnv(sqlite_url) as env:
+            info, _ = play(env, "expert", seed, FAMILIES[0])
+            digests.append(env.store.stream_digest(env.state["episode_id"]))
+            assert type(env.state["seed"]) is int and env.state["seed"] == 7
+    assert len(set(digests)) == 1
+    words = "seed -1 is outside 0 to"
+    with CompanyEnv(sqlite_url) as env:
+        for bad, said in ((-1, words), (np.int64(-1), words), (np.bool_(True), "not bool"),
+                          (7.0, "not float"), ("7", "not str")):
+            with pytest.raises(ValueError, match=said):
+                env.reset(seed=bad)
+    out = _cli("run", "--episodes", "1", "--seed", "-1", "--db", f"sqlite:///{tmp_path / 'r.db'}")
+    assert out.returncode == 2 and words in _unboxed(out.stderr), out.stderr
+    with TestClient(create_app(ServerConfig(db=sqlite_url))) as c:
+        r = c.post("/reset", json={"seed": -1})
+        assert r.status_code == 422 and "greater than or equal to 0" in r.text
+        with c.websocket_connect("/ws") as ws:
+            ws.send_json({"type": "reset", "data": {"seed": -1}})
+            assert words in ws.receive_json()["data"]["message"]
 
 
 def test_run_refuses_an_in_memory_store_and_outsized_counts(tmp_path):
