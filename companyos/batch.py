@@ -184,10 +184,13 @@ def run(plan: RunPlan, workers: int = 1,
     size = max(CHUNK, min(2_000, plan.episodes // max(1, workers * 40)))
     chunks = [(plan, s, min(s + size, plan.episodes)) for s in range(0, plan.episodes, size)]
     results: list[EpisodeResult] = []
-    halt = mp.get_context("spawn").Event()
+    pooled = workers > 1 and len(chunks) > 1
+    # a process-shared Event is a named semaphore, which a run killed outright leaves for
+    # multiprocessing's resource tracker to clean up, with a warning: only pools need one
+    halt = mp.get_context("spawn").Event() if pooled else threading.Event()
     try:
         with _first_ctrl_c_sets(halt):
-            if workers <= 1 or len(chunks) <= 1:
+            if not pooled:
                 _run_here(plan, chunks, halt, results, progress)
             else:
                 for chunk in _run_pooled(plan, chunks, workers, halt):

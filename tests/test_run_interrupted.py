@@ -127,3 +127,20 @@ def test_a_worker_whose_parent_was_killed_stops(tmp_path):
         time.sleep(0.1)
     os.kill(worker, signal.SIGKILL)
     pytest.fail("the worker outlived its parent by 10 s")
+
+
+def test_a_one_process_run_killed_outright_leaves_nothing_to_clean_up(tmp_path):
+    """A one-process run made a process-shared semaphore it never needed; killed, it left
+    multiprocessing's resource tracker to warn about "leaked semaphore objects"."""
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    run = subprocess.Popen([sys.executable, "-m", "companyos", "run", "--episodes", "100000",
+                            "--durability", "episode", "--db", url],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for _ in range(600):
+        time.sleep(0.1)
+        if (tmp_path / "store.db").exists() and len(_logged(url)) > 20:
+            break
+    run.kill()
+    _, err = run.communicate(timeout=60)  # until every holder of stderr (a tracker too) is gone
+    assert run.returncode == -signal.SIGKILL
+    assert "leaked" not in err and "resource_tracker" not in err, err
