@@ -255,7 +255,8 @@ def summarise(results: list[EpisodeResult]) -> dict[str, Any]:
         "success_rate": outcomes["success"] / n if n else 0.0,
         "outcomes": dict(sorted(outcomes.items())),
         "mean_return": statistics.fmean(returns) if n else 0.0,
-        "std_return": statistics.pstdev(returns) if n > 1 else 0.0,
+        # the sample deviation, as `analytics query compare_agents` gives it: one number for one thing
+        "std_return": statistics.stdev(returns) if n > 1 else 0.0,
         "mean_steps": statistics.fmean(r.steps for r in results) if n else 0.0,
         "failure_modes": dict(modes.most_common()),
     }

@@ -65,6 +65,21 @@ def test_warehouse_agrees_with_what_run_reported(logged, tmp_path):
                               "WHERE abs(e.total_return - s.r) > 1e-6").fetchone()[0] == 0
 
 
+def test_run_and_compare_agents_state_one_spread_of_returns(tmp_path):
+    """`run` gave the population deviation of the returns, compare_agents the sample one."""
+    from analytics.service import run_named
+    from companyos.batch import summarise
+
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    results = run_plan(RunPlan(url, "random", "all", "medium", 30, 5, "episode"), workers=1)
+    said = summarise(results)
+    with Warehouse(tmp_path / "w.duckdb") as wh:
+        sync(url, wh)
+        (row,) = run_named(wh, "compare_agents")
+    std = row["std_return"]
+    assert said["std_return"] > 0 and std == pytest.approx(said["std_return"], abs=5e-4)
+
+
 def test_query_command_prints_json_csv_and_clear_errors(logged, tmp_path, cli):
     url, reported = logged
     wh = str(tmp_path / "w.duckdb")
