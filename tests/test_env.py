@@ -325,8 +325,9 @@ def test_run_cli_refuses_unknown_agents_and_tasks(tmp_path):
                  ["--reward-profile", "lavish"]):
         out = subprocess.run([sys.executable, "-m", "companyos", "run", "--db", url, *args],
                              capture_output=True, text=True)
-        assert out.returncode == 2 and "Invalid value" in out.stderr
-        assert "Traceback" not in out.stderr
+        # one `error:` line naming the value, as `episodes --task nap` says it (was a usage box)
+        assert out.returncode == 2 and out.stderr.startswith("error: ") and args[1] in out.stderr
+        assert out.stderr.count("\n") == 1, out.stderr
 
 
 def test_cli_names_a_store_it_cannot_open_without_a_traceback(tmp_path):

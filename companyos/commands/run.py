@@ -42,8 +42,8 @@ def run(
                    reward_profile)
     try:
         validate(plan)
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc)) from None
+    except ValueError as exc:  # one `error:` line (exit 2), as every command says a wrong value
+        fail(str(exc))
     try:
         if as_json or not sys.stdout.isatty():
             results = run_plan(plan, workers)
