@@ -94,6 +94,8 @@ def convert(query: str, p: Param, value: Any) -> Any:
     if p.type == "VARCHAR":
         if text is None:
             raise bad("text")
+        if not text:  # a filter no row can match (usually an unset shell variable)
+            raise bad("non-empty text")
         if len(text) > MAX_TEXT:
             raise bad(f"at most {MAX_TEXT} characters")
         return text

@@ -34,11 +34,13 @@ WHERE ($agent IS NULL OR agent = $agent) AND ($task IS NULL OR task = $task)
 """
 
 
-def check_task(task: str | None) -> None:
-    """ValueError, in words, for a task filter naming no family (every section would be empty),
-    so a caller can say so before it syncs."""
+def check_filters(agent: str | None, task: str | None) -> None:
+    """ValueError, in words, for a filter no episode can match (every section would be empty):
+    a task naming no family, an empty agent; so a caller can say so before it syncs."""
     if task is not None:
         task_family(task)
+    if agent is not None and not agent.strip():  # the queries strip their parameters
+        raise ValueError("--agent is empty: no episode has an empty agent label")
 
 
 def build(wh: Warehouse, agent: str | None = None, task: str | None = None) -> dict[str, Any]:

@@ -165,7 +165,7 @@ def episode_filters(task: str | None = None, agent: str | None = None,
         raise ValueError(f"unknown outcome {outcome!r}; choose one of {', '.join(OUTCOMES)}")
     if task:
         task_family(task)  # a typo would otherwise list nothing, without a word
-    if agent and (problem := agent_label_problem(agent)):
+    if agent is not None and (problem := agent_label_problem(agent)):
         raise ValueError(f"no episode has that agent: {problem}")
     where = []
     if task:

@@ -161,6 +161,26 @@ def test_a_task_filter_naming_no_family_is_refused_not_answered_empty(logged, tm
     assert out.exit_code == 2 and "must be a task family" in out.output, out.output
 
 
+def test_an_empty_agent_filter_is_refused_everywhere(logged, tmp_path, cli):
+    """An empty --agent (an unset shell variable) listed every episode in `episodes` but gave an
+    empty report and empty query rows: no episode has an empty label, so each refuses it."""
+    url, _ = logged
+    wh = tmp_path / "w.duckdb"
+    for agent in ("", "  "):
+        out = cli("report", "--agent", agent, "--markdown", "--db", url, "--warehouse", str(wh))
+        assert out.exit_code == 2 and "--agent is empty" in out.output, out.output
+        assert not wh.exists()  # said before any sync
+        out = cli("query", "failure_modes", "--param", f"agent={agent}", "--db", url,
+                  "--warehouse", str(wh))
+        assert out.exit_code == 2 and "'agent' must be non-empty text" in out.output, out.output
+    listed = _companyos("episodes", "--agent", "", "--db", url, cwd=tmp_path)
+    assert listed.returncode == 2 and "no episode has that agent" in listed.stderr, listed.stderr
+    app = FastAPI()
+    app.include_router(analytics_router(url, str(wh)))
+    bad = TestClient(app).get("/analytics/failure_modes", params={"agent": ""})
+    assert bad.status_code == 400 and "non-empty text" in bad.json()["detail"]
+
+
 def test_report_and_export_to_places_they_cannot_write_fail_in_words(logged, tmp_path, cli):
     url, _ = logged
     wh = str(tmp_path / "w.duckdb")
@@ -537,3 +557,12 @@ def test_a_warehouse_that_cannot_be_written_is_one_error_line_and_the_next_sync_
     assert json.loads(after.stdout) == json.loads(fresh.stdout)
     with Warehouse(wh, read_only=True) as opened:
         assert opened.counts()["episodes"] == len(reported)
+
+
+@pytest.mark.parametrize("args", [["export", ""], ["report", "--html", ""],
+                                  ["query", "failure_modes", "--warehouse", ""]])
+def test_an_empty_path_is_refused_not_taken_for_the_current_directory(logged, tmp_path, args):
+    """`analytics export ""` (an unset shell variable) wrote its tables into the current directory."""
+    out = _companyos("analytics", *args, "--db", logged[0], cwd=tmp_path)
+    assert out.returncode == 2 and "is empty (an unset shell variable?)" in out.stderr, out.stderr
+    assert list(tmp_path.iterdir()) == []

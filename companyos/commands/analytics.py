@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
 
-from companyos.commands.options import DbOption
+from companyos.commands.options import DbOption, named_path
 from companyos.commands.output import fail, print_json, stdout_console
 from companyos.config import resolve_db
 
@@ -25,8 +25,9 @@ if TYPE_CHECKING:
 analytics_app = typer.Typer(help="Failure-mode analytics: a DuckDB warehouse fed from the store.",
                             no_args_is_help=True)
 
-WarehouseOption = typer.Option(None, "--warehouse", help="DuckDB file of the warehouse (default: beside "
-                               "a SQLite store, x/companyos.db -> x/companyos.duckdb).")
+WarehouseOption = typer.Option(None, "--warehouse", parser=named_path,
+                               help="DuckDB file of the warehouse (default: beside a SQLite store, "
+                                    "x/companyos.db -> x/companyos.duckdb).")
 FormatOption = typer.Option("table", "--format", "-f", help="table, json (a list of row objects) or csv.")
 
 
@@ -206,7 +207,8 @@ def report_command(
     agent: str | None = typer.Option(None, "--agent", help="Only this agent's episodes."),
     task: str | None = typer.Option(None, "--task", help="Only this task family."),
     markdown: bool = typer.Option(False, "--markdown", help="Print the report as Markdown."),
-    html: Path | None = typer.Option(None, "--html", help="Write a self-contained HTML report with charts."),
+    html: Path | None = typer.Option(None, "--html", parser=named_path,
+                                     help="Write a self-contained HTML report with charts."),
     db: str | None = DbOption,
     warehouse: Path | None = WarehouseOption,
 ) -> None:
@@ -216,7 +218,7 @@ def report_command(
     if markdown and html:
         fail("choose one of --markdown and --html")
     try:
-        report.check_task(task)
+        report.check_filters(agent, task)
     except ValueError as exc:
         fail(str(exc))
     wh = _open_synced(db, warehouse, quiet=markdown)
@@ -242,7 +244,8 @@ def report_command(
 
 @analytics_app.command("export")
 def export_command(
-    directory: Path = typer.Argument(..., help="Target directory (created if missing)."),
+    directory: Path = typer.Argument(..., parser=named_path,
+                                     help="Target directory (created if missing)."),
     db: str | None = DbOption,
     warehouse: Path | None = WarehouseOption,
 ) -> None:

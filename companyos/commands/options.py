@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import typer
 
 DbOption = typer.Option(None, "--db", help="SQLAlchemy URL of the store (default: $COMPANYOS_DB "
@@ -19,6 +21,14 @@ def utf8_text(value: str | None) -> str | None:
             shown = value.encode("utf-8", "backslashreplace").decode()
             raise typer.BadParameter(f"'{shown}' is not UTF-8 text") from None
     return value
+
+
+def named_path(value: str) -> Path:
+    """A path the user named. An empty one (usually an unset shell variable) would otherwise be
+    the current directory: an export or report written there, a warehouse refused as "."."""
+    if not value:
+        raise typer.BadParameter("is empty (an unset shell variable?); name a path")
+    return Path(value)
 
 
 EpisodeArgument = typer.Argument(..., help="Episode id (its stream id).", callback=utf8_text)
