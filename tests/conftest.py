@@ -88,3 +88,37 @@ def command_runner(register, *prefix: str):
         return runner.invoke(app, [*prefix, *args], catch_exceptions=False)
 
     return invoke
+
+
+@contextlib.contextmanager
+def live_server(url: str, **config):
+    """Uvicorn on a free loopback port in a background thread; yields the base URL."""
+    import socket
+    import threading
+    import time
+
+    import uvicorn
+
+    from api.app import create_app
+    from api.config import ServerConfig
+    from companyos.commands.serve import WS_PROTOCOL
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    app = create_app(ServerConfig(db=url, **config))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", ws=WS_PROTOCOL,
+                                           lifespan="on", backlog=1024))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("server did not start")
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+        sock.close()

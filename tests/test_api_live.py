@@ -5,47 +5,17 @@ have: openenv's GenericEnvClient, `openenv validate`'s runtime checks, the MCP P
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import socket
-import threading
-import time
 
 import httpx
 import orjson
 import pytest
-import uvicorn
 
-from api.app import create_app
-from api.config import ServerConfig
-from companyos.commands.serve import WS_PROTOCOL
+from tests.conftest import live_server
 
 openenv_core = pytest.importorskip("openenv.core", reason="needs the openenv package")
 
 ACTION = {"app": "ticketdesk", "method": "list_tickets", "params": {}}
-
-
-@contextlib.contextmanager
-def live_server(url: str, **config):
-    """Uvicorn on a free loopback port in a background thread; yields the base URL."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    app = create_app(ServerConfig(db=url, **config))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", ws=WS_PROTOCOL,
-                                           lifespan="on", backlog=1024))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError("server did not start")
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
-        sock.close()
 
 
 def test_generic_env_client_end_to_end(sqlite_url):

@@ -1,0 +1,444 @@
+"""RemoteCompanyEnv: CompanyEnv's face over a `companyos serve` server, so code written against the
+in-process environment runs unchanged against a remote one.
+
+Two transports: `"ws"` keeps one WebSocket (`/ws`) per environment, the fast path (one frame per
+step); `"http"` uses `POST /reset`, `POST /step` and `GET /state` on one `httpx.Client`, sending the
+episode token the server hands out at reset with every step. Both give back exactly what CompanyEnv
+gives for the same seed, options and actions (the server runs the same runtime); where the wire
+cannot carry something, `RemoteCompanyEnv`'s docstring says what differs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import numbers
+from http import HTTPStatus
+from typing import Any
+from urllib.parse import quote, urlsplit, urlunsplit
+
+import httpx
+import orjson
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
+from websockets.sync.client import ClientConnection, connect
+
+import domain
+from companyos.observation import Observation
+from companyos.runtime import TOOL_NAMES
+from domain.events import to_json_value
+from projections.episodes import new_agent_label_problem
+from projections.render import render_views
+
+TRANSPORTS = ("ws", "http")
+RESET_OPTIONS = frozenset({"task", "chaos", "reward_profile", "max_steps", "episode_id"})
+"""CompanyEnv's reset options; the server's other reset fields (agent, text) are not options there."""
+ENVELOPE_TYPES = ("list_tools", "call_tool")
+_INFO_KEYS = ("episode_id", "step", "outcome", "failure_mode", "rejected")
+# OpenEnv's WebSocket error codes that carry no HTTP status of their own
+_WS_STATUS = {"INVALID_JSON": 400, "UNKNOWN_TYPE": 400, "VALIDATION_ERROR": 400, "CAPACITY_REACHED": 503}
+_WS_TOO_BIG = 1009  # the close code of a frame over the server's --max-body
+
+
+# -- errors ------------------------------------------------------------------------------------
+
+
+class RemoteEnvError(Exception):
+    """The server refused a request or gave no answer: its HTTP `status` (None when there was no
+    answer), its machine-readable `code` and its words (`detail`), kept apart so callers can
+    branch on them; `str()` shows all three."""
+
+    def __init__(self, status: int | None, code: str, detail: str, url: str = "") -> None:
+        where = f"HTTP {status} {code}" if status is not None else code
+        super().__init__(f"{detail} ({where})")
+        self.status = status
+        self.code = code
+        self.detail = detail
+        self.url = url
+
+
+class RemoteRequestError(RemoteEnvError, ValueError):
+    """4xx: the caller's mistake (a bad seed or task, a wrong token or API key, an action too big),
+    a ValueError as CompanyEnv raises for the same mistakes."""
+
+
+class RemoteEpisodeFinished(RemoteRequestError, domain.EpisodeFinished):
+    """409 episode_finished: a step after the episode ended, the server's word for what CompanyEnv
+    raises as `domain.EpisodeFinished`, so one `except` catches both."""
+
+
+class RemoteServerError(RemoteEnvError, RuntimeError):
+    """5xx, or an answer the client cannot read: nothing the caller did wrong."""
+
+
+class RemoteConnectionError(RemoteServerError):
+    """No answer at all: the server is not there, the connection dropped, or it timed out."""
+
+
+def remote_error(status: int | None, code: str, detail: str, url: str = "") -> RemoteEnvError:
+    """The exception class that fits a refusal: caller mistakes are ValueErrors, the rest not."""
+    if status is None:
+        return RemoteConnectionError(status, code, detail, url)
+    if status == 409 and code == "episode_finished":
+        return RemoteEpisodeFinished(status, code, detail, url)
+    if 400 <= status < 500:
+        return RemoteRequestError(status, code, detail, url)
+    return RemoteServerError(status, code, detail, url)
+
+
+def _refusal(status: int, body: bytes, url: str) -> RemoteEnvError:
+    """An HTTP error answer -> the exception; the server's `{"detail", "code"}` when it sent one
+    (a 422's detail is a list of field errors: joined as `where: what`)."""
+    try:
+        reply = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        reply = None
+    phrase = HTTPStatus(status).phrase if status in HTTPStatus._value2member_map_ else "error"
+    fallback = phrase.lower().replace(" ", "_").replace("-", "_")
+    if not isinstance(reply, dict):
+        text = body.decode("utf-8", "replace").strip()[:300] or phrase
+        return remote_error(status, fallback, f"{url} answered {status}: {text}", url)
+    detail = reply.get("detail")
+    if isinstance(detail, list):
+        detail = "; ".join(f"{'.'.join(map(str, e.get('loc', ())))}: {e.get('msg', '')}"
+                           if isinstance(e, dict) else str(e) for e in detail)
+        return remote_error(status, str(reply.get("code") or "validation_error"), detail, url)
+    return remote_error(status, str(reply.get("code") or fallback), str(detail), url)
+
+
+def _unreachable(url: str, exc: BaseException) -> RemoteConnectionError:
+    said = str(exc) or type(exc).__name__
+    return RemoteConnectionError(None, "unreachable", f"cannot reach the CompanyOS server at {url}: "
+                                 f"{said}; is `companyos serve` running there?", url)
+
+
+def _lost(url: str, exc: BaseException) -> RemoteConnectionError:
+    return RemoteConnectionError(None, "connection_lost", f"the connection to {url} was lost before it "
+                                 f"answered ({exc}); the action may or may not have been applied: "
+                                 "`state` tells (the next call reconnects)", url)
+
+
+def _timed_out(url: str, timeout: float) -> RemoteConnectionError:
+    return RemoteConnectionError(None, "timeout", f"no answer from {url} within {timeout} s; the "
+                                 "request may or may not have been applied: `state` tells", url)
+
+
+def _unreadable(url: str, status: int | None, body: bytes) -> RemoteServerError:
+    text = body.decode("utf-8", "replace")[:200]
+    return RemoteServerError(status, "bad_reply", f"{url} answered with something that is not a "
+                             f"CompanyOS reply: {text!r}", url)
+
+
+# -- the two wires -----------------------------------------------------------------------------
+
+
+def _dumps(value: Any) -> bytes:
+    """JSON for the wire; NumPy scalars (as Gymnasium code has them) as their numbers."""
+    try:
+        return orjson.dumps(value, option=orjson.OPT_SERIALIZE_NUMPY)
+    except TypeError as exc:  # only reset values can get here: actions went through to_json_value
+        raise ValueError(f"not JSON, so it cannot be sent to the server: {exc}") from None
+
+
+class _HttpWire:
+    """One httpx.Client: JSON in and out (orjson both ways), refusals turned into RemoteEnvError."""
+
+    def __init__(self, base_url: str, timeout: float, headers: dict[str, str]) -> None:
+        self.base_url = base_url
+        self.timeout = timeout
+        self.client = httpx.Client(base_url=base_url, timeout=timeout,
+                                   headers={**headers, "Content-Type": "application/json"})
+
+    def call(self, method: str, path: str, *, body: Any = None, params: dict | None = None,
+             token: str | None = None) -> Any:
+        url = self.base_url + path
+        content = None if body is None else _dumps(body)
+        headers = {"X-Episode-Token": token} if token else None
+        try:
+            response = self.client.request(method, path, content=content, params=params, headers=headers)
+        except httpx.TimeoutException:
+            raise _timed_out(url, self.timeout) from None
+        except httpx.ConnectError as exc:
+            raise _unreachable(self.base_url, exc) from None
+        except httpx.TransportError as exc:
+            raise _lost(url, exc) from None
+        if response.status_code >= 400:
+            raise _refusal(response.status_code, response.content, url)
+        try:
+            return orjson.loads(response.content)
+        except orjson.JSONDecodeError:
+            raise _unreadable(url, response.status_code, response.content) from None
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def _ws_url(base_url: str) -> str:
+    parts = urlsplit(base_url)
+    scheme = {"http": "ws", "https": "wss"}.get(parts.scheme, parts.scheme)
+    return urlunsplit((scheme, parts.netloc, parts.path.rstrip("/") + "/ws", "", ""))
+
+
+class _WebSocketWire:
+    """One WebSocket, opened on first use. A message the socket refused to send (it was closed)
+    goes out again on a new connection that resumes the episode; a lost or late answer is an
+    error, never a resend, since the server may have applied the step."""
+
+    def __init__(self, base_url: str, timeout: float, headers: dict[str, str]) -> None:
+        self.url = _ws_url(base_url)
+        self.timeout = timeout
+        self.headers = headers
+        self.session_key: str | None = None  # `<episode_id>.<token>`: what a new socket resumes
+        self._conn: ClientConnection | None = None
+        self._scope = contextlib.ExitStack()  # holds the socket as `with connect(...)` would
+
+    def _connect(self) -> ClientConnection:
+        url = self.url if self.session_key is None else f"{self.url}?session_id={quote(self.session_key)}"
+        try:
+            # entered as a context manager, as websockets >= 17.1 asks (`legacy=` is 17.1+ only)
+            return self._scope.enter_context(connect(
+                url, open_timeout=self.timeout, close_timeout=self.timeout,
+                additional_headers=self.headers, max_size=None, compression=None))
+        except InvalidStatus as exc:  # refused at the handshake: a wrong or missing API key
+            raise _refusal(exc.response.status_code, exc.response.body or b"", self.url) from None
+        except TimeoutError:
+            raise _timed_out(self.url, self.timeout) from None
+        except (OSError, InvalidHandshake, InvalidURI) as exc:
+            raise _unreachable(self.url, exc) from None
+
+    def call(self, message: dict[str, Any]) -> Any:
+        """Send one message and return the data of its reply frame."""
+        text = _dumps(message).decode()
+        if self._conn is None:
+            self._conn = self._connect()
+        try:
+            self._conn.send(text)
+        except ConnectionClosed:  # closed before anything went out: safe to send on a new socket
+            self.drop()
+            self._conn = self._connect()
+            self._send_or_fail(text)
+        try:
+            raw = self._conn.recv(timeout=self.timeout)
+        except TimeoutError:
+            self.drop()  # a late answer must not be read as the next one's
+            raise _timed_out(self.url, self.timeout) from None
+        except ConnectionClosed as exc:
+            self.drop()
+            received = exc.rcvd
+            if received is not None and received.code == _WS_TOO_BIG:
+                raise RemoteRequestError(413, "message_too_big", f"the server refused a {len(text)}-"
+                                         f"character message: {received.reason or 'too big'}",
+                                         self.url) from None
+            raise _lost(self.url, exc) from None
+        return self._read(raw)
+
+    def _send_or_fail(self, text: str) -> None:
+        try:
+            self._conn.send(text)
+        except ConnectionClosed as exc:
+            self.drop()
+            raise _lost(self.url, exc) from None
+
+    def _read(self, raw: str | bytes) -> Any:
+        try:
+            reply = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            raise _unreadable(self.url, None, raw if isinstance(raw, bytes) else raw.encode()) from None
+        if not isinstance(reply, dict) or "data" not in reply:
+            raise _unreadable(self.url, None, orjson.dumps(reply))
+        data = reply["data"]
+        if reply.get("type") == "error":
+            code = data.get("code", "error")
+            status = data.get("status") or _WS_STATUS.get(code, 500)
+            raise remote_error(status, str(data.get("reason") or code), str(data.get("message")), self.url)
+        return data
+
+    def drop(self) -> None:
+        self._conn = None
+        self._scope.close()  # closes the socket
+
+    def close(self) -> None:
+        if self._conn is not None:
+            with contextlib.suppress(ConnectionClosed):
+                self._conn.send(orjson.dumps({"type": "close"}).decode())
+            self.drop()
+
+
+# -- the environment ---------------------------------------------------------------------------
+
+
+class RemoteCompanyEnv:
+    """CompanyEnv's public shape over the network: `reset(seed, options) -> (obs, info)`,
+    `step(action) -> (obs, reward, terminated, truncated, info)`, `state`, `render()`, `close()`,
+    and a context manager. Observations (an `Observation`: `obs["text"]` renders locally),
+    rewards, flags and info equal CompanyEnv's for the same seed, options and actions, and the
+    logged streams have equal digests.
+
+    What the wire cannot carry, and so differs from CompanyEnv:
+
+    - `state["agent"]` is the label the log holds: the `agent` given here, else `"api"` (the server
+      labels unlabelled episodes so; in process it is None);
+    - no `store` or `durability`: the server logs every step before it answers (`"step"`);
+    - an action shaped like OpenEnv's MCP envelope (a dict with no "app" and no "method" whose
+      "type" is "list_tools" or "call_tool") is refused with a ValueError before it is sent: the
+      server reads it as a tool listing or tool call, so it cannot be sent as the malformed action
+      CompanyEnv would reject;
+    - limits of the server: a request over its `--max-body` (256 KiB by default) is a 413
+      `RemoteRequestError`, where CompanyEnv takes actions up to ~1 MiB of JSON.
+
+    Errors: 4xx refusals raise `RemoteRequestError` (a ValueError; `RemoteEpisodeFinished`, also a
+    `domain.EpisodeFinished`, for a step after the end), 5xx `RemoteServerError` (a RuntimeError),
+    no answer `RemoteConnectionError` (a RuntimeError naming the URL). Each has `status`, `code`
+    and `detail`. A lost WebSocket is reopened on the next call and resumes the episode; an action
+    whose answer was lost is never resent.
+    """
+
+    metadata = {"render_modes": ["ansi"]}
+
+    def __init__(self, base_url: str, *, transport: str = "ws", agent: str | None = None,
+                 timeout: float = 30.0, api_key: str | None = None) -> None:
+        if transport not in TRANSPORTS:
+            raise ValueError(f"transport must be one of {TRANSPORTS}, not {transport!r}")
+        if agent is not None and (problem := new_agent_label_problem(agent)):
+            raise ValueError(problem)
+        if not timeout > 0:
+            raise ValueError(f"timeout must be a positive number of seconds, not {timeout!r}")
+        if urlsplit(base_url).scheme not in ("http", "https"):
+            raise ValueError(f"base_url must be the server's http:// or https:// URL, not {base_url!r}")
+        self.base_url = base_url.rstrip("/")
+        self.transport = transport
+        self.agent = agent
+        self.timeout = timeout
+        self.tools = domain.TOOLS
+        self.episode_id: str | None = None
+        self.episode_token: str | None = None
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._ws = _WebSocketWire(self.base_url, timeout, self._headers) if transport == "ws" else None
+        self._http_wire: _HttpWire | None = None
+        self._closed = False
+
+    # -- the Gymnasium-shaped calls ------------------------------------------------------------
+
+    def reset(self, seed: int | None = None,
+              options: dict[str, Any] | None = None) -> tuple[Observation, dict[str, Any]]:
+        """Start an episode on the server; options as CompanyEnv's (`task`, `chaos`, ...)."""
+        self._check_open()
+        data = self._reset_data(seed, options)
+        if self._ws is not None:
+            payload = self._ws.call({"type": "reset", "data": data})
+        else:
+            payload = self._http().call("POST", "/reset", body=data)
+        metadata = payload["metadata"]
+        self.episode_id = metadata["episode_id"]
+        self.episode_token = metadata["episode_token"]
+        if self._ws is not None:
+            self._ws.session_key = metadata["session_id"]
+        return _observation(payload), _info(metadata)
+
+    def step(self, action: Any) -> tuple[Observation, float, bool, bool, dict[str, Any]]:
+        """One action. Sent as the JSON the domain would log for it (`domain.events.to_json_value`:
+        tuples as lists, NaN as null, ...), so the remote episode logs what CompanyEnv logs."""
+        self._check_open()
+        if self.episode_id is None:
+            raise RuntimeError("call reset() before step()")
+        action = to_json_value(action)
+        _check_not_envelope(action)
+        if self._ws is not None:
+            payload = self._ws.call({"type": "step", "data": action})
+        else:
+            payload = self._http().call("POST", "/step", token=self.episode_token,
+                                        body={"action": action, "episode_id": self.episode_id})
+        metadata = payload["metadata"]
+        truncated = metadata["outcome"] == "truncated"  # the domain ends by budget only so
+        terminated = bool(payload["done"]) and not truncated
+        return _observation(payload), float(payload["reward"]), terminated, truncated, _info(metadata)
+
+    @property
+    def state(self) -> dict[str, Any]:
+        """The episode's identity, progress and outcome, as the server's log holds them."""
+        self._check_open()
+        if self.episode_id is None:
+            return {"episode_id": None, "step_count": 0}
+        if self._ws is not None:
+            return self._ws.call({"type": "state"})
+        return self._http().call("GET", "/state", params={"episode_id": self.episode_id},
+                                 token=self.episode_token)
+
+    def render(self) -> str:
+        """The three apps as they are now, as text (as CompanyEnv.render): folded by the server
+        from the log (`GET /episodes/{id}/views`, over HTTP whatever the transport)."""
+        if self.episode_id is None:
+            return ""
+        views = self._http().call("GET", f"/episodes/{quote(self.episode_id, safe='')}/views")
+        return render_views(views)
+
+    def close(self) -> None:
+        """Close the connection; the episode stays in the server's log (and can be resumed)."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self._ws is not None:
+                self._ws.close()
+        finally:
+            if self._http_wire is not None:
+                self._http_wire.close()
+
+    def __enter__(self) -> RemoteCompanyEnv:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- helpers -------------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("this RemoteCompanyEnv is closed")
+
+    def _http(self) -> _HttpWire:
+        self._check_open()
+        if self._http_wire is None:
+            self._http_wire = _HttpWire(self.base_url, self.timeout, self._headers)
+        return self._http_wire
+
+    def _reset_data(self, seed: Any, options: dict[str, Any] | None) -> dict[str, Any]:
+        """The server's reset fields. Unknown options are refused here in CompanyEnv's words, since
+        the server has fields (agent, text) that are not options in process; values are the
+        server's to judge. NumPy integer seeds travel as ints, as CompanyEnv logs them."""
+        options = dict(options or {})
+        unknown = set(options) - RESET_OPTIONS
+        if unknown:
+            raise ValueError(f"unknown reset options: {sorted(unknown)}")
+        if isinstance(seed, numbers.Integral) and not isinstance(seed, bool):
+            seed = int(seed)
+        data = {**options, "seed": seed}
+        if self.agent is not None:
+            data["agent"] = self.agent
+        return data
+
+
+def _observation(payload: dict[str, Any]) -> Observation:
+    """The server's observation as CompanyEnv gives it: the tool names as the shared tuple, and
+    the text rendered locally on demand (the same function renders it in process)."""
+    observation = Observation(payload["observation"])
+    tools = observation.get("tools")
+    if tools is not None:
+        observation["tools"] = TOOL_NAMES if tuple(tools) == TOOL_NAMES else tuple(tools)
+    return observation
+
+
+def _info(metadata: dict[str, Any]) -> dict[str, Any]:
+    """CompanyEnv's info keys only (the server's token and session id are kept on the env)."""
+    return {key: metadata.get(key) for key in _INFO_KEYS}
+
+
+def _check_not_envelope(action: Any) -> None:
+    if (isinstance(action, dict) and "app" not in action and "method" not in action
+            and action.get("type") in ENVELOPE_TYPES):
+        raise ValueError(f"the server reads {{'type': {action['type']!r}}} without 'app' and 'method' "
+                         "as OpenEnv's MCP envelope, not as an action, so it cannot be sent as one "
+                         "(in process it would be rejected as malformed_action); the tools are "
+                         "listed in `env.tools`")
+
+
+__all__ = ["RemoteCompanyEnv", "RemoteConnectionError", "RemoteEnvError", "RemoteEpisodeFinished",
+           "RemoteRequestError", "RemoteServerError", "remote_error"]

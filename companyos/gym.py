@@ -1,0 +1,169 @@
+"""Gymnasium adapter: CompanyOS as a `gymnasium.Env` of text observations and JSON-text actions.
+
+Importing this module registers `"CompanyOS-v0"`, so `gymnasium.make("CompanyOS-v0", db=...,
+task=..., chaos=...)` works after `import companyos.gym` (or in one go:
+`gymnasium.make("companyos.gym:CompanyOS-v0", ...)`). It is the only module of the project that
+imports gymnasium: `import companyos` and `companyos.env` never load it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import gymnasium
+from gymnasium import spaces
+
+from companyos.env import CompanyEnv
+from companyos.observation import Observation
+from companyos.runtime import MAX_ACTION_BYTES
+from domain.render import render_text
+
+ENV_ID = "CompanyOS-v0"
+ENTRY_POINT = "companyos.gym:CompanyOSGym"
+SAMPLE_CHARSET = "".join(chr(c) for c in range(0x20, 0x7F)) + "\n\t"
+"""What `sample()` draws from: printable ASCII and the whitespace of JSON and renderings."""
+MAX_ACTION_CHARS = MAX_ACTION_BYTES // 6
+"""A character is at most 6 bytes of JSON (`\\u001f`), so any text this long that is not JSON fits
+the log as the (rejected) action it is; JSON actions shrink or grow by less when re-encoded."""
+MAX_OBSERVATION_CHARS = 2**62
+"""No real bound: tool results echo what the agent wrote (comments, submissions), so a rendering's
+length has no limit the environment enforces. Do not `sample()` the observation space."""
+UNSEEDED_RANGE = 2**31
+"""Episode seeds drawn from `np_random` lie in [0, 2**31), as CompanyEnv's unseeded resets do."""
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+class UnicodeText(spaces.Text):
+    """`spaces.Text` over all of Unicode: `contains` takes any str within the length bounds whose
+    characters are Unicode scalar values (no lone surrogates), and `sample()` draws from
+    `character_set` (SAMPLE_CHARSET).
+
+    Why not a plain Text: a charset must be listed, and listing Unicode's 1.1M scalar values costs
+    ~9 s and ~200 MB per space (measured, gymnasium 1.4), yet renderings quote whatever text the
+    agent wrote (a ticket comment in any script, emoji), so no smaller charset covers them.
+    `flatten`/one-hot encodings of Text only know `character_set`; this space is for text agents.
+    """
+
+    def contains(self, x: Any) -> bool:
+        return (isinstance(x, str) and self.min_length <= len(x) <= self.max_length
+                and (x.isascii() or _LONE_SURROGATE.search(x) is None))
+
+    def __repr__(self) -> str:
+        sampled = len(self.character_set)
+        return f"UnicodeText({self.min_length}, {self.max_length}, sampled from {sampled} chars)"
+
+    def __eq__(self, other: Any) -> bool:
+        return type(other) is UnicodeText and super().__eq__(other)
+
+
+def parse_action(action: Any) -> Any:
+    """A JSON action string -> the value it spells; anything else, and a string that is not JSON
+    (NaN and Infinity included: they are not JSON), unchanged, so CompanyEnv rejects it as
+    malformed_action and logs it as the string the agent sent."""
+    if not isinstance(action, str):
+        return action
+    try:
+        return json.loads(action, parse_constant=_not_json)
+    except (ValueError, RecursionError):
+        return str(action)
+
+
+def _not_json(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def observation_text(observation: dict[str, Any]) -> str:
+    """The text an LLM reads: the observation's own rendering (built once, cached in it)."""
+    if isinstance(observation, Observation) or "text" in observation:
+        return observation["text"]
+    return render_text({k: v for k, v in observation.items() if k != "tools"})
+
+
+class CompanyOSGym(gymnasium.Env):
+    """A CompanyEnv (or anything of its shape, such as a RemoteCompanyEnv) as a Gymnasium env.
+
+    Observation: the text rendering an LLM reads (`UnicodeText`). Action: one JSON action string
+    (`'{"app": "ticketdesk", "method": "list_tickets", "params": {}}'`) or the action dict; a
+    string that is not JSON is passed on as the string, which the environment rejects (with its
+    penalty) as it would in process. `info` holds the structured observation (`"observation"`),
+    the wrapped env's info without its episode id, and the episode's `"seed"`.
+
+    The episode id is `self.episode_id`, not in `info`: ids are unique per store, so two episodes
+    with the same seed and actions have different ids, and Gymnasium (check_env) requires equal
+    infos for them.
+
+    Seeding follows Gymnasium: `reset(seed=s)` plays seed `s` (the same episode as
+    `CompanyEnv.reset(seed=s)`) and seeds `self.np_random`; `reset()` without a seed plays a seed
+    drawn from `self.np_random`, so a seeded sequence of resets repeats exactly.
+    """
+
+    # render_fps only paces video recorders; declared so Gymnasium's checker has one
+    metadata = {"render_modes": ["ansi"], "render_fps": 1}
+
+    def __init__(self, db: Any = None, durability: str = "step", task: str | None = None,
+                 chaos: str | float | None = None, reward_profile: str | None = None,
+                 max_steps: int | None = None, *, env: Any = None, agent: str | None = None,
+                 render_mode: str | None = None) -> None:
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ValueError(f"render_mode must be None or one of {self.metadata['render_modes']}, "
+                             f"not {render_mode!r}")
+        if env is not None and (db is not None or agent is not None):
+            raise ValueError("pass either env= or the arguments to build one (db=, agent=), not both")
+        self.render_mode = render_mode
+        self._owns_env = env is None
+        self.env = CompanyEnv(db, durability=durability, agent=agent) if env is None else env
+        self.defaults = {key: value for key, value in (("task", task), ("chaos", chaos),
+                         ("reward_profile", reward_profile), ("max_steps", max_steps))
+                         if value is not None}
+        self.observation_space = UnicodeText(MAX_OBSERVATION_CHARS, min_length=1, charset=SAMPLE_CHARSET)
+        self.action_space = UnicodeText(MAX_ACTION_CHARS, min_length=0, charset=SAMPLE_CHARSET)
+        self.episode_id: str | None = None
+        self.episode_seed: int | None = None
+        self._closed = False
+
+    def reset(self, *, seed: int | None = None,
+              options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+        """Start an episode; `options` override the constructor's task, chaos, ... for this one."""
+        super().reset(seed=seed)
+        if seed is None:
+            seed = int(self.np_random.integers(0, UNSEEDED_RANGE))
+        observation, info = self.env.reset(seed=seed, options={**self.defaults, **(options or {})})
+        self.episode_seed = int(seed)
+        return observation_text(observation), self._info(observation, info)
+
+    def step(self, action: Any) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        """One action (JSON text or dict); what the wrapped env raises, this raises."""
+        observation, reward, terminated, truncated, info = self.env.step(parse_action(action))
+        return (observation_text(observation), float(reward), bool(terminated), bool(truncated),
+                self._info(observation, info))
+
+    def render(self) -> str | None:
+        """"ansi": the three apps as they are now, as text (the wrapped env's `render()`)."""
+        if self.render_mode is None:
+            gymnasium.logger.warn("render() without a render_mode; make the env with render_mode='ansi'")
+            return None
+        return self.env.render()
+
+    def close(self) -> None:
+        """Close the wrapped env if this adapter built it (one passed as env= is the caller's)."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._owns_env:
+            self.env.close()
+
+    def _info(self, observation: dict[str, Any], info: dict[str, Any]) -> dict[str, Any]:
+        self.episode_id = info.get("episode_id")
+        out = {key: value for key, value in info.items() if key != "episode_id"}
+        out["observation"] = observation
+        out["seed"] = self.episode_seed
+        return out
+
+
+if ENV_ID not in gymnasium.registry:
+    gymnasium.register(id=ENV_ID, entry_point=ENTRY_POINT)
+
+
+__all__ = ["ENV_ID", "CompanyOSGym", "UnicodeText", "observation_text", "parse_action"]

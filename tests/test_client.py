@@ -1,0 +1,312 @@
+"""RemoteCompanyEnv against a real `companyos serve` app (Uvicorn on a loopback port, started the
+way tests/test_api_live.py starts it): code written for CompanyEnv must run unchanged over the
+WebSocket and over HTTP, with equal observations, rewards, flags, infos and logged streams."""
+
+from __future__ import annotations
+
+import socket
+
+import numpy as np
+import pytest
+
+import domain
+from companyos.agents import make_agent
+from companyos.client import (
+    RemoteCompanyEnv,
+    RemoteConnectionError,
+    RemoteEnvError,
+    RemoteEpisodeFinished,
+    RemoteRequestError,
+    RemoteServerError,
+)
+from companyos.env import CompanyEnv
+from eventstore import EventStore
+from tests import tamper
+from tests.conftest import live_server
+
+TRANSPORTS = ["ws", "http"]
+LIST_TICKETS = {"app": "ticketdesk", "method": "list_tickets", "params": {}}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """One server for the module on a tmp SQLite store; yields (base URL, store URL)."""
+    db = f"sqlite:///{tmp_path_factory.mktemp('client') / 'store.db'}"
+    with live_server(db) as base:
+        yield base, db
+
+
+@pytest.fixture
+def local(server):
+    """CompanyEnv on the server's own store, so both faces log into one place."""
+    with CompanyEnv(server[1], agent="expert") as env:
+        yield env
+
+
+def without_id(info: dict) -> dict:
+    return {k: v for k, v in info.items() if k != "episode_id"}
+
+
+def play_agent(local: CompanyEnv, remote: RemoteCompanyEnv, agent: str, seed: int,
+               options: dict) -> list[tuple]:
+    """Both envs played by their own copy of one agent, compared step by step."""
+    obs_l, info_l = local.reset(seed=seed, options=options)
+    obs_r, info_r = remote.reset(seed=seed, options=options)
+    assert obs_r == obs_l and without_id(info_r) == without_id(info_l)
+    assert info_r["episode_id"] == remote.episode_id != info_l["episode_id"]
+    agent_l, agent_r = make_agent(agent, seed), make_agent(agent, seed)
+    agent_l.reset(obs_l)
+    agent_r.reset(obs_r)
+    steps = []
+    while True:
+        result_l = local.step(agent_l.act(obs_l))
+        result_r = remote.step(agent_r.act(obs_r))
+        assert result_r[:4] == result_l[:4], f"step {len(steps) + 1}"
+        assert without_id(result_r[4]) == without_id(result_l[4])
+        assert type(result_r[1]) is float and type(result_r[2]) is bool and type(result_r[3]) is bool
+        assert result_r[0]["text"] == result_l[0]["text"]  # the LLM's view, rendered locally
+        assert result_r[4]["episode_id"] == remote.episode_id
+        obs_l, obs_r = result_l[0], result_r[0]
+        steps.append(result_l)
+        if result_l[2] or result_l[3]:
+            return steps
+
+
+def assert_same_episode(local: CompanyEnv, remote: RemoteCompanyEnv) -> None:
+    """Equal state (but the id), equal rendering, and equal logged streams."""
+    state_l, state_r = local.state, remote.state
+    assert state_r["episode_id"] == remote.episode_id
+    assert {k: v for k, v in state_r.items() if k != "episode_id"} == \
+        {k: v for k, v in state_l.items() if k != "episode_id"}
+    assert remote.render() == local.render()
+    digest = local.store.stream_digest(state_l["episode_id"])
+    assert digest is not None and local.store.stream_digest(remote.episode_id) == digest
+
+
+@pytest.mark.parametrize("task", list(domain.TASK_FAMILIES))
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_expert_episode_is_the_same_episode_remotely(server, local, transport, task):
+    with RemoteCompanyEnv(server[0], transport=transport, agent="expert") as remote:
+        steps = play_agent(local, remote, "expert", 11, {"task": task, "chaos": "high"})
+        assert_same_episode(local, remote)
+    assert steps[-1][2] is True and steps[-1][4]["outcome"] == "success"
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_rejections_and_truncation_are_the_same_remotely(server, local, transport):
+    """A random agent on a short budget: rejected actions, penalties and a truncated end."""
+    with RemoteCompanyEnv(server[0], transport=transport, agent="expert") as remote:
+        steps = play_agent(local, remote, "random", 5,
+                           {"task": "license_renewal", "chaos": 0.7, "max_steps": 8,
+                            "reward_profile": "default"})
+        assert_same_episode(local, remote)
+    assert any(info["rejected"] for *_, info in steps)
+    assert steps[-1][3] is True and steps[-1][2] is False and steps[-1][4]["outcome"] == "truncated"
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_actions_that_are_no_json_log_what_company_env_logs(server, local, transport):
+    """Tuples, NaN, non-str keys, strings: sent as the JSON the domain would have logged."""
+    actions = [("ticketdesk", "list_tickets"), "list the tickets please", {1: 2},
+               {"app": "ticketdesk", "method": "get_ticket", "params": {"ticket_id": float("nan")}},
+               {"app": "ticketdesk", "method": "search_tickets", "params": {"query": "é\ud800 ✓"}},
+               LIST_TICKETS]
+    with RemoteCompanyEnv(server[0], transport=transport, agent="expert") as remote:
+        local.reset(seed=3, options={"task": "bug_escalation", "max_steps": len(actions)})
+        remote.reset(seed=3, options={"task": "bug_escalation", "max_steps": len(actions)})
+        for action in actions:
+            result_l, result_r = local.step(action), remote.step(action)
+            assert result_r[:4] == result_l[:4]
+            assert without_id(result_r[4]) == without_id(result_l[4])
+        assert result_l[3] is True
+        assert_same_episode(local, remote)
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_numpy_values_travel_as_their_numbers(server, local, transport):
+    """Gymnasium code draws seeds (and may hold chaos levels) as NumPy scalars."""
+    with RemoteCompanyEnv(server[0], transport=transport, agent="expert") as remote:
+        obs_r, _ = remote.reset(seed=np.int64(21), options={"task": "expense_report",
+                                                             "chaos": np.float64(0.5)})
+        obs_l, _ = local.reset(seed=21, options={"task": "expense_report", "chaos": 0.5})
+        assert obs_r == obs_l
+        assert (remote.state["seed"], remote.state["chaos"]) == (21, 0.5)
+        with pytest.raises(ValueError, match="not JSON"):
+            remote.reset(seed=1, options={"task": object()})
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_before_reset_it_behaves_as_company_env(server, local, transport):
+    with RemoteCompanyEnv(server[0], transport=transport) as remote:
+        assert remote.state == local.state == {"episode_id": None, "step_count": 0}
+        assert remote.render() == local.render() == ""
+        with pytest.raises(RuntimeError) as in_process:
+            local.step(LIST_TICKETS)
+        with pytest.raises(RuntimeError) as over_network:
+            remote.step(LIST_TICKETS)
+        assert str(over_network.value) == str(in_process.value) == "call reset() before step()"
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_step_after_the_end_raises_episode_finished(server, local, transport):
+    with RemoteCompanyEnv(server[0], transport=transport) as remote:
+        for env in (local, remote):
+            env.reset(seed=1, options={"max_steps": 1})
+            assert env.step(LIST_TICKETS)[3] is True
+        with pytest.raises(domain.EpisodeFinished):
+            local.step(LIST_TICKETS)
+        with pytest.raises(domain.EpisodeFinished) as caught:
+            remote.step(LIST_TICKETS)
+    error = caught.value
+    assert isinstance(error, RemoteEpisodeFinished) and isinstance(error, ValueError)
+    assert (error.status, error.code) == (409, "episode_finished")
+    assert "has finished" in error.detail and error.detail in str(error)
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_an_unknown_task_is_a_value_error_in_the_servers_words(server, transport):
+    with RemoteCompanyEnv(server[0], transport=transport) as remote, \
+            pytest.raises(ValueError) as caught:
+        remote.reset(seed=1, options={"task": "no_such_task"})
+    error = caught.value
+    assert isinstance(error, RemoteRequestError)
+    assert (error.status, error.code) == (400, "invalid_reset")
+    assert "unknown task 'no_such_task'" in error.detail and "invalid_reset" in str(error)
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_bad_seed_is_a_value_error_from_the_server(server, transport):
+    with RemoteCompanyEnv(server[0], transport=transport) as remote, \
+            pytest.raises(RemoteRequestError) as caught:
+        remote.reset(seed=-1)
+    # the WebSocket hands reset data to the runtime's check (400); HTTP validates the body (422)
+    assert caught.value.status == {"ws": 400, "http": 422}[transport]
+    assert "seed" in caught.value.detail and isinstance(caught.value, ValueError)
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_an_unknown_option_is_refused_as_company_env_refuses_it(server, local, transport):
+    """`agent` is a reset field of the server but no option of CompanyEnv: refused, not obeyed."""
+    with RemoteCompanyEnv(server[0], transport=transport) as remote:
+        with pytest.raises(ValueError) as in_process:
+            local.reset(seed=1, options={"agent": "someone"})
+        with pytest.raises(ValueError) as over_network:
+            remote.reset(seed=1, options={"agent": "someone"})
+    assert str(over_network.value) == str(in_process.value)
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_an_episode_id_already_taken_is_a_409(server, transport):
+    with RemoteCompanyEnv(server[0], transport=transport) as remote:
+        episode_id = f"taken-{transport}"
+        remote.reset(seed=1, options={"episode_id": episode_id})
+        with pytest.raises(RemoteRequestError) as caught:
+            remote.reset(seed=1, options={"episode_id": episode_id})
+    assert (caught.value.status, caught.value.code) == (409, "episode_exists")
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_the_mcp_envelope_cannot_be_sent_as_an_action(server, transport):
+    """The server would list tools instead of stepping: refused before it is sent."""
+    with RemoteCompanyEnv(server[0], transport=transport) as remote:
+        remote.reset(seed=1)
+        with pytest.raises(ValueError, match="MCP envelope"):
+            remote.step({"type": "list_tools"})
+        assert remote.state["step_count"] == 0
+        # with an "app" it is an action again: rejected as in process
+        assert remote.step({"type": "list_tools", "app": "x"})[4]["rejected"] == "malformed_action"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_no_server_is_a_clear_error_naming_the_url(transport):
+    base = f"http://127.0.0.1:{free_port()}"
+    with RemoteCompanyEnv(base, transport=transport, timeout=5) as remote, \
+            pytest.raises(RuntimeError) as caught:
+        remote.reset(seed=1)
+    error = caught.value
+    assert isinstance(error, RemoteConnectionError) and not isinstance(error, ValueError)
+    assert error.status is None and error.code == "unreachable"
+    assert base.split("//")[1] in str(error) and "companyos serve" in str(error)
+    assert error.__cause__ is None and error.__suppress_context__  # no traceback from the library
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_api_key(tmp_path, transport):
+    with live_server(f"sqlite:///{tmp_path / 'keyed.db'}", api_key="k3y") as base:
+        with RemoteCompanyEnv(base, transport=transport) as remote, \
+                pytest.raises(RemoteRequestError) as missing:
+            remote.reset(seed=1)
+        with RemoteCompanyEnv(base, transport=transport, api_key="wrong") as remote, \
+                pytest.raises(RemoteRequestError) as wrong:
+            remote.reset(seed=1)
+        with RemoteCompanyEnv(base, transport=transport, api_key="k3y") as remote:
+            remote.reset(seed=1)
+            assert remote.step(LIST_TICKETS)[4]["step"] == 1
+            assert remote.render().startswith("TicketDesk board")
+    assert missing.value.status == 401 and wrong.value.status == 403
+    assert missing.value.code and missing.value.detail
+
+
+def test_a_server_failure_is_a_runtime_error(server):
+    """A log damaged behind the store's back: the server answers 500, said in its words."""
+    with RemoteCompanyEnv(server[0], transport="http") as remote:
+        remote.reset(seed=2)
+        remote.step(LIST_TICKETS)
+        store = EventStore.open(server[1])
+        try:
+            position = tamper.stream_commits(store.engine, remote.episode_id)[-1][0]
+            tamper.edit_payload(store.engine, position, lambda payload: payload.pop("type"))
+        finally:
+            store.close()
+        with pytest.raises(RemoteServerError) as caught:
+            remote.render()
+    error = caught.value
+    assert isinstance(error, RuntimeError) and not isinstance(error, ValueError)
+    assert (error.status, error.code) == (500, "log_damaged")
+    assert remote.episode_id in error.detail
+
+
+def test_a_dropped_websocket_is_reopened_and_resumes_the_episode(server, local):
+    with RemoteCompanyEnv(server[0], transport="ws", agent="expert") as remote:
+        local.reset(seed=4, options={"task": "handbook_update"})
+        remote.reset(seed=4, options={"task": "handbook_update"})
+        for _ in range(2):
+            assert remote.step(LIST_TICKETS)[:4] == local.step(LIST_TICKETS)[:4]
+        remote._ws._conn.close()  # the connection drops between two steps
+        assert remote.step(LIST_TICKETS)[:4] == local.step(LIST_TICKETS)[:4]
+        assert remote.state["step_count"] == 3
+        assert_same_episode(local, remote)
+
+
+def test_a_closed_env_says_so(server):
+    remote = RemoteCompanyEnv(server[0])
+    remote.reset(seed=1)
+    remote.close()
+    remote.close()  # twice is fine
+    with pytest.raises(RuntimeError, match="closed"):
+        remote.step(LIST_TICKETS)
+
+
+def test_arguments_are_checked_at_construction():
+    with pytest.raises(ValueError, match="transport"):
+        RemoteCompanyEnv("http://127.0.0.1:1", transport="grpc")
+    with pytest.raises(ValueError, match="http"):
+        RemoteCompanyEnv("127.0.0.1:8000")
+    with pytest.raises(ValueError):
+        RemoteCompanyEnv("http://127.0.0.1:1", agent="")
+
+
+def test_error_classes_sort_server_answers():
+    from companyos.client import remote_error
+
+    assert isinstance(remote_error(404, "episode_not_found", "x"), ValueError)
+    assert isinstance(remote_error(503, "unavailable", "x"), RuntimeError)
+    assert not isinstance(remote_error(503, "unavailable", "x"), ValueError)
+    assert isinstance(remote_error(None, "timeout", "x"), RemoteConnectionError)
+    assert all(isinstance(remote_error(s, "c", "d"), RemoteEnvError) for s in (400, 500, None))

@@ -1,0 +1,227 @@
+"""The Gymnasium adapter: passes Gymnasium's own checker, plays the same episodes as CompanyEnv
+(equal stream digests), follows Gymnasium's seeding convention, and is registered for make()."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import warnings
+
+import gymnasium
+import pytest
+from gymnasium.utils import seeding
+from gymnasium.utils.env_checker import check_env
+
+import domain
+from companyos.agents import make_agent
+from companyos.client import RemoteCompanyEnv
+from companyos.env import CompanyEnv
+from companyos.gym import ENV_ID, CompanyOSGym
+from tests.conftest import live_server
+
+LIST_TICKETS = '{"app": "ticketdesk", "method": "list_tickets", "params": {}}'
+
+
+@pytest.fixture
+def strict_warnings():
+    """Gymnasium's checker reports most problems as warnings: make each one a failure."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        yield
+
+
+def test_check_env_passes_through_make(sqlite_url, strict_warnings):
+    env = gymnasium.make(ENV_ID, db=sqlite_url, task="expense_report", chaos="high", render_mode="ansi")
+    try:
+        check_env(env.unwrapped)  # with a spec: also re-makes it for each render mode and close
+    finally:
+        env.close()
+
+
+def test_check_env_passes_on_a_plain_instance(sqlite_url):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        env = CompanyOSGym(db=sqlite_url, durability="episode", chaos="medium")
+        check_env(env)
+        env.close()
+    # without a spec Gymnasium can only say so; nothing else may be wrong
+    assert [str(w.message) for w in caught if "spec" not in str(w.message)] == []
+
+
+def play_company_env(db: str, seed: int, task: str) -> tuple[list, str]:
+    """The expert's episode in process: (rewards, flags and texts per step, stream digest)."""
+    with CompanyEnv(db) as env:
+        obs, _ = env.reset(seed=seed, options={"task": task, "chaos": "high"})
+        agent = make_agent("expert", seed)
+        agent.reset(obs)
+        steps = [obs["text"]]
+        while True:
+            obs, reward, terminated, truncated, _ = env.step(agent.act(obs))
+            steps.append((obs["text"], reward, terminated, truncated))
+            if terminated or truncated:
+                return steps, env.store.stream_digest(env.state["episode_id"])
+
+
+def play_adapter(env: gymnasium.Env, seed: int) -> list:
+    """The expert's episode through the adapter: it reads info["observation"], sends JSON text."""
+    text, info = env.reset(seed=seed)
+    agent = make_agent("expert", seed)
+    agent.reset(info["observation"])
+    steps = [text]
+    while True:
+        action = json.dumps(agent.act(info["observation"]))
+        text, reward, terminated, truncated, info = env.step(action)
+        assert text in env.observation_space and action in env.action_space
+        steps.append((text, reward, terminated, truncated))
+        if terminated or truncated:
+            return steps
+
+
+@pytest.mark.parametrize("task", list(domain.TASK_FAMILIES))
+def test_expert_episode_through_the_adapter_is_the_company_env_episode(sqlite_url, task):
+    expected, digest = play_company_env(sqlite_url, 9, task)
+    env = CompanyOSGym(db=sqlite_url, task=task, chaos="high")
+    try:
+        steps = play_adapter(env, 9)
+        assert env.env.store.stream_digest(env.episode_id) == digest
+    finally:
+        env.close()
+    assert steps == expected and steps[-1][2] is True
+
+
+def test_a_remote_env_works_inside_the_adapter(sqlite_url):
+    expected, digest = play_company_env(sqlite_url, 6, "vendor_onboarding")
+    with live_server(sqlite_url) as base, RemoteCompanyEnv(base) as remote:
+        env = gymnasium.make(ENV_ID, env=remote, task="vendor_onboarding", chaos="high",
+                             render_mode="ansi")
+        assert play_adapter(env, 6) == expected
+        assert env.render().startswith("TicketDesk board")
+        env.close()
+        assert remote.state["step_count"] == len(expected) - 1  # the caller's env stays open
+    with CompanyEnv(sqlite_url) as local:
+        assert local.store.stream_digest(env.unwrapped.episode_id) == digest
+
+
+def episodes(env: CompanyOSGym) -> list:
+    """reset(seed=7), then reset() three times: each episode's seed and first observation."""
+    runs = [env.reset(seed=7)]
+    runs += [env.reset() for _ in range(3)]
+    return [(info["seed"], text) for text, info in runs]
+
+
+def test_unseeded_resets_draw_their_seeds_from_np_random(sqlite_url):
+    first, second = CompanyOSGym(db=sqlite_url), CompanyOSGym(db=sqlite_url)
+    other = CompanyOSGym(db=sqlite_url)
+    try:
+        runs = episodes(first)
+        assert episodes(second) == runs
+        rng, _ = seeding.np_random(7)  # Gymnasium's generator for seed 7, drawn as the adapter draws
+        assert [seed for seed, _ in runs] == [7] + [int(rng.integers(0, 2**31)) for _ in range(3)]
+        assert len({text for _, text in runs}) == 4  # four different episodes
+        other.reset(seed=8)
+        assert [other.reset()[1]["seed"] for _ in range(3)] != [seed for seed, _ in runs[1:]]
+    finally:
+        for env in (first, second, other):
+            env.close()
+
+
+def test_a_seeded_reset_plays_the_company_env_episode_of_that_seed(sqlite_url):
+    env = CompanyOSGym(db=sqlite_url, task="license_renewal", chaos="low", max_steps=30)
+    with CompanyEnv(sqlite_url) as local:
+        obs, info = local.reset(seed=12, options={"task": "license_renewal", "chaos": "low",
+                                                  "max_steps": 30})
+        text, gym_info = env.reset(seed=12)
+    env.close()
+    assert text == obs["text"] and gym_info["observation"] == obs
+    assert gym_info["seed"] == 12 and gym_info["step"] == info["step"] == 0
+    assert "episode_id" not in gym_info and env.episode_id is not None
+
+
+def test_make_by_id_builds_the_env_and_renders_ansi(sqlite_url):
+    env = gymnasium.make(ENV_ID, db=sqlite_url, task="bug_escalation", chaos="none", render_mode="ansi")
+    try:
+        text, info = env.reset(seed=3)
+        assert env.unwrapped.env.state["task"] == "bug_escalation"
+        assert env.unwrapped.env.state["chaos"] == 0.0
+        with CompanyEnv(sqlite_url) as local:
+            local.reset(seed=3, options={"task": "bug_escalation", "chaos": "none"})
+            assert env.render() == local.render()
+            assert "TicketDesk board" in env.render()
+    finally:
+        env.close()
+    again = gymnasium.make("companyos.gym:CompanyOS-v0", db=sqlite_url)  # imports the module itself
+    assert isinstance(again.unwrapped, CompanyOSGym)
+    again.close()
+
+
+@pytest.mark.parametrize(("action", "in_process"), [
+    ("not json {", "not json {"), ("NaN", "NaN"), ("", ""),  # not JSON: the string itself
+    ('"list_tickets"', "list_tickets"), ("[1, 2]", [1, 2]), ('{"app": "ticketdesk"}', {"app": "ticketdesk"}),
+    ('{"app": "nowhere", "method": "x"}', {"app": "nowhere", "method": "x"})])
+def test_a_bad_action_string_is_a_rejected_action(sqlite_url, action, in_process):
+    """As CompanyEnv rejects it: the same reward, text and flags, and the same logged stream."""
+    env = CompanyOSGym(db=sqlite_url, task="expense_report")
+    with CompanyEnv(sqlite_url) as local:
+        local.reset(seed=5, options={"task": "expense_report"})
+        obs, reward, terminated, truncated, info = local.step(in_process)
+        env.reset(seed=5)
+        text, gym_reward, gym_terminated, gym_truncated, gym_info = env.step(action)
+        assert local.store.stream_digest(env.episode_id) == local.store.stream_digest(info["episode_id"])
+    env.close()
+    assert info["rejected"] is not None and gym_info["rejected"] == info["rejected"]
+    assert (text, gym_reward, gym_terminated, gym_truncated) == (obs["text"], reward, terminated, truncated)
+    assert reward < 0
+
+
+def test_a_text_that_is_not_json_is_logged_as_the_string_sent(sqlite_url):
+    env = CompanyOSGym(db=sqlite_url)
+    env.reset(seed=1)
+    _, _, _, _, info = env.step("please list the tickets")
+    events = list(env.env.store.read_stream(env.episode_id))
+    env.close()
+    assert info["rejected"] == "malformed_action"
+    assert [e.data["action"] for e in events if e.type == "ActionTaken"] == ["please list the tickets"]
+
+
+def test_dict_actions_and_unicode_observations(sqlite_url):
+    env = CompanyOSGym(db=sqlite_url, task="bug_escalation", chaos="none")
+    try:
+        _, info = env.reset(seed=2)
+        ticket = next(t["ticket_id"] for t in env.step(LIST_TICKETS)[4]["observation"]["result"]["tickets"])
+        comment = "naïve — 日本語 ✓ 🚀"
+        env.step({"app": "ticketdesk", "method": "add_comment",
+                  "params": {"ticket_id": ticket, "text": comment}})
+        text, *_ = env.step({"app": "ticketdesk", "method": "get_ticket", "params": {"ticket_id": ticket}})
+    finally:
+        env.close()
+    assert comment in text and text in env.observation_space
+    assert json.dumps({"text": comment}, ensure_ascii=False) in env.action_space
+    assert "\ud800" not in env.observation_space  # not Unicode text: no UTF-8 log holds it
+
+
+def test_step_before_reset_raises_as_company_env(sqlite_url):
+    env = CompanyOSGym(db=sqlite_url)
+    with pytest.raises(RuntimeError) as caught:
+        env.step(LIST_TICKETS)
+    env.close()
+    env.close()  # twice is fine
+    assert str(caught.value) == "call reset() before step()"
+
+
+def test_constructor_arguments_are_checked(sqlite_url):
+    with pytest.raises(ValueError, match="render_mode"):
+        CompanyOSGym(db=sqlite_url, render_mode="human")
+    with pytest.raises(ValueError, match="either env="):
+        CompanyOSGym(db=sqlite_url, env=object())
+    env = CompanyOSGym(db=sqlite_url, task="no_such_task")
+    with pytest.raises(ValueError, match="unknown task"):  # CompanyEnv's refusal, at reset
+        env.reset(seed=1)
+    env.close()
+
+
+def test_importing_companyos_does_not_import_gymnasium():
+    code = ("import sys, companyos, companyos.env, companyos.client, companyos.agents; "
+            "assert 'gymnasium' not in sys.modules, 'gymnasium imported'")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
