@@ -22,6 +22,7 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidSta
 from websockets.sync.client import ClientConnection, connect
 
 import domain
+from companyos.env import RESET_OPTIONS
 from companyos.observation import Observation
 from companyos.runtime import TOOL_NAMES
 from domain.events import to_json_value
@@ -29,8 +30,6 @@ from projections.episodes import new_agent_label_problem
 from projections.render import render_views
 
 TRANSPORTS = ("ws", "http")
-RESET_OPTIONS = frozenset({"task", "chaos", "reward_profile", "max_steps", "episode_id"})
-"""CompanyEnv's reset options; the server's other reset fields (agent, text) are not options there."""
 ENVELOPE_TYPES = ("list_tools", "call_tool")
 _INFO_KEYS = ("episode_id", "step", "outcome", "failure_mode", "rejected")
 # OpenEnv's WebSocket error codes that carry no HTTP status of their own

@@ -18,6 +18,8 @@ DEFAULT_CHAOS = "medium"
 
 SEED_MAX = 2**63 - 1
 """Seeds are stored in 64-bit columns (the read models, the warehouse)."""
+RESET_OPTIONS = frozenset({"task", "chaos", "reward_profile", "max_steps", "episode_id"})
+"""What `reset(options=...)` takes (the remote client refuses the rest in the same words)."""
 
 
 def checked_seed(seed: Any) -> int:
@@ -39,7 +41,7 @@ def spec_from_options(seed: int, options: dict[str, Any] | None) -> domain.Episo
     """Turn reset options into a domain spec, with words for every bad value."""
     seed = checked_seed(seed)
     options = dict(options or {})
-    unknown = set(options) - {"task", "chaos", "reward_profile", "max_steps", "episode_id"}
+    unknown = set(options) - RESET_OPTIONS
     if unknown:
         raise ValueError(f"unknown reset options: {sorted(unknown)}")
     for key in ("task", "reward_profile"):
