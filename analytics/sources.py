@@ -20,9 +20,9 @@ extension and this product must work offline, so it is not used.
 
 Every reader returns events with `after < position <= upto` in position order, whole commits of
 about `limit` events (more when a single commit is bigger), with the schema `EVENT_SCHEMA`. Data
-is read raw: upcasting happens in the sync, on Arrow. `head()` is the last position readable now:
-a sync reads up to the head it saw when it began, so a writer that never stops cannot keep it
-going.
+is read raw: upcasting happens in the sync, on Arrow. The sync reads up to the store's
+`readable_position()` as it was when the sync began (`upto`), so a writer that never stops cannot
+keep it going.
 """
 
 from __future__ import annotations
@@ -86,10 +86,6 @@ class Source(Protocol):
     name: str
 
     def read(self, after: int, limit: int, upto: int) -> pa.Table: ...
-
-    def head(self) -> int:
-        """The position of the last event readable now (0: none)."""
-        ...
 
     def first_event_id(self) -> str: ...
 
@@ -233,9 +229,6 @@ class _SqliteSource:
         following = self._scalar(_NEXT_SQL, (after,))
         return table if following is None or following > upto else self.fetch_range(after, following)
 
-    def head(self) -> int:
-        return int(self._scalar(_LAST_SQL))
-
     def first_event_id(self) -> str:
         return _first_id(self._row(_FIRST_SQL))
 
@@ -255,7 +248,6 @@ class _SqliteSource:
 _RANGE_SQL = f"SELECT {_SELECT} FROM commits WHERE position > ? AND position <= ? ORDER BY position"
 _NEXT_SQL = "SELECT min(position) FROM commits WHERE position > ?"
 _FIRST_SQL = "SELECT position, stream_id, first_version, payload FROM commits ORDER BY position LIMIT 1"
-_LAST_SQL = "SELECT coalesce(max(position), 0) FROM commits"
 
 
 class SqliteSource(_SqliteSource):
@@ -302,7 +294,6 @@ class PostgresSource:
     # A range ending at a position that was visible stays complete: later commits sort after it.
     _SIZES = (f"SELECT position, last_version - first_version + 1 FROM commits "
               f"WHERE position > %s AND position <= %s AND {PG_VISIBLE} ORDER BY position")
-    _HEAD = f"SELECT coalesce(max(position), 0) FROM commits WHERE {PG_VISIBLE}"
     _COPY = (f"COPY (SELECT {_SELECT} FROM commits WHERE position > {{after}} "
              f"AND position <= {{upto}} AND {PG_VISIBLE} ORDER BY position) TO STDOUT (FORMAT csv)")
     _FIRST = (f"SELECT position, stream_id, first_version, payload FROM commits WHERE {PG_VISIBLE} "
@@ -354,11 +345,6 @@ class PostgresSource:
                 column_types=COMMIT_SCHEMA, strings_can_be_null=False,
                 quoted_strings_can_be_null=False))
 
-    def head(self) -> int:
-        """Positions below the oldest running transaction's are final; later ones sort after."""
-        with self._engine.connect() as conn:
-            return int(conn.execute(sa.text(self._HEAD)).scalar_one())
-
     def first_event_id(self) -> str:
         with self._engine.connect() as conn:
             return _first_id(conn.execute(sa.text(self._FIRST)).first())
@@ -391,9 +377,6 @@ class StoreSource:
         return pa.Table.from_arrays(
             [pa.array(c, type=f.type) for c, f in zip(columns, EVENT_SCHEMA, strict=True)],
             schema=EVENT_SCHEMA)
-
-    def head(self) -> int:
-        return self._store.readable_position()
 
     def first_event_id(self) -> str:
         return next((r.event_id for r in self._store.read_all(0, 1)), "")

@@ -101,7 +101,10 @@ def _sync(db_url: str, store: EventStore, wh: Warehouse, batch_events: int, prog
         with wh.writing():
             first_id = _check_identity(wh, db_url, source)
             _check_history(wh, db_url, store)
-            return _run(wh, source, (store_label(db_url), first_id), batch_events, progress,
+            # the head as of now (a writer that never stops cannot keep the sync going), to the
+            # store's own rule of what a reader may read (PostgreSQL: below running transactions)
+            head = store.readable_position()
+            return _run(wh, source, (store_label(db_url), first_id), head, batch_events, progress,
                         after_batch, started)
     finally:
         source.close()
@@ -151,24 +154,23 @@ def _check_history(wh: Warehouse, db_url: str, store: EventStore) -> None:
 Identity = tuple[str, str]  # (the store's label, its first event id): what the warehouse remembers
 
 
-def _run(wh: Warehouse, source: Source, identity: Identity, batch_events: int, progress: Progress | None,
-         after_batch: AfterBatch | None, started: float) -> SyncResult:
+def _run(wh: Warehouse, source: Source, identity: Identity, head: int, batch_events: int,
+         progress: Progress | None, after_batch: AfterBatch | None, started: float) -> SyncResult:
     con = wh.con
     # One DuckDB thread while syncing: the reader thread keeps the other core busy, and DuckDB's
     # parallel insert costs more CPU than it saves on a two-core machine.
     threads = con.execute("SELECT current_setting('threads')").fetchone()[0]
     con.execute("SET threads = 1")
     try:
-        return _batches(wh, source, identity, batch_events, progress, after_batch, started)
+        return _batches(wh, source, identity, head, batch_events, progress, after_batch, started)
     finally:
         con.execute(f"SET threads = {int(threads)}")
 
 
-def _batches(wh: Warehouse, source: Source, identity: Identity, batch_events: int, progress: Progress | None,
-             after_batch: AfterBatch | None, started: float) -> SyncResult:
+def _batches(wh: Warehouse, source: Source, identity: Identity, head: int, batch_events: int,
+             progress: Progress | None, after_batch: AfterBatch | None, started: float) -> SyncResult:
     con = wh.con
     checkpoint = wh.checkpoint
-    head = source.head()  # as of now: a writer that never stops cannot keep the sync going
     total = source.remaining(checkpoint, head)
     moved = episodes = batches = 0
     for batch in _prefetch(source, checkpoint, head, batch_events):
