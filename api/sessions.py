@@ -175,8 +175,6 @@ class SessionManager:
             raise ApiError(400, "invalid_reset", f"unknown reset fields {unknown}; "
                            f"known: {', '.join(RESET_FIELDS)}")
         seed = opts.pop("seed", None)
-        if seed is None:
-            seed = secrets.randbelow(2**31)
         episode_id = opts.pop("episode_id", None)
         episode_id = uuid.uuid4().hex if episode_id is None else check_episode_id(episode_id)
         text = opts.pop("text", False)

@@ -37,9 +37,10 @@ def checked_seed(seed: Any) -> int:
     return seed
 
 
-def spec_from_options(seed: int, options: dict[str, Any] | None) -> domain.EpisodeSpec:
-    """Turn reset options into a domain spec, with words for every bad value."""
-    seed = checked_seed(seed)
+def spec_from_options(seed: int | None, options: dict[str, Any] | None) -> domain.EpisodeSpec:
+    """Turn reset options into a domain spec, with words for every bad value (no seed: a random
+    one, as Gymnasium's reset without a seed gives)."""
+    seed = secrets.randbelow(2**31) if seed is None else checked_seed(seed)
     options = dict(options or {})
     unknown = set(options) - RESET_OPTIONS
     if unknown:
@@ -93,8 +94,6 @@ class CompanyEnv:
         if self.runtime is not None:
             previous, self.runtime = self.runtime, None
             previous.flush_or_discard()
-        if seed is None:
-            seed = secrets.randbelow(2**31)
         spec = spec_from_options(seed, options)
         meta = {"agent": self.agent} if self.agent else None
         self.runtime, info = EpisodeRuntime.start(
