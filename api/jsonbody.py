@@ -33,13 +33,14 @@ def _finite(text: str) -> float:
 
 _STDLIB = json.JSONDecoder(parse_constant=_not_json, parse_float=_finite)
 TOO_DEEP = "nested too deeply to parse (orjson's limit: 1,024 levels)"
-# 20 digits in a row: maybe an integer orjson would turn into a float (2**64 has 20 digits)
-_LONG_DIGITS = re.compile(rb"[0-9]{20}")
+# 20 digits in a row: maybe an integer orjson would turn into a float (2**64 has 20 digits);
+# a pattern for each type, so a WebSocket frame (text) is not copied to bytes to be searched
+_LONG_DIGITS = {bytes: re.compile(rb"[0-9]{20}"), str: re.compile("[0-9]{20}")}
 
 
 def loads(raw: bytes | str) -> Any:
     """The JSON value of `raw`; json.JSONDecodeError (a ValueError) saying what is wrong."""
-    if _LONG_DIGITS.search(raw.encode() if isinstance(raw, str) else raw) is None:
+    if _LONG_DIGITS[str if isinstance(raw, str) else bytes].search(raw) is None:
         try:
             return orjson.loads(raw)
         except orjson.JSONDecodeError as exc:
