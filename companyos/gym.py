@@ -29,7 +29,10 @@ MAX_ACTION_CHARS = MAX_ACTION_BYTES // 6
 the log as the (rejected) action it is; JSON actions shrink or grow by less when re-encoded."""
 MAX_OBSERVATION_CHARS = 2**62
 """No real bound: tool results echo what the agent wrote (comments, submissions), so a rendering's
-length has no limit the environment enforces. Do not `sample()` the observation space."""
+length has no limit the environment enforces."""
+SAMPLE_MAX_CHARS = 4096
+"""`sample()` without a length draws one up to this (or the space's own bound, if smaller): drawn
+up to 2**62 it would try to allocate exabytes, and up to 174,080 each sample costs milliseconds."""
 UNSEEDED_RANGE = 2**31
 """Episode seeds drawn from `np_random` lie in [0, 2**31), as CompanyEnv's unseeded resets do."""
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
@@ -45,6 +48,19 @@ class UnicodeText(spaces.Text):
     agent wrote (a ticket comment in any script, emoji), so no smaller charset covers them.
     `flatten`/one-hot encodings of Text only know `character_set`; this space is for text agents.
     """
+
+    def sample(self, mask: Any = None, probability: Any = None) -> str:
+        """A member of the space, its length drawn up to SAMPLE_MAX_CHARS unless the mask or
+        probability tuple names one (Gymnasium draws it up to `max_length`)."""
+        given = probability if mask is None else mask
+        if (mask is not None and probability is not None) or (given is not None and given[0] is not None):
+            return super().sample(mask, probability)  # a length given, or Gymnasium's error for both
+        longest = min(self.max_length, max(self.min_length, SAMPLE_MAX_CHARS))
+        length = int(self.np_random.integers(self.min_length, longest + 1))
+        chars = None if given is None else given[1]
+        if probability is not None:
+            return super().sample(probability=(length, chars))
+        return super().sample(mask=(length, chars))
 
     def contains(self, x: Any) -> bool:
         return (isinstance(x, str) and self.min_length <= len(x) <= self.max_length

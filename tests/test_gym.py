@@ -9,6 +9,7 @@ import sys
 import warnings
 
 import gymnasium
+import numpy as np
 import pytest
 from gymnasium.utils import seeding
 from gymnasium.utils.env_checker import check_env
@@ -225,3 +226,24 @@ def test_importing_companyos_does_not_import_gymnasium():
             "assert 'gymnasium' not in sys.modules, 'gymnasium imported'")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+def test_both_spaces_sample_members_seeded_and_bounded(sqlite_url):
+    """`sample()` is what random baselines and wrappers call: it must return a member of the
+    space, repeat under a seed, and honour a length that is asked for."""
+    env = CompanyOSGym(db=sqlite_url)
+    try:
+        for space in (env.observation_space, env.action_space):
+            space.seed(5)
+            drawn = [space.sample() for _ in range(20)]
+            assert all(text in space for text in drawn)
+            assert len({len(text) for text in drawn}) > 1  # lengths are drawn, not fixed
+            space.seed(5)
+            assert [space.sample() for _ in range(20)] == drawn
+            assert len(space.sample(mask=(7, None))) == 7
+            only_a = np.array([c == "a" for c in space.character_list], dtype=np.int8)
+            assert set(space.sample(mask=(None, only_a))) <= {"a"}
+            with pytest.raises(ValueError, match="Only one of"):
+                space.sample(mask=(3, None), probability=(3, None))
+    finally:
+        env.close()
