@@ -45,6 +45,7 @@ from api.models import (
     TasksResponse,
 )
 from api.sessions import ApiError, SessionManager, split_session_key
+from api.ui import ui_router
 from api.ws import websocket_app
 from companyos.config import resolve_db
 from companyos.lifecycle import end_with
@@ -160,6 +161,7 @@ def create_app(config: ServerConfig | None = None, store: EventStore | None = No
     _register_log(app, server)
     store_url = store.engine.url.render_as_string(hide_password=False)
     app.include_router(analytics_router(store_url))
+    app.include_router(ui_router(server.log, store_url))
     app.server = server
     app.guard = Guard(None, config.api_key, config.max_body_bytes)
     return app

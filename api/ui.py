@@ -1,0 +1,168 @@
+"""`/ui`: a server-rendered web UI over the episode log and the analytics, for people.
+
+Readers are people who train and evaluate agents and want to see what an agent did and why it
+failed: the episode list, one episode's step-by-step timeline, the three apps at any step, and
+the failure-mode report. Pages are plain HTML (no JavaScript, nothing fetched from elsewhere), so
+they work offline and in any browser.
+
+The UI answers with the same rules as the JSON endpoints because it calls the same code: the
+list is `EpisodeLog.list` (the `GET /episodes` filters), an episode's events come from
+`EpisodeLog.events`, a step's views from `EpisodeLog.views`, and the report from
+`analytics.report`. What differs is only how a refusal is said: an HTML page, in words, with the
+JSON endpoint's status. Query parameters are read as text and checked here, so a bad one is a
+400 page rather than FastAPI's JSON 422.
+
+A browser form sends every field, empty ones too ("any task" is `task=`); empty fields mean "no
+filter" and are dropped before the log is asked. (`GET /episodes?agent=` is refused as a filter
+no episode can match; the form cannot leave a field out, so the UI reads it as unset.)
+
+Wire it in with `app.include_router(ui_router(server.log, db_url))`. The API-key guard sits in
+front of the whole app, so these pages need the key like every other route.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+
+from analytics import report
+from analytics.service import _LOCK as WAREHOUSE_LOCK
+from analytics.sources import UnsyncableStore
+from analytics.sync import open_store, sync, warehouse_path
+from analytics.warehouse import Warehouse, WarehouseError
+from api.episodes import EpisodeLog
+from api.querystring import RepeatedParameter, single_valued
+from api.sessions import ApiError
+from api.ui_html import UI, error_page
+from api.ui_pages import analytics_page, episode_list, episode_page, views_page
+from api.ui_timeline import build_timeline
+from eventstore import CorruptCommit, StoreUnavailable
+
+PAGE_SIZE = 50
+MAX_PAGE_SIZE = 500  # as GET /episodes
+MAX_OFFSET = 10**9
+MAX_STEP = 10**6
+EVENTS_PAGE = 10_000
+"""Events per read. Each read folds the whole stream again (EpisodeLog.events slices it), so
+the pages are large: one read for any but the longest episodes."""
+
+
+class BadParameter(ValueError):
+    """A query parameter the UI cannot use; its message says which and why."""
+
+
+def ui_router(log: EpisodeLog, db: str | Callable[[], str], warehouse: str | None = None) -> APIRouter:
+    """The UI's routes over the server's episode log and the store at `db` (for the analytics)."""
+    router = APIRouter(prefix=UI, tags=["UI"], include_in_schema=False)
+
+    def db_url() -> str:
+        return db() if callable(db) else db
+
+    @router.get("", response_class=HTMLResponse)
+    def episodes(request: Request) -> HTMLResponse:
+        """The episode list, newest first, filtered and paged like GET /episodes."""
+        try:
+            params = _params(request)
+            filters = {k: params[k] for k in ("task", "agent", "outcome") if k in params}
+            limit = _whole(params, "limit", PAGE_SIZE, 1, MAX_PAGE_SIZE)
+            offset = _whole(params, "offset", 0, 0, MAX_OFFSET)
+            listing = log.list(**filters, limit=limit, offset=offset)
+        except BadParameter as exc:
+            return error_page(400, str(exc))
+        except ApiError as exc:
+            return error_page(exc.status, exc.message)
+        return episode_list(listing, filters)
+
+    @router.get("/episodes/{episode_id}", response_class=HTMLResponse)
+    def episode(episode_id: str) -> HTMLResponse:
+        """One episode: its summary and every step, from all of its events."""
+        try:
+            summary = log.get(episode_id)
+            events = all_events(log, episode_id)
+        except ApiError as exc:
+            return error_page(exc.status, exc.message)
+        return episode_page(summary, build_timeline(events))
+
+    @router.get("/episodes/{episode_id}/views", response_class=HTMLResponse)
+    def views(episode_id: str, request: Request) -> HTMLResponse:
+        """The three apps after step K (default: the last), as GET /episodes/{id}/views."""
+        try:
+            params = _params(request)
+            step = _whole(params, "step", None, 0, MAX_STEP)
+            result = log.views(episode_id, step)
+        except BadParameter as exc:
+            return error_page(400, str(exc))
+        except ApiError as exc:
+            return error_page(exc.status, exc.message)
+        return views_page(result)
+
+    @router.get("/analytics", response_class=HTMLResponse)
+    async def analytics(request: Request) -> HTMLResponse:
+        """The failure-mode report over the warehouse, synced with the store first."""
+        try:
+            params = _params(request)
+            filters = {k: params[k] for k in ("agent", "task") if k in params}
+            report.check_filters(filters.get("agent"), filters.get("task"))
+        except ValueError as exc:  # BadParameter included
+            return error_page(400, str(exc))
+        try:
+            document = await run_in_threadpool(report_html, db_url(), warehouse,
+                                               filters.get("agent"), filters.get("task"))
+        except (WarehouseError, UnsyncableStore, StoreUnavailable) as exc:
+            return error_page(503, f"the analytics warehouse cannot be used: {exc}")
+        except CorruptCommit as exc:
+            return error_page(500, f"{exc}; `companyos verify` names every damaged episode")
+        return analytics_page(document, filters)
+
+    @router.get("/{rest:path}", response_class=HTMLResponse)
+    def not_found(rest: str) -> Response:
+        """Any other /ui/... path: a page that says so (and /ui/ is the list)."""
+        if not rest:
+            return RedirectResponse(UI)
+        return error_page(404, f"there is no UI page at {UI}/{rest}")
+
+    return router
+
+
+def all_events(log: EpisodeLog, episode_id: str) -> list[dict[str, Any]]:
+    """Every event of the episode, page by page through the log (never only the first page)."""
+    events: list[dict[str, Any]] = []
+    start: int | None = 0
+    while start is not None:
+        page = log.events(episode_id, start, EVENTS_PAGE)
+        events.extend(page["events"])
+        start = page["next_from_version"]
+    return events
+
+
+def report_html(db_url: str, warehouse: str | None, agent: str | None, task: str | None) -> str:
+    """Sync the warehouse with the store, then render the report (what `analytics report --html`
+    writes). Under the analytics service's lock: DuckDB lets one connection of a process write
+    the file, and a named query from GET /analytics may be syncing it at the same moment."""
+    with WAREHOUSE_LOCK, open_store(db_url) as store, Warehouse(warehouse_path(db_url, warehouse)) as wh:
+        sync(db_url, wh, store=store)
+        return report.to_html(report.build(wh, agent=agent, task=task))
+
+
+def _params(request: Request) -> dict[str, str]:
+    """The query's parameters, one value each; empty ones (a form's "any") left out."""
+    try:
+        params = single_valued(request.query_params.multi_items())
+    except RepeatedParameter as exc:
+        raise BadParameter(str(exc)) from None
+    return {k: v for k, v in params.items() if v != ""}
+
+
+def _whole(params: dict[str, str], name: str, default: Any, lo: int, hi: int) -> Any:
+    """A whole-number parameter within [lo, hi], or `default` when it is absent."""
+    raw = params.get(name)
+    if raw is None:
+        return default
+    text = raw.strip()
+    if not (text.isascii() and text.isdigit() and len(text) <= 12) or not lo <= int(text) <= hi:
+        raise BadParameter(f"{name} must be a whole number from {lo} to {hi}, not {raw!r}")
+    return int(text)

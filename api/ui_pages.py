@@ -1,0 +1,295 @@
+"""The UI's pages as HTML: episode list, one episode's timeline, the apps at a step, analytics.
+
+Each function takes what the episode log (or the report) already answered and returns the page;
+none of them reads the store, so the routes decide what is fetched and how errors are said.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi.responses import HTMLResponse
+
+from api.ui_html import (
+    UI,
+    Markup,
+    episode_url,
+    esc,
+    json_text,
+    link,
+    number,
+    page,
+    pre_json,
+    select,
+    summary_list,
+    table,
+    text_cell,
+    text_input,
+    url,
+    views_url,
+)
+from api.ui_timeline import Step
+from domain import FAILURE_MODES, TASK_FAMILIES
+from projections.episodes import OUTCOMES
+
+APPS = ("ticketdesk", "datahub", "approvalflow")
+
+
+def _outcome(outcome: str | None) -> Markup:
+    if outcome is None:
+        return Markup("<span class='muted'>running</span>")
+    css = "ok" if outcome == "success" else "bad"
+    return Markup(f"<span class='{css}'>{esc(outcome)}</span>")
+
+
+def _failure(mode: str | None) -> Markup:
+    """A failure mode with its meaning on hover (the taxonomy's words)."""
+    if not mode:
+        return Markup("")
+    meaning = FAILURE_MODES.get(mode, "")
+    return Markup(f"<span title='{esc(meaning)}'>{esc(mode)}</span>")
+
+
+# -- the episode list ---------------------------------------------------------------------------
+
+
+def episode_list(listing: dict[str, Any], filters: dict[str, str]) -> HTMLResponse:
+    """`GET /ui`: the listing (as `GET /episodes` answers it), a filter form and a pager."""
+    form = Markup(
+        f'<form class="filters" method="get" action="{UI}">'
+        + select("task", "task", TASK_FAMILIES, filters.get("task"))
+        + text_input("agent", "agent", filters.get("agent"))
+        + select("outcome", "outcome", OUTCOMES, filters.get("outcome"))
+        + f'<input type="hidden" name="limit" value="{esc(listing["limit"])}">'
+        + '<button type="submit">Filter</button>'
+        + f'<a href="{UI}">clear</a></form>')
+    rows = [[link(episode_url(e["episode_id"]), e["episode_id"]), e["task"], e["agent"] or "",
+             _outcome(e["outcome"]), _failure(e["failure_mode"]), e["steps"],
+             number(e["total_return"]), e["seed"], number(e["chaos"]), e["started_at"]]
+            for e in listing["episodes"]]
+    offset, total = listing["offset"], listing["total"]
+    shown = (f"episodes {offset + 1}–{offset + len(rows)} of {total}" if rows
+             else f"no episodes on this page ({total} match)")
+    body = [f"<h1>Episodes</h1>{form}<p>{esc(shown)}</p>"]
+    if rows:
+        body.append(table(["episode", "task", "agent", "outcome", "failure mode", "steps", "return",
+                           "seed", "chaos", "started"], rows, numeric=frozenset({5, 6, 7, 8})))
+    body.append(_pager(listing, filters))
+    return page("Episodes", "".join(body))
+
+
+def _pager(listing: dict[str, Any], filters: dict[str, str]) -> Markup:
+    offset, limit = listing["offset"], listing["limit"]
+    keep = {**filters, "limit": limit}
+    parts = []
+    if offset > 0:
+        parts.append(link(url(UI, {**keep, "offset": max(0, offset - limit)}), "← newer"))
+    if listing["next_offset"] is not None:
+        parts.append(link(url(UI, {**keep, "offset": listing["next_offset"]}), "older →"))
+    return Markup(f"<div class='pager'>{''.join(parts)}</div>")
+
+
+# -- one episode --------------------------------------------------------------------------------
+
+
+def episode_page(summary: dict[str, Any], timeline: list[Step]) -> HTMLResponse:
+    """`GET /ui/episodes/{id}`: the summary, then every step's action and what it led to."""
+    episode_id = summary["episode_id"]
+    pairs = [("episode", episode_id), ("task", summary.get("task")), ("seed", summary.get("seed")),
+             ("chaos", number(summary.get("chaos"))), ("agent", summary.get("agent") or "—"),
+             ("reward profile", summary.get("reward_profile")),
+             ("outcome", _outcome(summary.get("outcome"))),
+             ("failure mode", _failure_line(summary.get("failure_mode"))),
+             ("return", number(summary.get("total_return"))),
+             ("steps", f"{summary.get('steps')} of {summary.get('max_steps')}"),
+             ("events", summary.get("events")),
+             ("digest", Markup(f"<code>{esc(summary.get('digest'))}</code>")),
+             ("started", summary.get("started_at")), ("ended", summary.get("ended_at") or "—"),
+             ("goal", summary.get("goal"))]
+    last = timeline[-1].step
+    body = [f"<h1>Episode {esc(episode_id)}</h1>", summary_list(pairs),
+            f"<p>{link(views_url(episode_id, last), 'The apps after the last step')}</p>",
+            "<h2>Timeline</h2>", _timeline_table(episode_id, timeline)]
+    return page(f"Episode {episode_id}", "".join(body))
+
+
+def _failure_line(mode: str | None) -> Markup:
+    if not mode:
+        return Markup("—")
+    meaning = FAILURE_MODES.get(mode)
+    return Markup(f"<b>{esc(mode)}</b>" + (f" — {esc(meaning)}" if meaning else ""))
+
+
+def _timeline_table(episode_id: str, timeline: list[Step]) -> Markup:
+    rows, attrs = [], []
+    for s in timeline:
+        rows.append([link(views_url(episode_id, s.step), s.step), _action_cell(s), _result_cell(s),
+                     _effects_cell(s), _rewards_cell(s), _mistakes_cell(s), _chaos_cell(s)])
+        css = "mistake" if s.mistakes or (s.ended and s.ended.get("outcome") != "success") \
+            else "rejected" if s.rejected else ""
+        attrs.append(f'id="step-{s.step}"' + (f' class="{css}"' if css else ""))
+    return table(["step", "action", "result", "effects", "rewards", "mistakes", "chaos"], rows,
+                 row_attrs=attrs)
+
+
+def _action_cell(s: Step) -> Markup:
+    if s.step == 0:
+        return Markup(f"<span class='muted'>reset: {s.events} events build the world</span>")
+    if s.tool is None:
+        return Markup(f"<b>malformed action</b><br><code>{esc(json_text(s.action))}</code>")
+    return Markup(f"<b>{esc(s.tool)}</b><br><code>{esc(json_text(s.arguments))}</code>")
+
+
+def _result_cell(s: Step) -> Markup:
+    parts = []
+    if s.step > 0:
+        if s.rejected is not None:
+            r = s.rejected
+            parts.append(f"<span class='bad'>rejected</span> <code>{esc(r.get('code'))}</code>: "
+                         f"{esc(r.get('reason'))}")
+        else:
+            parts.append("<span class='ok'>accepted</span>")
+    if s.ended is not None:
+        e = s.ended
+        mode = f" ({esc(e.get('failure_mode'))})" if e.get("failure_mode") else ""
+        parts.append(f"<br><b>episode ended: {esc(e.get('outcome'))}{mode}</b>, "
+                     f"return {esc(number(e.get('total_return')))}")
+    return Markup("".join(parts))
+
+
+def _effects_cell(s: Step) -> Markup:
+    return Markup("<br>".join(f"{esc(e['type'])} <code>{esc(json_text(_without_cause(e['data'])))}</code>"
+                              for e in s.effects))
+
+
+def _without_cause(data: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in data.items() if k not in ("cause", "mechanism")}
+
+
+def _rewards_cell(s: Step) -> Markup:
+    if not s.rewards:
+        return Markup("")
+    lines = [f"{esc(r.get('rule'))} {esc(_signed(r.get('value')))}" for r in s.rewards]
+    if len(s.rewards) > 1:
+        lines.append(f"<i>total {esc(_signed(s.reward))}</i>")
+    return Markup("<br>".join(lines))
+
+
+def _signed(value: Any) -> str:
+    return f"{value:+g}" if isinstance(value, int | float) else str(value)
+
+
+def _mistakes_cell(s: Step) -> Markup:
+    return Markup("<br>".join(
+        f"<b>{esc(m.get('mode'))}</b>{' (irreversible)' if m.get('irreversible') else ''}: "
+        f"{esc(m.get('detail'))}" for m in s.mistakes))
+
+
+def _chaos_cell(s: Step) -> Markup:
+    return Markup("<br>".join(
+        f"<span class='chaos'>{esc(c['mechanism'] or 'chaos')}</span>: {esc(c['type'])} "
+        f"<code>{esc(json_text(_without_cause(c['data'])))}</code>" for c in s.chaos))
+
+
+# -- the apps at one step -----------------------------------------------------------------------
+
+
+def views_page(result: dict[str, Any]) -> HTMLResponse:
+    """`GET /ui/episodes/{id}/views?step=K`: step K's facts, then the three apps after it."""
+    episode_id, step, steps = result["episode_id"], result["step"], result["steps"]
+    here = episode_url(episode_id)
+    nav = [link(f"{here}#step-{step}", "back to the episode")]
+    if step > 0:
+        nav.insert(0, link(views_url(episode_id, step - 1), f"← step {step - 1}"))
+    if step < steps:
+        nav.append(link(views_url(episode_id, step + 1), f"step {step + 1} →"))
+    ep = result["episode"]
+    body = [f"<h1>Episode {esc(episode_id)} — step {step} of {steps}</h1>",
+            f"<p class='muted'>{esc(ep.get('task'))}, seed {esc(ep.get('seed'))}, "
+            f"chaos {esc(number(ep.get('chaos')))}, agent {esc(ep.get('agent') or '—')}; "
+            f"the apps after stream version {esc(result.get('version'))}</p>",
+            f"<div class='pager'>{''.join(nav)}</div>", _step_facts(result)]
+    for app in APPS:
+        body.append(f"<h2>{esc(app)}</h2>{app_view(result.get(app))}")
+    return page(f"Episode {episode_id} step {step}", "".join(body))
+
+
+def _step_facts(result: dict[str, Any]) -> Markup:
+    if result["step"] == 0:
+        return Markup("<p>Step 0: the world right after reset, before the agent's first action.</p>")
+    info = result.get("result") or {}
+    pairs: list[tuple[str, Any]] = [("action", Markup(f"<code>{esc(json_text(result['action']))}</code>"))]
+    if info.get("rejected"):
+        said = f"<code>{esc(info['rejected'])}</code>: {esc(info.get('message'))}"
+        pairs.append(("rejected", Markup(said)))
+    else:
+        pairs.append(("message", info.get("message")))
+        if info.get("result") is not None:
+            pairs.append(("result", pre_json(info["result"])))
+    if result.get("rewards"):
+        pairs.append(("rewards", ", ".join(f"{r.get('rule')} {_signed(r.get('value'))}"
+                                           for r in result["rewards"])))
+    for c in result.get("chaos") or []:
+        pairs.append(("chaos", f"{c.get('mechanism') or 'chaos'}: {c.get('type')}"))
+    if result.get("ended"):
+        e = result["ended"]
+        pairs.append(("episode ended", f"{e.get('outcome')}"
+                      + (f" ({e['failure_mode']})" if e.get("failure_mode") else "")))
+    return summary_list(pairs)
+
+
+def app_view(view: Any) -> Markup:
+    """An app's view: each list of records as a table, anything else as JSON."""
+    if not isinstance(view, dict):
+        return pre_json(view)
+    parts = []
+    for key, value in view.items():
+        parts.append(f"<h3>{esc(key)}</h3>")
+        if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+            columns: list[str] = []
+            for record in value:
+                columns.extend(k for k in record if k not in columns)
+            parts.append(table(columns, [[_view_cell(r.get(c)) for c in columns] for r in value]))
+        elif isinstance(value, list) and not value:
+            parts.append("<p class='muted'>none</p>")
+        elif isinstance(value, dict | list):
+            parts.append(pre_json(value))
+        else:
+            parts.append(f"<p>{text_cell(value)}</p>")
+    return Markup("".join(parts))
+
+
+def _view_cell(value: Any) -> Any:
+    if value is None:
+        return Markup("<span class='muted'>—</span>")
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    return value
+
+
+# -- analytics ----------------------------------------------------------------------------------
+
+
+def analytics_page(report_html: str, filters: dict[str, str]) -> HTMLResponse:
+    """`GET /ui/analytics`: the report `companyos analytics report --html` writes, inside the UI.
+
+    The report is a whole document; its <style> and <body> are taken out of it and put in this
+    page, so there is one report renderer (analytics.report.to_html) and one escaping of it."""
+    style, body = _split_document(report_html)
+    form = Markup(
+        f'<form class="filters" method="get" action="{UI}/analytics">'
+        + select("task", "task", TASK_FAMILIES, filters.get("task"))
+        + text_input("agent", "agent", filters.get("agent"))
+        + f'<button type="submit">Filter</button><a href="{UI}/analytics">clear</a></form>')
+    head = f"<style>{style}</style>" if style else ""
+    return page("Analytics", form + body, head=head)
+
+
+def _split_document(document: str) -> tuple[str, str]:
+    """(the CSS, the body markup) of a whole HTML document; the document as the body otherwise."""
+    _, found, rest = document.partition("<style>")
+    style = rest.partition("</style>")[0] if found else ""
+    _, found, rest = document.partition("<body>")
+    if not found:
+        return style, document
+    return style, rest.rpartition("</body>")[0] or rest

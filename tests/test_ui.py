@@ -1,0 +1,379 @@
+"""The web UI (/ui): the episode list, an episode's timeline, the apps at a step, the analytics
+report; the facts each page shows are checked against the events the store holds, not against
+text written here. Also: refusals as HTML pages in words, escaping, headers, the API-key guard."""
+
+from __future__ import annotations
+
+import html
+import re
+from urllib.parse import parse_qs, urlsplit
+
+import orjson
+import pytest
+from fastapi.testclient import TestClient
+
+import api.ui
+from analytics.report import number_text
+from api.app import create_app
+from api.config import ServerConfig
+from companyos.agents import make_agent
+from companyos.env import CompanyEnv
+from eventstore import EventStore
+
+HOSTILE = "<script>alert(1)</script>"
+HOSTILE_APP = '"><img src=x onerror=alert(2)>'
+
+
+def _play(env: CompanyEnv, agent: str, seed: int, options: dict) -> str:
+    agent_ = make_agent(agent, seed)
+    obs, info = env.reset(seed=seed, options=options)
+    agent_.reset(obs)
+    done = False
+    while not done:
+        obs, _, terminated, truncated, info = env.step(agent_.act(obs))
+        done = terminated or truncated
+    return info["episode_id"]
+
+
+def _fail(env: CompanyEnv) -> str:
+    """An episode that fails: a hostile comment, a hostile unknown tool, then the ticket closed
+    without reading the data it depends on (an irreversible mistake)."""
+    obs, info = env.reset(seed=3, options={"task": "expense_report", "chaos": "low"})
+    ticket = re.search(r"T-\d+", obs["goal"]).group(0)
+    env.step({"app": "ticketdesk", "method": "add_comment", "params": {"ticket_id": ticket, "text": HOSTILE}})
+    env.step({"app": HOSTILE_APP, "method": "x", "params": {}})
+    env.step({"app": "ticketdesk", "method": "update_ticket",
+              "params": {"ticket_id": ticket, "field": "status", "value": "closed"}})
+    return info["episode_id"]
+
+
+@pytest.fixture(scope="module")
+def logged(tmp_path_factory):
+    """A store with a success, two truncated random runs, and a failure by a hostile agent."""
+    url = f"sqlite:///{tmp_path_factory.mktemp('ui') / 'store.db'}"
+    ids = {}
+    with CompanyEnv(url, agent="expert-agent") as env:
+        ids["success"] = _play(env, "expert", 0, {"task": "expense_report", "chaos": "high"})
+    with CompanyEnv(url, agent="random-agent") as env:
+        ids["random"] = _play(env, "random", 1, {"task": "bug_escalation", "chaos": "high"})
+        ids["random2"] = _play(env, "random", 2, {"task": "handbook_update", "chaos": "high"})
+    with CompanyEnv(url, agent=HOSTILE) as env:
+        ids["failure"] = _fail(env)
+    return url, ids
+
+
+@pytest.fixture(scope="module")
+def ui(logged):
+    url, ids = logged
+    with TestClient(create_app(ServerConfig(db=url))) as c:
+        yield c, url, ids
+
+
+def _events(url: str, episode_id: str) -> list[dict]:
+    with EventStore.open(url) as store:
+        return [{"type": r.type, "data": orjson.loads(r.data_json)} for r in store.read_stream(episode_id)]
+
+
+def _row(page: str, step: int) -> str:
+    match = re.search(rf'<tr id="step-{step}"[^>]*>(.*?)</tr>', page, re.S)
+    assert match, f"no row for step {step}"
+    return match.group(1)
+
+
+def _links(page: str) -> list[str]:
+    return [html.unescape(h) for h in re.findall(r'href="([^"]*)"', page)]
+
+
+def _html_ok(r, status: int = 200) -> str:
+    assert r.status_code == status, r.text
+    assert r.headers["content-type"].startswith("text/html")
+    assert r.headers["content-security-policy"].startswith("default-src 'none'; style-src 'unsafe-inline'")
+    assert r.headers["x-content-type-options"] == "nosniff"
+    assert "<script" not in r.text  # no page carries a script: not ours, not an agent's
+    for nav in ('href="/ui"', 'href="/ui/analytics"', 'href="/docs"'):
+        assert nav in r.text
+    return r.text
+
+
+# -- the list -----------------------------------------------------------------------------------
+
+
+def test_list_shows_every_logged_episode_newest_first_with_its_facts(ui):
+    c, _, ids = ui
+    page = _html_ok(c.get("/ui"))
+    rows = c.get("/episodes").json()["episodes"]
+    assert len(rows) == 4
+    positions = [page.index(f'/ui/episodes/{e["episode_id"]}"') for e in rows]
+    assert positions == sorted(positions)  # the JSON listing's order: newest first
+    failed = next(e for e in rows if e["episode_id"] == ids["failure"])
+    assert failed["outcome"] == "failure" and failed["failure_mode"] == "irreversible_action"
+    for e in rows:
+        row = page.split(f'/ui/episodes/{e["episode_id"]}"', 1)[1].split("</tr>", 1)[0]
+        assert f"<td>{e['task']}</td>" in row and f">{e['outcome']}</span>" in row
+        assert f"<td class=\"num\">{e['steps']}</td>" in row
+        assert f"<td class=\"num\">{number_text(e['total_return'])}</td>" in row
+        if e["failure_mode"]:
+            assert f">{e['failure_mode']}</span>" in row
+    assert html.escape(HOSTILE) in page and "expert-agent" in page
+
+
+def test_list_filters_and_drops_the_empty_fields_a_form_sends(ui):
+    c, _, ids = ui
+    page = _html_ok(c.get("/ui", params={"task": "", "agent": "random-agent", "outcome": ""}))
+    assert ids["random"] in page and ids["random2"] in page
+    assert ids["success"] not in page and ids["failure"] not in page
+    page = _html_ok(c.get("/ui", params={"outcome": "failure", "task": "expense_report"}))
+    assert ids["failure"] in page and ids["success"] not in page
+    assert '<option value="failure" selected>' in page  # the form shows the filter in force
+    page = _html_ok(c.get("/ui", params={"agent": HOSTILE}))
+    assert ids["failure"] in page and ids["random"] not in page
+    assert f'value="{html.escape(HOSTILE)}"' in page
+    page = _html_ok(c.get("/ui", params={"task": "", "agent": "", "outcome": ""}))
+    assert all(i in page for i in ids.values())
+
+
+def test_list_pages_forward_and_back_keeping_the_filters(ui):
+    c, _, ids = ui
+    page = _html_ok(c.get("/ui", params={"limit": 2}))
+    expected = [e["episode_id"] for e in c.get("/episodes", params={"limit": 2}).json()["episodes"]]
+    assert all(i in page for i in expected) and len(set(ids.values()) - set(expected)) == 2
+    older = [h for h in _links(page) if "offset=" in h]
+    assert len(older) == 1 and parse_qs(urlsplit(older[0]).query) == {"limit": ["2"], "offset": ["2"]}
+    page2 = _html_ok(c.get(older[0]))
+    rest = set(ids.values()) - set(expected)
+    assert all(i in page2 for i in rest)
+    newer = [h for h in _links(page2) if "offset=" in h]
+    assert [parse_qs(urlsplit(h).query)["offset"] for h in newer] == [["0"]]  # no older page
+    filtered = _html_ok(c.get("/ui", params={"agent": "random-agent", "limit": 1}))
+    link = next(h for h in _links(filtered) if "offset=" in h)
+    assert parse_qs(urlsplit(link).query) == {"agent": ["random-agent"], "limit": ["1"], "offset": ["1"]}
+
+
+@pytest.mark.parametrize(("query", "said"), [
+    ({"outcome": "bogus"}, "unknown outcome"),
+    ({"task": "nope"}, "unknown task"),
+    ({"agent": "x" * 101}, "agent must be a string of 1-100"),
+    ({"limit": "0"}, "limit must be a whole number from 1 to 500"),
+    ({"offset": "-1"}, "offset must be a whole number"),
+    ("task=expense_report&task=bug_escalation", "given more than once"),
+])
+def test_a_bad_list_filter_is_a_400_page_in_words(ui, query, said):
+    c, _, _ = ui
+    page = _html_ok(c.get("/ui", params=query), 400)
+    assert html.escape(said) in page
+
+
+# -- one episode --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("which", ["success", "random", "failure"])
+def test_episode_page_shows_every_step_and_the_facts_the_store_holds(ui, which):
+    c, url, ids = ui
+    episode_id = ids[which]
+    page = _html_ok(c.get(f"/ui/episodes/{episode_id}"))
+    events = _events(url, episode_id)
+    assert len(events) > 20
+    step, seen = 0, {"rejected": 0, "reward": 0, "chaos": 0, "mistake": 0}
+    for event in events:
+        kind, data = event["type"], event["data"]
+        if kind == "ActionTaken":
+            step = data["step"]
+            row = _row(page, step)
+            assert f'/ui/episodes/{episode_id}/views?step={step}"' in row
+            action = data["action"]
+            if isinstance(action, dict) and isinstance(action.get("app"), str) \
+                    and isinstance(action.get("method"), str):
+                assert html.escape(f"{action['app']}.{action['method']}") in row
+            else:
+                assert "malformed action" in row
+            continue
+        row = _row(page, step)
+        if kind == "ActionRejected":
+            assert "rejected" in row and html.escape(data["code"]) in row
+            assert html.escape(data["reason"]) in row
+            seen["rejected"] += 1
+        elif kind == "RewardGranted":
+            assert f"{html.escape(data['rule'])} {data['value']:+g}" in row
+            seen["reward"] += 1
+        elif kind == "MistakeRecorded":
+            assert html.escape(data["mode"]) in row and html.escape(data["detail"]) in row
+            seen["mistake"] += 1
+        elif kind == "EpisodeEnded":
+            assert f"episode ended: {data['outcome']}" in row
+        if data.get("cause") == "chaos":
+            assert html.escape(data["mechanism"]) in row and kind in row
+            seen["chaos"] += 1
+    last = max(e["data"]["step"] for e in events if e["type"] == "ActionTaken")
+    assert not re.search(rf'id="step-{last + 1}"', page)
+    assert seen["reward"] > 0
+    if which != "success":
+        assert seen["rejected"] > 0
+    if which == "failure":
+        assert seen["mistake"] > 0
+    else:
+        assert seen["chaos"] > 0  # chaos high: traps were planted or fired
+
+
+def test_a_failed_episode_shows_its_failure_mode(ui):
+    c, _, ids = ui
+    summary = c.get(f"/episodes/{ids['failure']}").json()
+    assert summary["outcome"] == "failure"
+    page = _html_ok(c.get(f"/ui/episodes/{ids['failure']}"))
+    assert f"<b>{summary['failure_mode']}</b>" in page  # in the summary, with its meaning
+    assert "without ever reading the data" in page
+    assert summary["digest"] in page and f"seed</dt><dd>{summary['seed']}<" in page
+
+
+def test_a_running_episode_shows_as_running(sqlite_url):
+    with TestClient(create_app(ServerConfig(db=sqlite_url))) as c:
+        meta = c.post("/reset", json={"seed": 5, "task": "license_renewal"}).json()["metadata"]
+        action = {"app": "ticketdesk", "method": "list_tickets", "params": {}}
+        c.post("/step", json={"episode_id": meta["episode_id"], "action": action},
+               headers={"X-Episode-Token": meta["episode_token"]})
+        page = _html_ok(c.get(f"/ui/episodes/{meta['episode_id']}"))
+        assert ">running</span>" in page and "ticketdesk.list_tickets" in _row(page, 1)
+        assert "episode ended" not in page
+        assert meta["episode_id"] in _html_ok(c.get("/ui", params={"outcome": "running"}))
+
+
+def test_the_timeline_reads_every_event_page(ui, monkeypatch):
+    """Events are read page by page; with tiny pages the page must come out the same."""
+    c, _, ids = ui
+    whole = c.get(f"/ui/episodes/{ids['random']}").text
+    monkeypatch.setattr(api.ui, "EVENTS_PAGE", 7)
+    assert c.get(f"/ui/episodes/{ids['random']}").text == whole
+    assert "episode ended: truncated" in whole
+
+
+def test_hostile_agent_label_and_action_arguments_are_escaped(ui):
+    c, _, ids = ui
+    episode_id = ids["failure"]
+    pages = [c.get("/ui").text, c.get(f"/ui/episodes/{episode_id}").text,
+             *(c.get(f"/ui/episodes/{episode_id}/views", params={"step": k}).text for k in (1, 2, 3))]
+    for page in pages:
+        assert HOSTILE not in page and "<img" not in page
+        assert "onerror=alert(2)>" not in page  # the tag cannot open, nor an attribute close
+    assert html.escape(HOSTILE) in pages[1] and html.escape(HOSTILE_APP) in pages[1]
+    assert html.escape(HOSTILE) in pages[2]  # the comment, in the ticket's view
+
+
+def test_missing_episode_is_a_404_page(ui):
+    c, _, _ = ui
+    for path in ("/ui/episodes/no-such-episode", "/ui/episodes/no-such-episode/views",
+                 "/ui/episodes/%3Cbad%3E"):
+        assert "no episode" in _html_ok(c.get(path), 404)
+    assert "no UI page" in _html_ok(c.get("/ui/nothing/here"), 404)
+
+
+# -- the apps at a step -------------------------------------------------------------------------
+
+
+def _table(section: str, caption: str) -> list[dict[str, str]]:
+    """The rows of the table under <h3>caption</h3>, as {column: cell text}."""
+    body = section.split(f"<h3>{caption}</h3>", 1)[1].split("</table>", 1)[0]
+    head = re.findall(r"<th>(.*?)</th>", body)
+    rows = re.findall(r"<tr>(<td>.*?)</tr>", body, re.S)
+    return [dict(zip(head, [html.unescape(re.sub(r"<[^>]+>", "", cell))
+                            for cell in re.findall(r"<td[^>]*>(.*?)</td>", row, re.S)], strict=True))
+            for row in rows]
+
+
+def _number(value) -> str:
+    return number_text(value) if isinstance(value, float) else str(value)
+
+
+def _section(page: str, app: str) -> str:
+    return page.split(f"<h2>{app}</h2>", 1)[1].split("<h2>", 1)[0]
+
+
+def test_views_page_shows_the_apps_at_that_step(ui):
+    c, _, ids = ui
+    episode_id = ids["failure"]
+    goal_ticket = re.search(r"T-\d+", c.get(f"/episodes/{episode_id}").json()["goal"]).group(0)
+    shown = {}
+    for step in (0, 1, 3):
+        views = c.get(f"/episodes/{episode_id}/views", params={"step": step}).json()
+        page = _html_ok(c.get(f"/ui/episodes/{episode_id}/views", params={"step": step}))
+        assert f"step {step} of 3" in page
+        tickets = _table(_section(page, "ticketdesk"), "tickets")
+        assert [t["ticket_id"] for t in tickets] == [t["ticket_id"] for t in views["ticketdesk"]["tickets"]]
+        for row, ticket in zip(tickets, views["ticketdesk"]["tickets"], strict=True):
+            assert row["status"] == (ticket["status"] or "—") and row["priority"] == ticket["priority"]
+        metrics = _table(_section(page, "datahub"), "metrics")
+        assert [(m["name"], m["value"]) for m in metrics] == [
+            (m["name"], _number(m["value"])) for m in views["datahub"]["metrics"]]
+        shown[step] = next(t for t in tickets if t["ticket_id"] == goal_ticket)
+    assert shown[0]["status"] != "closed" and shown[3]["status"] == "closed"
+    assert HOSTILE not in shown[0]["comments"] and HOSTILE in shown[1]["comments"]
+
+
+def test_views_page_links_to_neighbouring_steps_and_back(ui):
+    c, _, ids = ui
+    episode_id = ids["failure"]
+    page = _html_ok(c.get(f"/ui/episodes/{episode_id}/views", params={"step": 2}))
+    links = _links(page)
+    assert f"/ui/episodes/{episode_id}/views?step=1" in links
+    assert f"/ui/episodes/{episode_id}/views?step=3" in links
+    assert f"/ui/episodes/{episode_id}#step-2" in links
+    last = _html_ok(c.get(f"/ui/episodes/{episode_id}/views"))  # no step: the last
+    assert "step 3 of 3" in last and "views?step=4" not in last
+    assert "episode ended" in last
+    first = _html_ok(c.get(f"/ui/episodes/{episode_id}/views", params={"step": 0}))
+    assert "views?step=-1" not in first and f"/ui/episodes/{episode_id}/views?step=1" in _links(first)
+
+
+@pytest.mark.parametrize(("step", "status", "said"), [
+    ("4", 404, "has steps 0..3; there is no step 4"),
+    ("abc", 400, "step must be a whole number from 0 to 1000000"),
+    ("-1", 400, "step must be a whole number"),
+])
+def test_a_bad_step_is_a_page_in_words(ui, step, status, said):
+    c, _, ids = ui
+    page = _html_ok(c.get(f"/ui/episodes/{ids['failure']}/views", params={"step": step}), status)
+    assert html.escape(said) in page
+
+
+# -- analytics ----------------------------------------------------------------------------------
+
+
+def test_analytics_page_holds_the_report_and_its_charts(ui):
+    c, _, _ = ui
+    page = _html_ok(c.get("/ui/analytics"))
+    assert page.count("<svg") >= 2 and "Failure modes" in page and "irreversible_action" in page
+    assert HOSTILE not in page and html.escape(HOSTILE) in page  # the agents table
+    assert page.count("<body>") == 1 and page.count("<html") == 1  # the report's body, in ours
+    only = _html_ok(c.get("/ui/analytics", params={"agent": "random-agent", "task": ""}))
+    assert "agent=random-agent" in only and "irreversible_action" not in only
+
+
+@pytest.mark.parametrize(("query", "said"), [({"task": "nope"}, "unknown task"),
+                                             ({"agent": "  "}, "no episode has an empty agent label")])
+def test_a_bad_analytics_filter_is_a_400_page(ui, query, said):
+    c, _, _ = ui
+    assert html.escape(said) in _html_ok(c.get("/ui/analytics", params=query), 400)
+
+
+def test_an_unusable_warehouse_is_a_503_page(tmp_path):
+    (tmp_path / "store.duckdb").mkdir()  # where the warehouse of store.db would be
+    with TestClient(create_app(ServerConfig(db=f"sqlite:///{tmp_path / 'store.db'}"))) as c:
+        page = _html_ok(c.get("/ui/analytics"), 503)
+        assert "is a directory" in page
+
+
+# -- access and the schema ----------------------------------------------------------------------
+
+
+def test_the_api_key_guard_covers_the_ui(logged):
+    url, ids = logged
+    with TestClient(create_app(ServerConfig(db=url, api_key="sekret"))) as c:
+        for path in ("/ui", f"/ui/episodes/{ids['success']}", f"/ui/episodes/{ids['success']}/views",
+                     "/ui/analytics", "/ui/anything"):
+            assert c.get(path).status_code == 401
+            assert c.get(path, headers={"Authorization": "Bearer wrong"}).status_code == 403
+        ok = c.get(f"/ui/episodes/{ids['success']}", headers={"Authorization": "Bearer sekret"})
+        _html_ok(ok)
+
+
+def test_ui_routes_stay_out_of_the_api_schema(ui):
+    c, _, _ = ui
+    assert not [p for p in c.get("/openapi.json").json()["paths"] if p.startswith("/ui")]
