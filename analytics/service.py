@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +23,7 @@ from analytics.warehouse import Warehouse, WarehouseError
 _LOCK = threading.Lock()
 
 __all__ = ["QueryError", "SqlRefused", "WarehouseError", "answer", "as_objects", "describe", "run_named",
-           "run_sql", "rows_of"]
+           "run_sql", "rows_of", "synced"]
 
 
 def describe() -> list[dict[str, Any]]:
@@ -85,7 +87,19 @@ def answer(db_url: str, name: str, params: dict[str, Any] | None = None,
     """
     query = named.get(name)
     bound = query.bind(params)
-    # the store first, as the CLI does: a store that cannot be opened leaves no warehouse file
+    with synced(db_url, warehouse) as wh:
+        return rows_of(wh.con.execute(query.sql, bound))
+
+
+@contextmanager
+def synced(db_url: str, warehouse: str | Path | None = None) -> Iterator[Warehouse]:
+    """The warehouse of the store at `db_url`, synced with it, held under this process's lock
+    (a server answers on threads; DuckDB lets one connection write the file) until the block ends.
+
+    The store is opened first, as the CLI does: a store that cannot be opened leaves no warehouse
+    file. WarehouseError when the warehouse is busy, another store's or cannot be written.
+    """
     with _LOCK, open_store(db_url) as store, Warehouse(warehouse_path(db_url, warehouse)) as wh:
         sync(db_url, wh, store=store)
-        return rows_of(wh.con.execute(query.sql, bound))
+        yield wh
+

@@ -29,11 +29,9 @@ from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
-from analytics import report
-from analytics.service import _LOCK as WAREHOUSE_LOCK
+from analytics import report, service
 from analytics.sources import UnsyncableStore
-from analytics.sync import open_store, sync, warehouse_path
-from analytics.warehouse import Warehouse, WarehouseError
+from analytics.warehouse import WarehouseError
 from api.episodes import EpisodeLog
 from api.querystring import RepeatedParameter, single_valued
 from api.sessions import ApiError
@@ -110,13 +108,13 @@ def ui_router(log: EpisodeLog, db: str | Callable[[], str], warehouse: str | Non
         except ValueError as exc:  # BadParameter included
             return error_page(400, str(exc))
         try:
-            document = await run_in_threadpool(report_html, db_url(), warehouse,
-                                               filters.get("agent"), filters.get("task"))
+            data = await run_in_threadpool(report_data, db_url(), warehouse,
+                                           filters.get("agent"), filters.get("task"))
         except (WarehouseError, UnsyncableStore, StoreUnavailable) as exc:
             return error_page(503, f"the analytics warehouse cannot be used: {exc}")
         except CorruptCommit as exc:
             return error_page(500, f"{exc}; `companyos verify` names every damaged episode")
-        return analytics_page(document, filters)
+        return analytics_page(report.html_body(data), filters)
 
     @router.get("/{rest:path}", response_class=HTMLResponse)
     def not_found(rest: str) -> Response:
@@ -139,13 +137,10 @@ def all_events(log: EpisodeLog, episode_id: str) -> list[dict[str, Any]]:
     return events
 
 
-def report_html(db_url: str, warehouse: str | None, agent: str | None, task: str | None) -> str:
-    """Sync the warehouse with the store, then render the report (what `analytics report --html`
-    writes). Under the analytics service's lock: DuckDB lets one connection of a process write
-    the file, and a named query from GET /analytics may be syncing it at the same moment."""
-    with WAREHOUSE_LOCK, open_store(db_url) as store, Warehouse(warehouse_path(db_url, warehouse)) as wh:
-        sync(db_url, wh, store=store)
-        return report.to_html(report.build(wh, agent=agent, task=task))
+def report_data(db_url: str, warehouse: str | None, agent: str | None, task: str | None) -> dict[str, Any]:
+    """The report's data over the warehouse, synced with the store first (as GET /analytics/{name})."""
+    with service.synced(db_url, warehouse) as wh:
+        return report.build(wh, agent=agent, task=task)
 
 
 def _params(request: Request) -> dict[str, str]:

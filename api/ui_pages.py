@@ -10,6 +10,7 @@ from typing import Any
 
 from fastapi.responses import HTMLResponse
 
+from analytics.report import REPORT_CSS
 from api.ui_html import (
     UI,
     Markup,
@@ -270,26 +271,12 @@ def _view_cell(value: Any) -> Any:
 # -- analytics ----------------------------------------------------------------------------------
 
 
-def analytics_page(report_html: str, filters: dict[str, str]) -> HTMLResponse:
-    """`GET /ui/analytics`: the report `companyos analytics report --html` writes, inside the UI.
-
-    The report is a whole document; its <style> and <body> are taken out of it and put in this
-    page, so there is one report renderer (analytics.report.to_html) and one escaping of it."""
-    style, body = _split_document(report_html)
+def analytics_page(report_body: str, filters: dict[str, str]) -> HTMLResponse:
+    """`GET /ui/analytics`: the report `companyos analytics report --html` writes, inside the UI:
+    the same markup (analytics.report.html_body) and style, one renderer and one escaping."""
     form = Markup(
         f'<form class="filters" method="get" action="{UI}/analytics">'
         + select("task", "task", TASK_FAMILIES, filters.get("task"))
         + text_input("agent", "agent", filters.get("agent"))
         + f'<button type="submit">Filter</button><a href="{UI}/analytics">clear</a></form>')
-    head = f"<style>{style}</style>" if style else ""
-    return page("Analytics", form + body, head=head)
-
-
-def _split_document(document: str) -> tuple[str, str]:
-    """(the CSS, the body markup) of a whole HTML document; the document as the body otherwise."""
-    _, found, rest = document.partition("<style>")
-    style = rest.partition("</style>")[0] if found else ""
-    _, found, rest = document.partition("<body>")
-    if not found:
-        return style, document
-    return style, rest.rpartition("</body>")[0] or rest
+    return page("Analytics", form + report_body, head=f"<style>{REPORT_CSS}</style>")
