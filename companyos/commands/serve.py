@@ -48,7 +48,7 @@ def serve(
                                   help="Uvicorn log level: critical, error, warning, info, "
                                        "debug or trace."),
 ) -> None:
-    """Serve environments to agents: OpenEnv HTTP/WebSocket, MCP, and the episode log.
+    """Serve environments to agents (OpenEnv HTTP/WebSocket, MCP), the episode log, and a web UI at /ui.
 
     Set COMPANYOS_API_KEY to require `Authorization: Bearer <key>` on every route but /health.
     """
