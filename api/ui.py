@@ -55,12 +55,17 @@ class BadParameter(ValueError):
 
 def ui_router(log: EpisodeLog, db: str | Callable[[], str], warehouse: str | None = None) -> APIRouter:
     """The UI's routes over the server's episode log and the store at `db` (for the analytics)."""
-    router = APIRouter(prefix=UI, tags=["UI"], include_in_schema=False)
+    router = APIRouter(tags=["UI"], include_in_schema=False)
+
+    @router.get("/")
+    def home() -> RedirectResponse:
+        """A person who opens the server's address in a browser lands on the episode list."""
+        return RedirectResponse(UI)
 
     def db_url() -> str:
         return db() if callable(db) else db
 
-    @router.get("", response_class=HTMLResponse)
+    @router.get(UI, response_class=HTMLResponse)
     def episodes(request: Request) -> HTMLResponse:
         """The episode list, newest first, filtered and paged like GET /episodes."""
         try:
@@ -75,7 +80,7 @@ def ui_router(log: EpisodeLog, db: str | Callable[[], str], warehouse: str | Non
             return error_page(exc.status, exc.message)
         return episode_list(listing, filters)
 
-    @router.get("/episodes/{episode_id}", response_class=HTMLResponse)
+    @router.get(UI + "/episodes/{episode_id}", response_class=HTMLResponse)
     def episode(episode_id: str) -> HTMLResponse:
         """One episode: its summary and every step, from all of its events."""
         try:
@@ -85,7 +90,7 @@ def ui_router(log: EpisodeLog, db: str | Callable[[], str], warehouse: str | Non
             return error_page(exc.status, exc.message)
         return episode_page(summary, build_timeline(events))
 
-    @router.get("/episodes/{episode_id}/views", response_class=HTMLResponse)
+    @router.get(UI + "/episodes/{episode_id}/views", response_class=HTMLResponse)
     def views(episode_id: str, request: Request) -> HTMLResponse:
         """The three apps after step K (default: the last), as GET /episodes/{id}/views."""
         try:
@@ -98,7 +103,7 @@ def ui_router(log: EpisodeLog, db: str | Callable[[], str], warehouse: str | Non
             return error_page(exc.status, exc.message)
         return views_page(result)
 
-    @router.get("/analytics", response_class=HTMLResponse)
+    @router.get(UI + "/analytics", response_class=HTMLResponse)
     async def analytics(request: Request) -> HTMLResponse:
         """The failure-mode report over the warehouse, synced with the store first."""
         try:
@@ -116,7 +121,7 @@ def ui_router(log: EpisodeLog, db: str | Callable[[], str], warehouse: str | Non
             return error_page(500, f"{exc}; `companyos verify` names every damaged episode")
         return analytics_page(report.html_body(data), filters)
 
-    @router.get("/{rest:path}", response_class=HTMLResponse)
+    @router.get(UI + "/{rest:path}", response_class=HTMLResponse)
     def not_found(rest: str) -> Response:
         """Any other /ui/... path: a page that says so (and /ui/ is the list)."""
         if not rest:

@@ -265,6 +265,14 @@ def test_missing_episode_is_a_404_page(ui):
     assert "no UI page" in _html_ok(c.get("/ui/nothing/here"), 404)
 
 
+def test_the_server_root_and_ui_slash_lead_to_the_episode_list(ui):
+    c, _, _ = ui
+    for path in ("/", "/ui/"):
+        moved = c.get(path, follow_redirects=False)
+        assert moved.status_code in (302, 307) and moved.headers["location"] == "/ui"
+        assert "<h1>Episodes</h1>" in c.get(path).text
+
+
 # -- the apps at a step -------------------------------------------------------------------------
 
 
