@@ -31,9 +31,8 @@ from api.ui_html import (
 )
 from api.ui_timeline import Step
 from domain import FAILURE_MODES, TASK_FAMILIES
+from domain.tools import APPS
 from projections.episodes import OUTCOMES
-
-APPS = ("ticketdesk", "datahub", "approvalflow")
 
 
 def _outcome(outcome: str | None) -> Markup:

@@ -10,7 +10,8 @@ from typing import Any
 
 import orjson
 
-APPS = ("ticketdesk", "datahub", "approvalflow")
+from domain.tools import APPS
+
 TITLES = {"ticketdesk": "TicketDesk board", "datahub": "DataHub catalogue",
           "approvalflow": "ApprovalFlow queue"}
 _STATUS_ORDER = ("open", "in_progress", "blocked", "resolved", "closed", None)
