@@ -61,25 +61,18 @@ class EpisodeLog:
         return records
 
     def get(self, episode_id: str) -> dict[str, Any]:
+        return _summary(episode_id, self._records(episode_id))
+
+    def get_with_events(self, episode_id: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """The summary and every event, from one read of the stream (the web UI's episode page)."""
         records = self._records(episode_id)
-        row = summarize(episode_id, records)
-        if row is None:
-            raise ApiError(404, "episode_not_found", f"{episode_id!r} is not an episode stream")
-        for column in _HIDDEN_COLUMNS:
-            row.pop(column, None)
-        started = orjson.loads(records[0].data_json)
-        row["goal"] = started.get("goal")
-        return row
+        return _summary(episode_id, records), _event_dicts(records)
 
     def events(self, episode_id: str, from_version: int = 0, limit: int = 100) -> dict[str, Any]:
         records = self._records(episode_id)
         page = records[from_version:from_version + limit]
-        events = [{"version": r.version, "position": r.position, "type": r.type,
-                   "schema_version": r.schema_version, "data": orjson.loads(r.data_json),
-                   "meta": public_meta(orjson.loads(r.meta_json)), "digest": r.digest}
-                  for r in page]
         end = from_version + len(page)
-        return {"episode_id": episode_id, "events": events, "from_version": from_version,
+        return {"episode_id": episode_id, "events": _event_dicts(page), "from_version": from_version,
                 "next_from_version": end if end < len(records) else None,
                 "total": len(records)}
 
@@ -94,3 +87,22 @@ class EpisodeLog:
             raise ApiError(404, "step_not_found", str(exc)) from None
         except CorruptCommit as exc:
             raise log_damaged(exc) from None
+
+
+def _summary(episode_id: str, records: list) -> dict[str, Any]:
+    """An episode's summary row (as the listing has it) plus its goal, folded from its stream."""
+    row = summarize(episode_id, records)
+    if row is None:
+        raise ApiError(404, "episode_not_found", f"{episode_id!r} is not an episode stream")
+    for column in _HIDDEN_COLUMNS:
+        row.pop(column, None)
+    row["goal"] = orjson.loads(records[0].data_json).get("goal")
+    return row
+
+
+def _event_dicts(records: list) -> list[dict[str, Any]]:
+    """Events as the API shows them: data decoded, secrets removed from the meta."""
+    return [{"version": r.version, "position": r.position, "type": r.type,
+             "schema_version": r.schema_version, "data": orjson.loads(r.data_json),
+             "meta": public_meta(orjson.loads(r.meta_json)), "digest": r.digest}
+            for r in records]

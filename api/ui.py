@@ -6,11 +6,11 @@ the failure-mode report. Pages are plain HTML (no JavaScript, nothing fetched fr
 they work offline and in any browser.
 
 The UI answers with the same rules as the JSON endpoints because it calls the same code: the
-list is `EpisodeLog.list` (the `GET /episodes` filters), an episode's events come from
-`EpisodeLog.events`, a step's views from `EpisodeLog.views`, and the report from
-`analytics.report`. What differs is only how a refusal is said: an HTML page, in words, with the
-JSON endpoint's status. Query parameters are read as text and checked here, so a bad one is a
-400 page rather than FastAPI's JSON 422.
+list is `EpisodeLog.list` (the `GET /episodes` filters), an episode and its events come from
+one read of its stream (`EpisodeLog.get_with_events`), a step's views from `EpisodeLog.views`,
+and the report from `analytics.report`. What differs is only how a refusal is said: an HTML
+page, in words, with the JSON endpoint's status. Query parameters are read as text and checked
+here, so a bad one is a 400 page rather than FastAPI's JSON 422.
 
 A browser form sends every field, empty ones too ("any task" is `task=`); empty fields mean "no
 filter" and are dropped before the log is asked. (`GET /episodes?agent=` is refused as a filter
@@ -44,9 +44,6 @@ PAGE_SIZE = 50
 MAX_PAGE_SIZE = 500  # as GET /episodes
 MAX_OFFSET = 10**9
 MAX_STEP = 10**6
-EVENTS_PAGE = 10_000
-"""Events per read. Each read folds the whole stream again (EpisodeLog.events slices it), so
-the pages are large: one read for any but the longest episodes."""
 
 
 class BadParameter(ValueError):
@@ -84,8 +81,7 @@ def ui_router(log: EpisodeLog, db: str | Callable[[], str], warehouse: str | Non
     def episode(episode_id: str) -> HTMLResponse:
         """One episode: its summary and every step, from all of its events."""
         try:
-            summary = log.get(episode_id)
-            events = all_events(log, episode_id)
+            summary, events = log.get_with_events(episode_id)
         except ApiError as exc:
             return error_page(exc.status, exc.message)
         return episode_page(summary, build_timeline(events))
@@ -129,17 +125,6 @@ def ui_router(log: EpisodeLog, db: str | Callable[[], str], warehouse: str | Non
         return error_page(404, f"there is no UI page at {UI}/{rest}")
 
     return router
-
-
-def all_events(log: EpisodeLog, episode_id: str) -> list[dict[str, Any]]:
-    """Every event of the episode, page by page through the log (never only the first page)."""
-    events: list[dict[str, Any]] = []
-    start: int | None = 0
-    while start is not None:
-        page = log.events(episode_id, start, EVENTS_PAGE)
-        events.extend(page["events"])
-        start = page["next_from_version"]
-    return events
 
 
 def report_data(db_url: str, warehouse: str | None, agent: str | None, task: str | None) -> dict[str, Any]:
