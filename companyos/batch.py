@@ -105,13 +105,14 @@ def run_range(plan: RunPlan, start: int, stop: int, store: EventStore | None = N
             if halt is not None and halt.is_set():
                 break
             done.append(_one_episode(env, plan, index))
-        return done
     except BaseException:
         with suppress(UnloggedEpisode):  # the error in flight (a full disk...) is the one to say
             env.close()
         raise
-    finally:
+    else:
         env.close()
+        return done
+    finally:
         if own:
             store.close()
 
