@@ -160,8 +160,8 @@ def create_app(config: ServerConfig | None = None, store: EventStore | None = No
     _register_openenv(app, server)
     _register_log(app, server)
     store_url = store.engine.url.render_as_string(hide_password=False)
-    app.include_router(analytics_router(store_url))
-    app.include_router(ui_router(server.log, store_url))
+    app.include_router(analytics_router(store_url, config.warehouse))
+    app.include_router(ui_router(server.log, store_url, config.warehouse))
     app.server = server
     app.guard = Guard(None, config.api_key, config.max_body_bytes)
     return app

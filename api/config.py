@@ -14,6 +14,7 @@ below the store's 1 MiB event limit, so an accepted action can always be logged.
 
 _ENV = {
     "db": "COMPANYOS_DB",
+    "warehouse": "COMPANYOS_WAREHOUSE",
     "api_key": "COMPANYOS_API_KEY",
     "max_sessions": "COMPANYOS_MAX_SESSIONS",
     "cache_size": "COMPANYOS_CACHE_SIZE",
@@ -33,12 +34,15 @@ class ServerConfig:
     - idle_timeout_s: an episode untouched this long leaves the cache (never the log).
     - inline_steps: run a WebSocket step on the event loop instead of a thread. Faster on SQLite
       (a step is ~0.1 ms of CPU and the GIL serialises threads anyway); None picks it for SQLite.
+    - warehouse: the DuckDB file the analytics routes and the UI sync and read (None: the analytics
+      default, beside a SQLite store or ./<database>.duckdb).
     - exit_with_parent: the pid of the process whose death shuts this one down (the supervisor of
       `serve --workers N`: killed outright, it leaves its workers serving the port). A pid, not
       "my parent": a worker still starting when the supervisor dies already has another parent.
     """
 
     db: str | None = None
+    warehouse: str | None = None
     api_key: str | None = None
     max_sessions: int = DEFAULT_MAX_SESSIONS
     cache_size: int = DEFAULT_CACHE_SIZE

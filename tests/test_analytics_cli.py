@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import re
 import shutil
 import sqlite3
 import subprocess
@@ -566,3 +567,46 @@ def test_an_empty_path_is_refused_not_taken_for_the_current_directory(logged, tm
     out = _companyos("analytics", *args, "--db", logged[0], cwd=tmp_path)
     assert out.returncode == 2 and "is empty (an unset shell variable?)" in out.stderr, out.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_server_syncs_the_warehouse_it_was_given(logged, tmp_path):
+    """`serve --warehouse` reaches both the JSON analytics and the UI's report: the answers come from
+    that file, and none is made beside the store."""
+    from api.app import create_app
+    from api.config import ServerConfig
+
+    url, reported = logged
+    copy = tmp_path / "store" / "companyos.db"
+    copy.parent.mkdir()
+    shutil.copy(url.removeprefix("sqlite:///"), copy)
+    elsewhere = tmp_path / "analytics" / "w.duckdb"
+    config = ServerConfig.from_env({"COMPANYOS_DB": f"sqlite:///{copy}",
+                                    "COMPANYOS_WAREHOUSE": str(elsewhere)})
+    with TestClient(create_app(config)) as client:
+        rows = client.get("/analytics/compare_agents").json()
+        assert sum(r["episodes"] for r in rows) == len(reported)
+        page = client.get("/ui/analytics")
+        words = " ".join(re.sub("<[^>]+>", " ", page.text).split())
+        assert page.status_code == 200 and f"episodes {len(reported)} success rate" in words
+    assert elsewhere.exists() and not (copy.parent / "companyos.duckdb").exists()
+    with Warehouse(elsewhere, read_only=True) as wh:
+        assert wh.con.execute("SELECT count(*) FROM episodes").fetchone()[0] == len(reported)
+
+
+def test_serve_hands_its_workers_an_absolute_warehouse_and_refuses_a_directory(tmp_path, monkeypatch):
+    import uvicorn
+
+    from companyos.commands import serve
+
+    started = {}
+    monkeypatch.setattr(uvicorn, "run", lambda *a, **k: started.update(os.environ))
+    monkeypatch.chdir(tmp_path)
+    for var in ("DB", "WAREHOUSE", "MAX_SESSIONS", "CACHE_SIZE", "IDLE_TIMEOUT", "MAX_BODY", "EXIT_WITH"):
+        monkeypatch.setenv(f"COMPANYOS_{var}", "")  # serve sets them; monkeypatch undoes it after
+    runner = command_runner(serve.register)  # its only command: typer calls it without its name
+    out = runner("--port", "0", "--db", "sqlite:///s.db", "--warehouse", "w/a.duckdb")
+    assert out.exit_code == 0, out.output
+    assert started["COMPANYOS_WAREHOUSE"] == str(tmp_path / "w" / "a.duckdb")
+    (tmp_path / "d").mkdir()
+    out = runner("--port", "0", "--db", "sqlite:///s.db", "--warehouse", "d")
+    assert out.exit_code == 2 and "--warehouse d is a directory; name a DuckDB file" in out.output

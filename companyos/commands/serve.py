@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import os
 import socket
+from pathlib import Path
 
 import typer
 
-from companyos.commands.options import DbOption
+from companyos.commands.options import DbOption, named_path
 from companyos.commands.output import fail
 from companyos.config import resolve_db
 
@@ -32,6 +33,10 @@ def serve(
     host: str = typer.Option("127.0.0.1", "--host", help="Interface to listen on."),
     port: int = typer.Option(8000, "--port", min=0, max=65535, help="TCP port."),
     db: str | None = DbOption,
+    warehouse: Path | None = typer.Option(None, "--warehouse", parser=named_path,
+                                          help="DuckDB file for /analytics and the UI's report "
+                                               "(default: beside a SQLite store, else "
+                                               "./<database>.duckdb)."),
     workers: int = typer.Option(1, "--workers", min=1, max=64,
                                 help="Worker processes; any of them can serve any episode."),
     max_sessions: int = typer.Option(1024, "--max-sessions", min=1,
@@ -57,11 +62,14 @@ def serve(
 
     if log_level not in LOG_LEVELS:
         fail(f"--log-level must be one of {', '.join(LOG_LEVELS)}, not {log_level!r}")
+    warehouse_file = _warehouse_file(warehouse) if warehouse else ""
     _check_can_listen(host, port)
     url = resolve_db(db)
     _open_store_once(url)  # create / migrate before the workers race to do it
     os.environ.update({
         "COMPANYOS_DB": url,
+        # absolute, so every worker names the same file whatever it does with its directory
+        "COMPANYOS_WAREHOUSE": warehouse_file,
         "COMPANYOS_MAX_SESSIONS": str(max_sessions),
         "COMPANYOS_CACHE_SIZE": str(max(cache_size, max_sessions)),
         "COMPANYOS_IDLE_TIMEOUT": str(idle_timeout),
@@ -89,6 +97,15 @@ def _check_can_listen(host: str, port: int) -> None:
             probe.bind(address)
         except OSError as exc:
             fail(f"cannot listen on {host}:{port}: {exc.strerror}", 1)
+
+
+def _warehouse_file(warehouse: Path) -> str:
+    """The --warehouse as an absolute path; a directory is refused now (exit 2), not at every
+    analytics request. Whether it holds a warehouse is checked where DuckDB opens it (HTTP 503)."""
+    path = warehouse.expanduser().absolute()
+    if path.is_dir():
+        fail(f"--warehouse {warehouse} is a directory; name a DuckDB file")
+    return str(path)
 
 
 def _open_store_once(url: str) -> None:
