@@ -11,6 +11,8 @@ from typing import Any
 
 import orjson
 
+from api.ui_html import HEADERS, error_document, is_ui_path
+
 OPEN_PATHS = frozenset({"/health"})
 
 
@@ -19,6 +21,19 @@ def _json(status: int, code: str, message: str, extra_headers: list | None = Non
     headers = [(b"content-type", b"application/json"),
                (b"content-length", str(len(body)).encode())] + (extra_headers or [])
     return status, headers, body
+
+
+def _as_page(status: int, headers: list, body: bytes) -> tuple:
+    """The same refusal as an HTML page in words, for the UI's pages: a person reads it."""
+    said = orjson.loads(body)["detail"]
+    if status == 401:
+        said += (". A browser does not ask for Bearer keys: open the UI through a reverse proxy that "
+                 "adds the header, or with an extension that sets request headers.")
+    page = error_document(status, said).encode()
+    kept = [(k, v) for k, v in headers if k not in (b"content-type", b"content-length")]
+    return status, [(b"content-type", b"text/html; charset=utf-8"),
+                    (b"content-length", str(len(page)).encode()), *kept,
+                    *((k.lower().encode(), v.encode()) for k, v in HEADERS.items())], page
 
 
 class Guard:
@@ -48,7 +63,7 @@ class Guard:
         if kind == "http":
             error = self.auth_error(scope) or self._size_error(scope)
             if error is not None:
-                await _send_http(send, *error)
+                await _send_http(send, *(_as_page(*error) if is_ui_path(scope["path"]) else error))
                 return
             await self.app(scope, self._limited(receive, send), send)
         elif kind == "websocket":

@@ -154,19 +154,33 @@ def nav() -> Markup:
 
 def page(title: str, body: str, *, status: int = 200, head: str = "") -> HTMLResponse:
     """A whole page: nav bar, title, body (trusted markup); `head` is extra trusted <head> markup."""
-    document = ("<!doctype html><html lang='en'><head><meta charset='utf-8'>"
-                "<meta name='viewport' content='width=device-width, initial-scale=1'>"
-                f"<title>{esc(title)} · CompanyOS</title>{head}<style>{_CSS}</style></head>"
-                f"<body>{nav()}{body}</body></html>")
-    return HTMLResponse(document, status_code=status, headers=HEADERS)
+    return HTMLResponse(document(title, body, head), status_code=status, headers=HEADERS)
 
 
-_TITLES = {400: "Bad request", 404: "Not found", 500: "Server error", 503: "Unavailable"}
+def document(title: str, body: str, head: str = "") -> str:
+    return ("<!doctype html><html lang='en'><head><meta charset='utf-8'>"
+            "<meta name='viewport' content='width=device-width, initial-scale=1'>"
+            f"<title>{esc(title)} · CompanyOS</title>{head}<style>{_CSS}</style></head>"
+            f"<body>{nav()}{body}</body></html>")
+
+
+_TITLES = {400: "Bad request", 401: "API key needed", 403: "Wrong API key", 404: "Not found",
+           500: "Server error", 503: "Unavailable"}
 
 
 def error_page(status: int, message: str) -> HTMLResponse:
     """The UI's error page: the status and what went wrong, in words."""
+    return HTMLResponse(error_document(status, message), status_code=status, headers=HEADERS)
+
+
+def error_document(status: int, message: str) -> str:
+    """The error page's HTML; the API-key guard sends it too, as plain ASGI."""
     title = _TITLES.get(status, "Error")
     body = (f"<h1>{status} {esc(title)}</h1><p class='error'>{esc(message)}</p>"
             f"<p><a href='{UI}'>Back to the episode list</a></p>")
-    return page(title, body, status=status)
+    return document(title, body)
+
+
+def is_ui_path(path: str) -> bool:
+    """The pages a browser asks for: the UI and the root that leads there."""
+    return path == "/" or path == UI or path.startswith(UI + "/")

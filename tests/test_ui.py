@@ -368,15 +368,23 @@ def test_an_unusable_warehouse_is_a_503_page(tmp_path):
 # -- access and the schema ----------------------------------------------------------------------
 
 
-def test_the_api_key_guard_covers_the_ui(logged):
+def test_the_api_key_guard_covers_the_ui_and_says_so_in_a_page(logged):
+    """A person who opens the UI without the key reads why and what to do, not a JSON document;
+    the JSON API keeps its JSON refusal."""
     url, ids = logged
     with TestClient(create_app(ServerConfig(db=url, api_key="sekret"))) as c:
-        for path in ("/ui", f"/ui/episodes/{ids['success']}", f"/ui/episodes/{ids['success']}/views",
+        for path in ("/", "/ui", f"/ui/episodes/{ids['success']}", f"/ui/episodes/{ids['success']}/views",
                      "/ui/analytics", "/ui/anything"):
-            assert c.get(path).status_code == 401
-            assert c.get(path, headers={"Authorization": "Bearer wrong"}).status_code == 403
+            page = _html_ok(c.get(path, follow_redirects=False), 401)
+            assert "needs an API key" in page and "reverse proxy that adds the header" in page
+            assert c.get(path).headers["www-authenticate"] == "Bearer"
+            page = _html_ok(c.get(path, headers={"Authorization": "Bearer wrong"}), 403)
+            assert "wrong API key" in page
         ok = c.get(f"/ui/episodes/{ids['success']}", headers={"Authorization": "Bearer sekret"})
         _html_ok(ok)
+        refused = c.get("/episodes")
+        assert refused.status_code == 401 and refused.json()["code"] == "unauthorized"
+        assert c.get("/uix").headers["content-type"] == "application/json"
 
 
 def test_ui_routes_stay_out_of_the_api_schema(ui):
