@@ -2,7 +2,9 @@
 
 Client messages: `{"type": "reset", "data": {seed, task, chaos, ...}}`, `{"type": "step",
 "data": <action>}`, `{"type": "state"}`, `{"type": "mcp", "data": <JSON-RPC>}`,
-`{"type": "close"}`. Replies: `observation`, `state`, `mcp` or `error` (with OpenEnv's error
+`{"type": "close"}`, and CompanyOS's own `{"type": "views"}` (the session's three apps as
+`GET /episodes/{id}/views` gives them, so a WebSocket client renders without a second
+connection). Replies: `observation`, `state`, `views`, `mcp` or `error` (with OpenEnv's error
 codes). `/ws?session_id=<episode_id>.<token>` (or `?session_id=<episode_id>` with the token in
 `X-Episode-Token` / `?episode_token=`) resumes an existing episode, e.g. after a restart.
 """
@@ -36,6 +38,10 @@ def _error(message: str, code: str, **extra: Any) -> str:
 def _api_error(exc: ApiError) -> str:
     code = VALIDATION_ERROR if exc.status in (400, 422) else EXECUTION_ERROR
     return _error(exc.message, code, reason=exc.code, status=exc.status)
+
+
+def _no_episode() -> str:
+    return _error("no episode yet: send a reset first", EXECUTION_ERROR, reason="no_episode", status=409)
 
 
 async def websocket_app(server: Any, scope: dict, receive: Any, send: Any) -> None:
@@ -134,6 +140,8 @@ class _Connection:
                 return await self._reset(message)
             if kind == "state":
                 return await self._state()
+            if kind == "views":
+                return await self._views()
             if kind == "close":
                 return None
             if kind == "mcp":
@@ -161,10 +169,16 @@ class _Connection:
             return _dumps({"type": "observation", "data": data}).decode()
         session = self.session
         if session is None:
-            return _error("no episode yet: send a reset first", EXECUTION_ERROR,
-                          reason="no_episode", status=409)
+            return _no_episode()
         payload = await self.server.run_step(session, data)
         return _dumps({"type": "observation", "data": payload}).decode()
+
+    async def _views(self) -> str:
+        """The apps after the session's last step, folded from the log like the HTTP route."""
+        if self.session is None:
+            return _no_episode()
+        views = await self.server.run(self.server.log.views, self.session.episode_id)
+        return _dumps({"type": "views", "data": views}).decode()
 
     async def _state(self) -> str:
         if self.session is None:

@@ -363,9 +363,12 @@ class RemoteCompanyEnv:
 
     def render(self) -> str:
         """The three apps as they are now, as text (as CompanyEnv.render): folded by the server
-        from the log (`GET /episodes/{id}/views`, over HTTP whatever the transport)."""
+        from the log (a `views` message on the WebSocket, `GET /episodes/{id}/views` over HTTP)."""
+        self._check_open()
         if self.episode_id is None:
             return ""
+        if self._ws is not None:
+            return render_views(self._ws.call({"type": "views"}))
         views = self._http().call("GET", f"/episodes/{quote(self.episode_id, safe='')}/views")
         return render_views(views)
 

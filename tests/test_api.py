@@ -442,6 +442,8 @@ def test_websocket_protocol(sqlite_url):
     with client(sqlite_url) as c, c.websocket_connect("/ws") as ws:
         ws.send_json({"type": "step", "data": ACTIONS[0]})
         assert ws.receive_json()["data"]["code"] == "EXECUTION_ERROR"  # no reset yet
+        ws.send_json({"type": "views"})
+        assert ws.receive_json()["data"]["reason"] == "no_episode"
         ws.send_json({"type": "state"})
         assert ws.receive_json() == {"type": "state", "data": {"episode_id": None, "step_count": 0}}
         ws.send_json({"type": "reset", "data": RESET})
@@ -455,6 +457,11 @@ def test_websocket_protocol(sqlite_url):
         ws.send_json({"type": "state"})
         state = ws.receive_json()
         assert state["type"] == "state" and state["data"]["step_count"] == 2
+        ws.send_json({"type": "views"})  # the apps after step 2, as the log's HTTP route folds them
+        views = ws.receive_json()
+        episode_id = first["data"]["metadata"]["episode_id"]
+        assert views == {"type": "views", "data": c.get(f"/episodes/{episode_id}/views").json()}
+        assert views["data"]["step"] == 2
         ws.send_text("{nope")
         assert ws.receive_json()["data"]["code"] == "INVALID_JSON"
         ws.send_json({"type": "dance"})

@@ -249,6 +249,7 @@ def test_api_key(tmp_path, transport):
             remote.reset(seed=1)
             assert remote.step(LIST_TICKETS)[4]["step"] == 1
             assert remote.render().startswith("TicketDesk board")
+            assert (remote._http_wire is None) == (transport == "ws")  # ws renders on its socket
     assert missing.value.status == 401 and wrong.value.status == 403
     assert missing.value.code and missing.value.detail
 
