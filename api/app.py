@@ -27,7 +27,7 @@ from api import catalog, mcp
 from api.analytics_routes import analytics_router
 from api.config import ServerConfig
 from api.episodes import EpisodeLog
-from api.guard import BodyTooLarge, Guard, deny_websocket
+from api.guard import BodyTooLarge, Guard, deny_websocket, route_path
 from api.jsonbody import JsonRoute, loads
 from api.models import (
     ERROR_RESPONSES,
@@ -75,7 +75,7 @@ class CompanyOSApp(FastAPI):
     guard: Guard
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] == "websocket" and scope["path"] == "/ws":
+        if scope["type"] == "websocket" and route_path(scope) == "/ws":
             error = self.guard.auth_error(scope)
             if error is not None:
                 await deny_websocket(scope, receive, send, *error)

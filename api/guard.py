@@ -11,9 +11,17 @@ from typing import Any
 
 import orjson
 
-from api.ui_html import HEADERS, error_document, is_ui_path
+from api.ui_html import HEADERS, ROOT_PATH, error_document, is_ui_path
 
 OPEN_PATHS = frozenset({"/health"})
+
+
+def route_path(scope: dict) -> str:
+    """The path the app routes on: Uvicorn puts `--root-path` in front of the request's path."""
+    path, root = scope["path"], scope.get("root_path", "")
+    if root and (path == root or path.startswith(root + "/")):
+        return path[len(root):] or "/"
+    return path
 
 
 def _json(status: int, code: str, message: str, extra_headers: list | None = None) -> tuple:
@@ -45,7 +53,7 @@ class Guard:
         self.max_body_bytes = max_body_bytes
 
     def auth_error(self, scope: dict) -> tuple | None:
-        if self.api_key is None or scope.get("path") in OPEN_PATHS:
+        if self.api_key is None or route_path(scope) in OPEN_PATHS:
             return None
         for name, value in scope.get("headers", ()):
             if name == b"authorization":
@@ -63,7 +71,10 @@ class Guard:
         if kind == "http":
             error = self.auth_error(scope) or self._size_error(scope)
             if error is not None:
-                await _send_http(send, *(_as_page(*error) if is_ui_path(scope["path"]) else error))
+                if is_ui_path(route_path(scope)):
+                    ROOT_PATH.set(scope.get("root_path", ""))  # the page's links, under the prefix
+                    error = _as_page(*error)
+                await _send_http(send, *error)
                 return
             await self.app(scope, self._limited(receive, send), send)
         elif kind == "websocket":

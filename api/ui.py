@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
@@ -35,7 +35,7 @@ from analytics.warehouse import WarehouseError
 from api.episodes import EpisodeLog
 from api.querystring import RepeatedParameter, single_valued
 from api.sessions import ApiError
-from api.ui_html import UI, error_page
+from api.ui_html import ROOT_PATH, UI, error_page, ui_href
 from api.ui_pages import analytics_page, episode_list, episode_page, views_page
 from api.ui_timeline import build_timeline
 from eventstore import CorruptCommit, StoreUnavailable
@@ -52,12 +52,12 @@ class BadParameter(ValueError):
 
 def ui_router(log: EpisodeLog, db: str | Callable[[], str], warehouse: str | None = None) -> APIRouter:
     """The UI's routes over the server's episode log and the store at `db` (for the analytics)."""
-    router = APIRouter(tags=["UI"], include_in_schema=False)
+    router = APIRouter(tags=["UI"], include_in_schema=False, dependencies=[Depends(_under_root_path)])
 
     @router.get("/")
     def home() -> RedirectResponse:
         """A person who opens the server's address in a browser lands on the episode list."""
-        return RedirectResponse(UI)
+        return RedirectResponse(ui_href())
 
     def db_url() -> str:
         return db() if callable(db) else db
@@ -121,10 +121,16 @@ def ui_router(log: EpisodeLog, db: str | Callable[[], str], warehouse: str | Non
     def not_found(rest: str) -> Response:
         """Any other /ui/... path: a page that says so (and /ui/ is the list)."""
         if not rest:
-            return RedirectResponse(UI)
-        return error_page(404, f"there is no UI page at {UI}/{rest}")
+            return RedirectResponse(ui_href())
+        return error_page(404, f"there is no UI page at {ui_href('/' + rest)}")
 
     return router
+
+
+async def _under_root_path(request: Request) -> None:
+    """Links under the proxy's prefix (`serve --root-path`). Async, so it sets the variable in the
+    request's own context, which the handler (on a worker thread or not) runs in."""
+    ROOT_PATH.set(request.scope.get("root_path", ""))
 
 
 def report_data(db_url: str, warehouse: str | None, agent: str | None, task: str | None) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import html
 import json
 from collections.abc import Iterable, Mapping
+from contextvars import ContextVar
 from typing import Any
 from urllib.parse import quote, urlencode
 
@@ -31,6 +32,16 @@ HEADERS = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff",
            "Referrer-Policy": "no-referrer", "Cache-Control": "no-store"}
 
 UI = "/ui"
+
+ROOT_PATH: ContextVar[str] = ContextVar("ui_root_path", default="")
+"""The prefix a reverse proxy mounts the server under (ASGI's root_path, `serve --root-path`), set
+per request by the UI's routes and the guard. A context variable, not a parameter of every page
+builder: every link on every page needs it, and it is the same for the whole request."""
+
+
+def ui_href(suffix: str = "") -> str:
+    """A UI address as the browser must ask for it: under the proxy's prefix."""
+    return ROOT_PATH.get() + UI + suffix
 
 _CSS = """
 body{font-family:system-ui,sans-serif;margin:0 auto;max-width:1200px;color:#222;padding:0 1rem 2rem}
@@ -108,7 +119,7 @@ def url(path: str, params: Mapping[str, Any] | None = None) -> str:
 
 
 def episode_url(episode_id: str) -> str:
-    return f"{UI}/episodes/{quote(episode_id, safe='')}"
+    return ui_href(f"/episodes/{quote(episode_id, safe='')}")
 
 
 def views_url(episode_id: str, step: int) -> str:
@@ -148,8 +159,9 @@ def text_input(name: str, label: str, value: str | None) -> Markup:
 
 
 def nav() -> Markup:
-    return Markup(f'<nav><b>CompanyOS</b><a href="{UI}">Episodes</a>'
-                  f'<a href="{UI}/analytics">Analytics</a><a href="/docs">API docs</a></nav>')
+    return Markup(f'<nav><b>CompanyOS</b><a href="{esc(ui_href())}">Episodes</a>'
+                  f'<a href="{esc(ui_href("/analytics"))}">Analytics</a>'
+                  f'<a href="{esc(ROOT_PATH.get())}/docs">API docs</a></nav>')
 
 
 def page(title: str, body: str, *, status: int = 200, head: str = "") -> HTMLResponse:
@@ -177,7 +189,7 @@ def error_document(status: int, message: str) -> str:
     """The error page's HTML; the API-key guard sends it too, as plain ASGI."""
     title = _TITLES.get(status, "Error")
     body = (f"<h1>{status} {esc(title)}</h1><p class='error'>{esc(message)}</p>"
-            f"<p><a href='{UI}'>Back to the episode list</a></p>")
+            f"<p><a href='{esc(ui_href())}'>Back to the episode list</a></p>")
     return document(title, body)
 
 

@@ -12,7 +12,6 @@ from fastapi.responses import HTMLResponse
 
 from analytics.report import REPORT_CSS
 from api.ui_html import (
-    UI,
     Markup,
     episode_url,
     esc,
@@ -26,6 +25,7 @@ from api.ui_html import (
     table,
     text_cell,
     text_input,
+    ui_href,
     url,
     views_url,
 )
@@ -56,13 +56,13 @@ def _failure(mode: str | None) -> Markup:
 def episode_list(listing: dict[str, Any], filters: dict[str, str]) -> HTMLResponse:
     """`GET /ui`: the listing (as `GET /episodes` answers it), a filter form and a pager."""
     form = Markup(
-        f'<form class="filters" method="get" action="{UI}">'
+        f'<form class="filters" method="get" action="{esc(ui_href())}">'
         + select("task", "task", TASK_FAMILIES, filters.get("task"))
         + text_input("agent", "agent", filters.get("agent"))
         + select("outcome", "outcome", OUTCOMES, filters.get("outcome"))
         + f'<input type="hidden" name="limit" value="{esc(listing["limit"])}">'
         + '<button type="submit">Filter</button>'
-        + f'<a href="{UI}">clear</a></form>')
+        + f'<a href="{esc(ui_href())}">clear</a></form>')
     rows = [[link(episode_url(e["episode_id"]), e["episode_id"]), e["task"], e["agent"] or "",
              _outcome(e["outcome"]), _failure(e["failure_mode"]), e["steps"],
              number(e["total_return"]), e["seed"], number(e["chaos"]), e["started_at"]]
@@ -83,9 +83,9 @@ def _pager(listing: dict[str, Any], filters: dict[str, str]) -> Markup:
     keep = {**filters, "limit": limit}
     parts = []
     if offset > 0:
-        parts.append(link(url(UI, {**keep, "offset": max(0, offset - limit)}), "← newer"))
+        parts.append(link(url(ui_href(), {**keep, "offset": max(0, offset - limit)}), "← newer"))
     if listing["next_offset"] is not None:
-        parts.append(link(url(UI, {**keep, "offset": listing["next_offset"]}), "older →"))
+        parts.append(link(url(ui_href(), {**keep, "offset": listing["next_offset"]}), "older →"))
     return Markup(f"<div class='pager'>{''.join(parts)}</div>")
 
 
@@ -273,9 +273,10 @@ def _view_cell(value: Any) -> Any:
 def analytics_page(report_body: str, filters: dict[str, str]) -> HTMLResponse:
     """`GET /ui/analytics`: the report `companyos analytics report --html` writes, inside the UI:
     the same markup (analytics.report.html_body) and style, one renderer and one escaping."""
+    here = esc(ui_href("/analytics"))
     form = Markup(
-        f'<form class="filters" method="get" action="{UI}/analytics">'
+        f'<form class="filters" method="get" action="{here}">'
         + select("task", "task", TASK_FAMILIES, filters.get("task"))
         + text_input("agent", "agent", filters.get("agent"))
-        + f'<button type="submit">Filter</button><a href="{UI}/analytics">clear</a></form>')
+        + f'<button type="submit">Filter</button><a href="{here}">clear</a></form>')
     return page("Analytics", form + report_body, head=f"<style>{REPORT_CSS}</style>")

@@ -390,3 +390,81 @@ def test_the_api_key_guard_covers_the_ui_and_says_so_in_a_page(logged):
 def test_ui_routes_stay_out_of_the_api_schema(ui):
     c, _, _ = ui
     assert not [p for p in c.get("/openapi.json").json()["paths"] if p.startswith("/ui")]
+
+
+# -- behind a reverse proxy ---------------------------------------------------------------------
+
+
+def _addresses(page: str) -> list[str]:
+    return [html.unescape(a) for a in re.findall(r'(?:href|action)="([^"]*)"', page)]
+
+
+def test_behind_a_proxy_prefix_every_link_and_form_stays_under_it(logged, tmp_path):
+    """`serve --root-path /cos` (a proxy that mounts the server under /cos and strips it): Uvicorn
+    hands the app /cos/... paths with root_path /cos. Every address a page sends the browser to
+    must keep the prefix, and answer."""
+    url, ids = logged
+    app = create_app(ServerConfig(db=url, warehouse=str(tmp_path / "w.duckdb")))
+    with TestClient(app, root_path="/cos") as c:
+        home = c.get("/cos/", follow_redirects=False)
+        assert home.status_code in (302, 307) and home.headers["location"] == "/cos/ui"
+        pages = ["/cos/ui", f"/cos/ui/episodes/{ids['failure']}", f"/cos/ui/episodes/{ids['success']}/views",
+                 "/cos/ui/analytics", "/cos/ui/nothing-here"]
+        seen: set[str] = set()
+        for path in pages:
+            r = c.get(path)
+            assert r.status_code == (404 if path.endswith("nothing-here") else 200), path
+            addresses = _addresses(r.text)
+            assert addresses and all(a.startswith("/cos/") for a in addresses), (path, addresses)
+            seen.update(addresses)
+        for address in sorted(seen):
+            assert c.get(address).status_code == 200, address
+        assert {"/cos/ui", "/cos/ui/analytics", "/cos/docs"} <= seen
+        assert any(a.startswith(f"/cos/ui/episodes/{ids['failure']}/views?step=") for a in seen)
+
+
+def test_behind_a_proxy_prefix_the_key_guard_and_the_websocket_still_work(logged):
+    url, ids = logged
+    with TestClient(create_app(ServerConfig(db=url, api_key="sekret")), root_path="/cos") as c:
+        assert c.get("/cos/health").status_code == 200  # open, as without a prefix
+        refused = c.get("/cos/ui")
+        assert refused.status_code == 401 and refused.headers["content-type"].startswith("text/html")
+        assert _addresses(refused.text) and all(a.startswith("/cos/") for a in _addresses(refused.text))
+        assert c.get("/cos/episodes").json()["code"] == "unauthorized"
+        key = {"Authorization": "Bearer sekret"}
+        with c.websocket_connect("/cos/ws", headers=key) as ws:
+            ws.send_json({"type": "reset", "data": {"seed": 3}})
+            assert ws.receive_json()["type"] == "observation"
+
+
+def test_serve_root_path_puts_the_pages_links_under_the_prefix(tmp_path):
+    """The real command on a real socket: the proxy strips /cos, so requests arrive as /ui."""
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen([sys.executable, "-m", "companyos", "serve", "--port", str(port),
+                               "--root-path", "cos/", "--db", f"sqlite:///{tmp_path / 's.db'}"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(400):
+            try:
+                page = httpx.get(f"http://127.0.0.1:{port}/ui", timeout=2)
+                break
+            except httpx.TransportError:
+                time.sleep(0.05)
+        assert page.status_code == 200
+        addresses = _addresses(page.text)
+        assert "/cos/ui/analytics" in addresses and all(a.startswith("/cos/") for a in addresses)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    refused = subprocess.run([sys.executable, "-m", "companyos", "serve", "--root-path", "/a b"],
+                             capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2 and "--root-path '/a b' is not a URL path prefix" in refused.stderr

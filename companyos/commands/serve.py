@@ -49,6 +49,9 @@ def serve(
                                             "(never the log)."),
     max_body: int = typer.Option(DEFAULT_MAX_BODY, "--max-body", min=1024,
                                  help="Largest request body / WebSocket message in bytes."),
+    root_path: str = typer.Option("", "--root-path",
+                                  help="The path prefix a reverse proxy serves this under "
+                                       "(e.g. /companyos), for the UI's links and the API docs."),
     log_level: str = typer.Option("warning", "--log-level",
                                   help="Uvicorn log level: critical, error, warning, info, "
                                        "debug or trace."),
@@ -63,6 +66,7 @@ def serve(
     if log_level not in LOG_LEVELS:
         fail(f"--log-level must be one of {', '.join(LOG_LEVELS)}, not {log_level!r}")
     warehouse_file = _warehouse_file(warehouse) if warehouse else ""
+    root_path = _prefix(root_path)
     _check_can_listen(host, port)
     url = resolve_db(db)
     _open_store_once(url)  # create / migrate before the workers race to do it
@@ -80,8 +84,8 @@ def serve(
     auth = "API key required" if os.environ.get("COMPANYOS_API_KEY") else "no API key"
     typer.echo(f"companyos serve: http://{host}:{port} ({workers} worker(s), store {url}, {auth})")
     uvicorn.run(APP_FACTORY, factory=True, host=host, port=port, workers=workers,
-                log_level=log_level, ws=WS_PROTOCOL, ws_max_size=max_body, ws_ping_interval=20.0,
-                ws_ping_timeout=20.0, backlog=4096, timeout_keep_alive=30)
+                log_level=log_level, root_path=root_path, ws=WS_PROTOCOL, ws_max_size=max_body,
+                ws_ping_interval=20.0, ws_ping_timeout=20.0, backlog=4096, timeout_keep_alive=30)
 
 
 def _check_can_listen(host: str, port: int) -> None:
@@ -97,6 +101,14 @@ def _check_can_listen(host: str, port: int) -> None:
             probe.bind(address)
         except OSError as exc:
             fail(f"cannot listen on {host}:{port}: {exc.strerror}", 1)
+
+
+def _prefix(root_path: str) -> str:
+    """`/companyos` from `/companyos/` or `companyos`; refuse what cannot be a path prefix (exit 2)."""
+    prefix = "/" + root_path.strip("/") if root_path.strip("/") else ""
+    if any(c in prefix for c in "?#% ") or not prefix.isprintable():
+        fail(f"--root-path {root_path!r} is not a URL path prefix such as /companyos")
+    return prefix
 
 
 def _warehouse_file(warehouse: Path) -> str:
