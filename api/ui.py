@@ -78,13 +78,20 @@ def ui_router(log: EpisodeLog, db: str | Callable[[], str], warehouse: str | Non
         return episode_list(listing, filters)
 
     @router.get(UI + "/episodes/{episode_id}", response_class=HTMLResponse)
-    def episode(episode_id: str) -> HTMLResponse:
-        """One episode: its summary and every step, from all of its events."""
+    def episode(episode_id: str, request: Request) -> HTMLResponse:
+        """One episode: its summary and a page of its steps (`from`: the first step shown)."""
         try:
+            first = _whole(_params(request), "from", 0, 0, MAX_STEP)
             summary, events = log.get_with_events(episode_id)
+        except BadParameter as exc:
+            return error_page(400, str(exc))
         except ApiError as exc:
             return error_page(exc.status, exc.message)
-        return episode_page(summary, build_timeline(events))
+        timeline = build_timeline(events)
+        last = timeline[-1].step
+        if first > last:
+            return error_page(404, f"episode {episode_id} has no step {first}: its steps are 0 to {last}")
+        return episode_page(summary, timeline, first)
 
     @router.get(UI + "/episodes/{episode_id}/views", response_class=HTMLResponse)
     def views(episode_id: str, request: Request) -> HTMLResponse:

@@ -92,8 +92,18 @@ def _pager(listing: dict[str, Any], filters: dict[str, str]) -> Markup:
 # -- one episode --------------------------------------------------------------------------------
 
 
-def episode_page(summary: dict[str, Any], timeline: list[Step]) -> HTMLResponse:
-    """`GET /ui/episodes/{id}`: the summary, then every step's action and what it led to."""
+TIMELINE_PAGE = 200
+"""Steps per timeline page: a 10,000-step episode would be one page of tens of megabytes."""
+
+
+def timeline_url(episode_id: str, step: int) -> str:
+    """The episode's page whose timeline shows `step`, scrolled to it."""
+    first = step - step % TIMELINE_PAGE
+    return url(episode_url(episode_id), {"from": first or None}) + f"#step-{step}"
+
+
+def episode_page(summary: dict[str, Any], timeline: list[Step], first: int = 0) -> HTMLResponse:
+    """`GET /ui/episodes/{id}?from=K`: the summary, then what steps K to K+199 did and led to."""
     episode_id = summary["episode_id"]
     pairs = [("episode", episode_id), ("task", summary.get("task")), ("seed", summary.get("seed")),
              ("chaos", number(summary.get("chaos"))), ("agent", summary.get("agent") or "—"),
@@ -107,10 +117,23 @@ def episode_page(summary: dict[str, Any], timeline: list[Step]) -> HTMLResponse:
              ("started", summary.get("started_at")), ("ended", summary.get("ended_at") or "—"),
              ("goal", summary.get("goal"))]
     last = timeline[-1].step
+    shown = [s for s in timeline if first <= s.step < first + TIMELINE_PAGE]
+    pager = _timeline_pager(episode_id, first, last) if first or last >= TIMELINE_PAGE else ""
     body = [f"<h1>Episode {esc(episode_id)}</h1>", summary_list(pairs),
             f"<p>{link(views_url(episode_id, last), 'The apps after the last step')}</p>",
-            "<h2>Timeline</h2>", _timeline_table(episode_id, timeline)]
+            "<h2>Timeline</h2>", pager, _timeline_table(episode_id, shown), pager]
     return page(f"Episode {episode_id}", "".join(body))
+
+
+def _timeline_pager(episode_id: str, first: int, last: int) -> Markup:
+    here = episode_url(episode_id)
+    parts = [f"<span class='muted'>steps {first} to {min(first + TIMELINE_PAGE, last + 1) - 1} "
+             f"of 0 to {last}</span>"]
+    if first > 0:
+        parts.append(link(url(here, {"from": max(0, first - TIMELINE_PAGE) or None}), "← earlier steps"))
+    if first + TIMELINE_PAGE <= last:
+        parts.append(link(url(here, {"from": first + TIMELINE_PAGE}), "later steps →"))
+    return Markup(f"<div class='pager'>{''.join(parts)}</div>")
 
 
 def _failure_line(mode: str | None) -> Markup:
@@ -197,8 +220,7 @@ def _chaos_cell(s: Step) -> Markup:
 def views_page(result: dict[str, Any]) -> HTMLResponse:
     """`GET /ui/episodes/{id}/views?step=K`: step K's facts, then the three apps after it."""
     episode_id, step, steps = result["episode_id"], result["step"], result["steps"]
-    here = episode_url(episode_id)
-    nav = [link(f"{here}#step-{step}", "back to the episode")]
+    nav = [link(timeline_url(episode_id, step), "back to the episode")]
     if step > 0:
         nav.insert(0, link(views_url(episode_id, step - 1), f"← step {step - 1}"))
     if step < steps:

@@ -242,6 +242,29 @@ def test_a_long_timeline_is_shown_to_its_end(ui):
     assert "episode ended: truncated" in whole
 
 
+def test_a_long_timeline_is_paged_and_every_step_is_on_exactly_one_page(sqlite_url):
+    """A 450-step episode: three pages of at most 200 steps, linked both ways, that together show
+    every step once; the apps at a step link back to the page that shows it."""
+    with CompanyEnv(sqlite_url, agent="noop") as env:
+        episode_id = _play(env, "noop", 4, {"task": "bug_escalation", "chaos": "low", "max_steps": 450})
+    with TestClient(create_app(ServerConfig(db=sqlite_url))) as c:
+        address, shown, pages = f"/ui/episodes/{episode_id}", [], 0
+        while address:
+            page = _html_ok(c.get(address))
+            pages += 1
+            shown += [int(k) for k in re.findall(r'<tr id="step-(\d+)"', page)]
+            later = re.search(r'<a href="([^"]+)">later steps →</a>', page)
+            address = html.unescape(later.group(1)) if later else None
+        assert pages == 3 and shown == list(range(451)) and "episode ended: truncated" in page
+        assert "steps 400 to 450 of 0 to 450" in page and "← earlier steps" in page
+        views = _html_ok(c.get(f"/ui/episodes/{episode_id}/views", params={"step": 250}))
+        assert f'href="/ui/episodes/{episode_id}?from=200#step-250">back to the episode' in views
+        past_the_end = c.get(f"/ui/episodes/{episode_id}", params={"from": 451})
+        assert "has no step 451: its steps are 0 to 450" in _html_ok(past_the_end, 404)
+        assert "from must be a whole number" in _html_ok(
+            c.get(f"/ui/episodes/{episode_id}", params={"from": "-1"}), 400)
+
+
 def test_hostile_agent_label_and_action_arguments_are_escaped(ui):
     c, _, ids = ui
     episode_id = ids["failure"]
