@@ -43,6 +43,7 @@ def ui_href(suffix: str = "") -> str:
     """A UI address as the browser must ask for it: under the proxy's prefix."""
     return ROOT_PATH.get() + UI + suffix
 
+
 _CSS = """
 body{font-family:system-ui,sans-serif;margin:0 auto;max-width:1200px;color:#222;padding:0 1rem 2rem}
 nav{display:flex;gap:1.2rem;align-items:center;padding:.6rem 0;border-bottom:1px solid #ddd;
@@ -177,7 +178,7 @@ def document(title: str, body: str, head: str = "") -> str:
 
 
 _TITLES = {400: "Bad request", 401: "API key needed", 403: "Wrong API key", 404: "Not found",
-           500: "Server error", 503: "Unavailable"}
+           413: "Too large", 500: "Server error", 503: "Unavailable"}
 
 
 def error_page(status: int, message: str) -> HTMLResponse:
