@@ -488,6 +488,7 @@ def test_serve_root_path_puts_the_pages_links_under_the_prefix(tmp_path):
     finally:
         server.terminate()
         server.wait(timeout=30)
-    refused = subprocess.run([sys.executable, "-m", "companyos", "serve", "--root-path", "/a b"],
-                             capture_output=True, text=True, timeout=60)
-    assert refused.returncode == 2 and "--root-path '/a b' is not a URL path prefix" in refused.stderr
+    for bad in ("/a b", "/café", "/a?b"):
+        refused = subprocess.run([sys.executable, "-m", "companyos", "serve", "--root-path", bad],
+                                 capture_output=True, text=True, timeout=60)
+        assert refused.returncode == 2 and f"--root-path '{bad}' is not a URL path prefix" in refused.stderr

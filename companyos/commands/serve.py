@@ -104,9 +104,11 @@ def _check_can_listen(host: str, port: int) -> None:
 
 
 def _prefix(root_path: str) -> str:
-    """`/companyos` from `/companyos/` or `companyos`; refuse what cannot be a path prefix (exit 2)."""
+    """`/companyos` from `/companyos/` or `companyos`; refuse what cannot be a path prefix (exit 2).
+
+    ASCII only: Uvicorn encodes the prefix as ASCII for every request's raw path."""
     prefix = "/" + root_path.strip("/") if root_path.strip("/") else ""
-    if any(c in prefix for c in "?#% ") or not prefix.isprintable():
+    if not (prefix.isascii() and prefix.isprintable()) or any(c in prefix for c in ' ?#%"<>\\'):
         fail(f"--root-path {root_path!r} is not a URL path prefix such as /companyos")
     return prefix
 
