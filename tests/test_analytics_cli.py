@@ -594,6 +594,7 @@ def test_the_server_syncs_the_warehouse_it_was_given(logged, tmp_path):
 
 
 def test_serve_hands_its_workers_an_absolute_warehouse_and_refuses_a_directory(tmp_path, monkeypatch):
+    """Its banner names the UI, and never the store's password: banners end up in logs."""
     import uvicorn
 
     from companyos.commands import serve
@@ -603,10 +604,14 @@ def test_serve_hands_its_workers_an_absolute_warehouse_and_refuses_a_directory(t
     monkeypatch.chdir(tmp_path)
     for var in ("DB", "WAREHOUSE", "MAX_SESSIONS", "CACHE_SIZE", "IDLE_TIMEOUT", "MAX_BODY", "EXIT_WITH"):
         monkeypatch.setenv(f"COMPANYOS_{var}", "")  # serve sets them; monkeypatch undoes it after
+    monkeypatch.setattr(serve, "_open_store_once", lambda url: None)  # no database behind the URL
     runner = command_runner(serve.register)  # its only command: typer calls it without its name
-    out = runner("--port", "0", "--db", "sqlite:///s.db", "--warehouse", "w/a.duckdb")
+    out = runner("--port", "0", "--db", "postgresql://cos:s3cret@db.example/cos", "--warehouse", "w/a.duckdb")
     assert out.exit_code == 0, out.output
     assert started["COMPANYOS_WAREHOUSE"] == str(tmp_path / "w" / "a.duckdb")
+    assert "store postgresql://cos:***@db.example/cos" in out.output and "s3cret" not in out.output
+    assert "web UI http://127.0.0.1:0/ui, API docs http://127.0.0.1:0/docs" in out.output
+    assert started["COMPANYOS_DB"] == "postgresql://cos:s3cret@db.example/cos"  # the workers need it
     (tmp_path / "d").mkdir()
     out = runner("--port", "0", "--db", "sqlite:///s.db", "--warehouse", "d")
     assert out.exit_code == 2 and "--warehouse d is a directory; name a DuckDB file" in out.output

@@ -13,6 +13,7 @@ import socket
 from pathlib import Path
 
 import typer
+from sqlalchemy import make_url
 
 from companyos.commands.options import DbOption, named_path
 from companyos.commands.output import fail
@@ -82,7 +83,11 @@ def serve(
         "COMPANYOS_EXIT_WITH": str(os.getpid()) if workers > 1 else "",
     })
     auth = "API key required" if os.environ.get("COMPANYOS_API_KEY") else "no API key"
-    typer.echo(f"companyos serve: http://{host}:{port} ({workers} worker(s), store {url}, {auth})")
+    store = make_url(url).render_as_string(hide_password=True)  # a banner ends up in logs
+    base = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+    proxied = f" (behind a proxy at {root_path})" if root_path else ""
+    typer.echo(f"companyos serve: {base} ({workers} worker(s), store {store}, {auth})\n"
+               f"  web UI {base}/ui, API docs {base}/docs{proxied}")
     uvicorn.run(APP_FACTORY, factory=True, host=host, port=port, workers=workers,
                 log_level=log_level, root_path=root_path, ws=WS_PROTOCOL, ws_max_size=max_body,
                 ws_ping_interval=20.0, ws_ping_timeout=20.0, backlog=4096, timeout_keep_alive=30)
