@@ -196,8 +196,10 @@ def verify(
     db: str | None = DbOption,
     as_json: bool = JsonOption,
 ) -> None:
-    """Check every stream (versions, digest chain, episode shape, known types) and every read
-    model against its rebuild; exit 1 naming each broken episode."""
+    """Check the log and every read model; exit 1 naming each broken episode.
+
+    Per stream: versions, digest chain, episode shape, event types. Per read model: its rebuild.
+    """
     from projections.verify import verify as verify_store
 
     store = _open(db)
