@@ -22,8 +22,8 @@ from analytics.warehouse import Warehouse, WarehouseError
 
 _LOCK = threading.Lock()
 
-__all__ = ["QueryError", "SqlRefused", "WarehouseError", "answer", "as_objects", "describe", "run_named",
-           "run_sql", "rows_of", "synced"]
+__all__ = ["BackgroundSync", "QueryError", "SqlRefused", "WarehouseError", "answer", "as_objects",
+           "describe", "run_named", "run_sql", "rows_of", "sync_in_background", "synced"]
 
 
 def describe() -> list[dict[str, Any]]:
@@ -103,3 +103,53 @@ def synced(db_url: str, warehouse: str | Path | None = None) -> Iterator[Warehou
         sync(db_url, wh, store=store)
         yield wh
 
+
+
+class BackgroundSync:
+    """A sync running on its own thread, so a web page can say how far it got instead of keeping
+    the browser waiting for minutes (88.9M events take minutes to sync)."""
+
+    def __init__(self, db_url: str, warehouse: str | Path | None) -> None:
+        self.db_url, self.warehouse = db_url, warehouse
+        self.done = 0
+        self.total: int | None = None
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="analytics-background-sync", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            with _LOCK, open_store(self.db_url) as store, \
+                    Warehouse(warehouse_path(self.db_url, self.warehouse)) as wh:
+                sync(self.db_url, wh, store=store, progress=self._progress)
+        except BaseException as exc:  # the page that polls next says it
+            self.error = exc
+
+    def _progress(self, done: int, total: int | None) -> None:
+        self.done, self.total = done, total
+
+    def wait(self, seconds: float) -> bool:
+        """Whether the sync has ended (well or not) within `seconds`."""
+        self._thread.join(seconds)
+        return not self._thread.is_alive()
+
+
+_JOBS: dict[tuple[str, str], BackgroundSync] = {}
+_JOBS_LOCK = threading.Lock()
+
+
+def sync_in_background(db_url: str, warehouse: str | Path | None, wait_s: float) -> BackgroundSync:
+    """Start a sync of this store into this warehouse, or join the one running, and wait up to
+    `wait_s` for it. An ended sync is handed out once (to whoever sees it end first); its error,
+    if any, is in `error`. Small backlogs end within the wait, so the caller answers at once."""
+    key = (db_url, str(warehouse_path(db_url, warehouse)))
+    with _JOBS_LOCK:
+        job = _JOBS.get(key)
+        if job is None:
+            job = _JOBS[key] = BackgroundSync(db_url, warehouse)
+    ended = job.wait(wait_s)
+    if ended:
+        with _JOBS_LOCK:
+            if _JOBS.get(key) is job:
+                del _JOBS[key]
+    return job

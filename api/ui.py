@@ -36,7 +36,7 @@ from api.episodes import EpisodeLog
 from api.querystring import RepeatedParameter, single_valued
 from api.sessions import ApiError
 from api.ui_html import ROOT_PATH, UI, error_page, ui_href
-from api.ui_pages import analytics_page, episode_list, episode_page, views_page
+from api.ui_pages import analytics_page, episode_list, episode_page, syncing_page, views_page
 from api.ui_timeline import build_timeline
 from eventstore import CorruptCommit, StoreUnavailable
 
@@ -44,6 +44,8 @@ PAGE_SIZE = 50
 MAX_PAGE_SIZE = 500  # as GET /episodes
 MAX_OFFSET = 10**9
 MAX_STEP = 10**6
+SYNC_WAIT_S = 2.0  # a sync that takes longer answers with a progress page
+SYNC_REFRESH_S = 2  # which reloads itself this often
 
 
 class BadParameter(ValueError):
@@ -116,6 +118,12 @@ def ui_router(log: EpisodeLog, db: str | Callable[[], str], warehouse: str | Non
         except ValueError as exc:  # BadParameter included
             return error_page(400, str(exc))
         try:
+            # a long sync runs on in the background while the page says how far it got
+            job = await run_in_threadpool(service.sync_in_background, db_url(), warehouse, SYNC_WAIT_S)
+            if not job.wait(0):
+                return syncing_page(job.done, job.total, SYNC_REFRESH_S)
+            if job.error is not None:
+                raise job.error
             data = await run_in_threadpool(report_data, db_url(), warehouse,
                                            filters.get("agent"), filters.get("task"))
         except (WarehouseError, UnsyncableStore, StoreUnavailable) as exc:
