@@ -173,6 +173,8 @@ def _batches(wh: Warehouse, source: Source, identity: Identity, head: int, batch
     checkpoint = wh.checkpoint
     total = source.remaining(checkpoint, head)
     moved = episodes = batches = 0
+    if progress is not None and total:
+        progress(0, total)  # what lies ahead is known before the first batch is read
     for batch in _prefetch(source, checkpoint, head, batch_events):
         lo = batch["position"][0].as_py()
         hi = batch["position"][-1].as_py()

@@ -192,6 +192,15 @@ def test_incremental_sync_equals_fresh_full_sync(filled, tmp_path):
     assert dump(live) == dump(fresh)
 
 
+def test_sync_progress_names_what_lies_ahead_before_the_first_batch(filled, tmp_path):
+    """What the progress bar and the UI's sync page show: the backlog at once, then each batch."""
+    url, _ = filled
+    seen: list[tuple[int, int | None]] = []
+    result = sync(url, tmp_path / "w.duckdb", batch_events=5_003, progress=lambda *p: seen.append(p))
+    assert seen[0] == (0, result.events) and seen[-1] == (result.events, result.events)
+    assert len(seen) == result.batches + 1 and [d for d, _ in seen] == sorted(d for d, _ in seen)
+
+
 def test_sync_interrupted_after_a_batch_loses_and_doubles_nothing(filled, tmp_path):
     url, pending = filled
     finish(url, pending)
