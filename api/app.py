@@ -33,6 +33,7 @@ from api.models import (
     ERROR_RESPONSES,
     EpisodeEvents,
     EpisodeList,
+    EpisodeRerun,
     EpisodeSummary,
     EpisodeViews,
     ErrorBody,
@@ -355,6 +356,13 @@ def _register_log(app: FastAPI, server: Server) -> None:
                        limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> JSON:
         """The episode's events in stream order (secrets removed from their meta)."""
         return JSON(log.events(episode_id, from_version, limit))
+
+    @app.get("/episodes/{episode_id}/rerun", response_model=EpisodeRerun, tags=["Episode log"],
+             responses=errors(401, 403, 404))
+    def episode_rerun(episode_id: EpisodeId) -> JSON:
+        """Deterministic replay, checked: the episode re-simulated in memory from its seed, options
+        and actions (nothing is written), and whether it gives the stored digest."""
+        return JSON(log.rerun(episode_id))
 
     @app.get("/episodes/{episode_id}/views", response_model=EpisodeViews, tags=["Episode log"],
              responses=errors(401, 403, 404))

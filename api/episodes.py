@@ -14,6 +14,7 @@ from companyos.runtime import episode_id_problem
 from eventstore import CorruptCommit, EventStore
 from projections.episodes import EpisodesProjection, episode_filters, summarize
 from projections.replay import EpisodeNotFound, StepNotFound, replay
+from projections.rerun import rerun_records
 from projections.runner import ProjectionRunner
 from projections.schema import episodes as episodes_table
 
@@ -75,6 +76,14 @@ class EpisodeLog:
         return {"episode_id": episode_id, "events": _event_dicts(page), "from_version": from_version,
                 "next_from_version": end if end < len(records) else None,
                 "total": len(records)}
+
+    def rerun(self, episode_id: str) -> dict[str, Any]:
+        """Re-simulated from its seed, options and actions, and compared with the log by digest:
+        `match` is the answer, `first_difference` where the two streams part."""
+        records = self._records(episode_id)
+        if records[0].type != "EpisodeStarted":
+            raise ApiError(404, "episode_not_found", f"{episode_id!r} is not an episode stream")
+        return rerun_records(episode_id, records).to_json()
 
     def views(self, episode_id: str, step: int | None = None) -> dict[str, Any]:
         if episode_id_problem(episode_id):

@@ -168,6 +168,23 @@ class EpisodeEvents(BaseModel):
     total: int
 
 
+class EpisodeRerun(BaseModel):
+    """`companyos rerun --json`: the episode re-simulated in memory and compared by digest."""
+
+    episode_id: str
+    match: bool = Field(description="the re-simulated stream ends in the stored digest")
+    stored_digest: str
+    rerun_digest: str
+    stored_events: int
+    rerun_events: int
+    actions: int = Field(description="agent actions replayed")
+    first_difference: int | None = Field(None, description="stream version where the two part")
+    stored: dict[str, Any] | None = Field(None, description="the stored event there")
+    rerun: dict[str, Any] | None = Field(None, description="the re-simulated event there")
+    error: str | None = Field(None, description="why the re-simulation itself failed")
+    notes: list[str] = []
+
+
 class EpisodeViews(BaseModel):
     model_config = ConfigDict(extra="allow")
 

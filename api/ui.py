@@ -36,7 +36,14 @@ from api.episodes import EpisodeLog
 from api.querystring import RepeatedParameter, single_valued
 from api.sessions import ApiError
 from api.ui_html import ROOT_PATH, UI, error_page, ui_href
-from api.ui_pages import analytics_page, episode_list, episode_page, syncing_page, views_page
+from api.ui_pages import (
+    analytics_page,
+    episode_list,
+    episode_page,
+    rerun_page,
+    syncing_page,
+    views_page,
+)
 from api.ui_timeline import build_timeline
 from eventstore import CorruptCommit, StoreUnavailable
 
@@ -94,6 +101,15 @@ def ui_router(log: EpisodeLog, db: str | Callable[[], str], warehouse: str | Non
         if first > last:
             return error_page(404, f"episode {episode_id} has no step {first}: its steps are 0 to {last}")
         return episode_page(summary, timeline, first)
+
+    @router.get(UI + "/episodes/{episode_id}/rerun", response_class=HTMLResponse)
+    def rerun(episode_id: str) -> HTMLResponse:
+        """The episode re-simulated from its seed and actions, compared with the log by digest."""
+        try:
+            result = log.rerun(episode_id)
+        except ApiError as exc:
+            return error_page(exc.status, exc.message)
+        return rerun_page(result)
 
     @router.get(UI + "/episodes/{episode_id}/views", response_class=HTMLResponse)
     def views(episode_id: str, request: Request) -> HTMLResponse:

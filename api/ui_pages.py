@@ -120,7 +120,8 @@ def episode_page(summary: dict[str, Any], timeline: list[Step], first: int = 0) 
     shown = [s for s in timeline if first <= s.step < first + TIMELINE_PAGE]
     pager = _timeline_pager(episode_id, first, last) if first or last >= TIMELINE_PAGE else ""
     body = [f"<h1>Episode {esc(episode_id)}</h1>", summary_list(pairs),
-            f"<p>{link(views_url(episode_id, last), 'The apps after the last step')}</p>",
+            f"<p>{link(views_url(episode_id, last), 'The apps after the last step')} · "
+            f"{link(episode_url(episode_id) + '/rerun', 'Re-simulate it and check the digest')}</p>",
             "<h2>Timeline</h2>", pager, _timeline_table(episode_id, shown), pager]
     return page(f"Episode {episode_id}", "".join(body))
 
@@ -212,6 +213,39 @@ def _chaos_cell(s: Step) -> Markup:
     return Markup("<br>".join(
         f"<span class='chaos'>{esc(c['mechanism'] or 'chaos')}</span>: {esc(c['type'])} "
         f"<code>{esc(json_text(_without_cause(c['data'])))}</code>" for c in s.chaos))
+
+
+# -- re-simulation ------------------------------------------------------------------------------
+
+
+def rerun_page(result: dict[str, Any]) -> HTMLResponse:
+    """`GET /ui/episodes/{id}/rerun`: deterministic replay, checked: equal digests, or where the
+    re-simulated stream parts from the stored one."""
+    episode_id = result["episode_id"]
+    if result["match"]:
+        verdict = (f"<p class='ok'><b>Match.</b> Re-simulated from its seed, options and "
+                   f"{result['actions']} actions, the episode gives the stored stream: "
+                   f"{result['rerun_events']} events, digest <code>{esc(result['rerun_digest'])}</code>.</p>")
+    else:
+        verdict = (f"<p class='error'><b>Mismatch.</b> Stored digest "
+                   f"<code>{esc(result['stored_digest'])}</code> "
+                   f"({result['stored_events']} events); re-simulated "
+                   f"<code>{esc(result['rerun_digest'])}</code> ({result['rerun_events']} events, "
+                   f"{result['actions']} actions).</p>")
+    parts = [f"<h1>Episode {esc(episode_id)} — re-simulated</h1>", verdict]
+    if result.get("error"):
+        parts.append(f"<p class='bad'>{esc(result['error'])}</p>")
+    parts += [f"<p>{esc(note)}</p>" for note in result.get("notes") or []]
+    if result.get("first_difference") is not None:
+        parts.append(f"<h2>First difference: version {result['first_difference']}</h2>")
+        parts.append(table(["stored", "re-simulated"],
+                           [[_envelope_cell(result.get("stored")), _envelope_cell(result.get("rerun"))]]))
+    parts.append(f"<p>{link(episode_url(episode_id), 'back to the episode')}</p>")
+    return page(f"Episode {episode_id} re-simulated", "".join(parts))
+
+
+def _envelope_cell(envelope: dict[str, Any] | None) -> Markup:
+    return pre_json(envelope) if envelope is not None else Markup("<span class='muted'>(none)</span>")
 
 
 # -- the apps at one step -----------------------------------------------------------------------

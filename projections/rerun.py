@@ -29,8 +29,14 @@ class Envelope:
     digest: str
 
     def to_json(self) -> dict[str, Any]:
+        """The event with its data decoded; data damaged past JSON stays the stored text, since
+        showing where a log was damaged is what a rerun is asked for."""
+        try:
+            data = orjson.loads(self.data_json)
+        except orjson.JSONDecodeError:
+            data = self.data_json
         return {"version": self.version, "type": self.type, "schema_version": self.schema_version,
-                "data": orjson.loads(self.data_json), "digest": self.digest}
+                "data": data, "digest": self.digest}
 
 
 @dataclass(slots=True)
@@ -111,6 +117,11 @@ def rerun(store: EventStore, episode_id: str) -> RerunResult:
     records = list(store.read_stream(episode_id))
     if not records:
         raise EpisodeNotFound(f"no episode {episode_id!r} in the store")
+    return rerun_records(episode_id, records)
+
+
+def rerun_records(episode_id: str, records: list[RecordedEvent]) -> RerunResult:
+    """`rerun` over a stream already read (a caller that reads it for other reasons too)."""
     produced, actions, error = resimulate(records)
     return compare(episode_id, stored_envelopes(records), envelopes(produced), actions, error)
 

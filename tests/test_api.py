@@ -633,6 +633,30 @@ def test_episode_log(sqlite_url):
         assert c.get(f"/episodes/{episode_id}/views").json()["step"] == 3
 
 
+def test_rerun_proves_determinism_and_finds_an_event_altered_in_the_log(sqlite_url):
+    with client(sqlite_url) as c:
+        episode_id, token, _ = reset(c)
+        for action in ACTIONS[:3]:
+            assert step(c, episode_id, token, action).status_code == 200
+        result = c.get(f"/episodes/{episode_id}/rerun").json()
+        summary = c.get(f"/episodes/{episode_id}").json()
+        assert result["match"] is True and result["first_difference"] is None
+        assert result["rerun_digest"] == result["stored_digest"] == summary["digest"]
+        assert result["actions"] == 3
+        assert result["rerun_events"] == result["stored_events"] == summary["events"]
+        missing = c.get("/episodes/no-such-episode/rerun")
+        assert missing.status_code == 404 and missing.json()["code"] == "episode_not_found"
+    engine = sa.create_engine(sqlite_url)
+    altered = tamper.versions_of_type(engine, episode_id, "ActionTaken")[1]
+    tamper.edit_event(engine, episode_id, altered, "data", lambda data: data.replace('"step":2', '"step":7'))
+    engine.dispose()
+    with client(sqlite_url) as c:
+        result = c.get(f"/episodes/{episode_id}/rerun").json()
+    assert result["match"] is False and result["first_difference"] == altered
+    assert result["stored"]["data"]["step"] == 7 and result["rerun"]["data"]["step"] == 2
+    assert any("stored content was altered" in note for note in result["notes"])
+
+
 def _unreadable_commit(engine: sa.Engine, episode_id: str) -> None:
     position = tamper.stream_commits(engine, episode_id)[0][0]
     with engine.begin() as conn:

@@ -10,6 +10,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import orjson
 import pytest
+import sqlalchemy as sa
 from fastapi.testclient import TestClient
 
 from analytics.report import number_text
@@ -18,6 +19,7 @@ from api.config import ServerConfig
 from companyos.agents import make_agent
 from companyos.env import CompanyEnv
 from eventstore import EventStore
+from tests import tamper
 
 HOSTILE = "<script>alert(1)</script>"
 HOSTILE_APP = '"><img src=x onerror=alert(2)>'
@@ -263,6 +265,28 @@ def test_a_long_timeline_is_paged_and_every_step_is_on_exactly_one_page(sqlite_u
         assert "has no step 451: its steps are 0 to 450" in _html_ok(past_the_end, 404)
         assert "from must be a whole number" in _html_ok(
             c.get(f"/ui/episodes/{episode_id}", params={"from": "-1"}), 400)
+
+
+def test_an_episode_re_simulated_from_its_seed_matches_and_an_altered_one_does_not(ui, sqlite_url):
+    c, _, ids = ui
+    episode = _html_ok(c.get(f"/ui/episodes/{ids['success']}"))
+    assert f'href="/ui/episodes/{ids["success"]}/rerun"' in episode
+    digest = c.get(f"/episodes/{ids['success']}").json()["digest"]
+    page = _html_ok(c.get(f"/ui/episodes/{ids['success']}/rerun"))
+    assert "<b>Match.</b>" in page and f"digest <code>{digest}</code>" in page
+    assert "no episode" in _html_ok(c.get("/ui/episodes/nope/rerun"), 404)
+
+    with CompanyEnv(sqlite_url, agent="expert") as env:
+        episode_id = _play(env, "expert", 5, {"task": "license_renewal", "chaos": "low"})
+    engine = sa.create_engine(sqlite_url)
+    altered = tamper.versions_of_type(engine, episode_id, "RewardGranted")[0]
+    tamper.edit_event(engine, episode_id, altered, "data", lambda data: data.replace('"value":', '"value":1'))
+    # (not JSON any more: "value":1-0.1; the page shows the stored text where the streams part)
+    engine.dispose()
+    with TestClient(create_app(ServerConfig(db=sqlite_url))) as other:
+        page = _html_ok(other.get(f"/ui/episodes/{episode_id}/rerun"))
+    assert "<b>Mismatch.</b>" in page and f"First difference: version {altered}" in page
+    assert "stored content was altered" in page and '\\"value\\":1-0.1}' in html.unescape(page)
 
 
 def test_hostile_agent_label_and_action_arguments_are_escaped(ui):
