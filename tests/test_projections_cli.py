@@ -119,6 +119,16 @@ def test_rerun_exits_0_on_a_match_and_1_on_a_mismatch(cli, db, tmp_path):
     doc = json.loads(cli("rerun", ids[0], "--db", f"sqlite:///{copy}", "--json").stdout)
     assert doc["match"] is False and doc["stored"]["type"] == "ActionTaken"
 
+    # data damaged past JSON: said, in the table and in the JSON, not a traceback
+    engine = sa.create_engine(f"sqlite:///{copy}")
+    reward = tamper.versions_of_type(engine, ids[0], "RewardGranted")[0]
+    tamper.edit_event(engine, ids[0], reward, "data", lambda data: data.replace('"value":', '"value":1'))
+    engine.dispose()
+    out = cli("rerun", ids[0], "--db", f"sqlite:///{copy}")
+    assert out.exit_code == 1 and "(not JSON)" in out.stdout
+    doc = json.loads(cli("rerun", ids[0], "--db", f"sqlite:///{copy}", "--json").stdout)
+    assert doc["first_difference"] == reward and '"value":1' in doc["stored"]["data"]  # the stored text
+
 
 def test_verify_and_rebuild(cli, db, tmp_path):
     import shutil
