@@ -104,7 +104,6 @@ def synced(db_url: str, warehouse: str | Path | None = None) -> Iterator[Warehou
         yield wh
 
 
-
 class BackgroundSync:
     """A sync running on its own thread, so a web page can say how far it got instead of keeping
     the browser waiting for minutes (88.9M events take minutes to sync)."""

@@ -237,13 +237,6 @@ def test_a_running_episode_shows_as_running(sqlite_url):
         assert meta["episode_id"] in _html_ok(c.get("/ui", params={"outcome": "running"}))
 
 
-def test_a_long_timeline_is_shown_to_its_end(ui):
-    """A long episode is shown to its last event (the end), not cut at an events page."""
-    c, _, ids = ui
-    whole = c.get(f"/ui/episodes/{ids['random']}").text
-    assert "episode ended: truncated" in whole
-
-
 def test_a_long_timeline_is_paged_and_every_step_is_on_exactly_one_page(sqlite_url):
     """A 450-step episode: three pages of at most 200 steps, linked both ways, that together show
     every step once; the apps at a step link back to the page that shows it."""
