@@ -67,7 +67,7 @@ class EventStore:
         SQLite durability: `synchronous="normal"` (default) survives a crashed process;
         `"full"` also survives power loss, at the price of an fsync per commit.
         """
-        shown = _shown_url(url)
+        shown = shown_url(url)
         if not create:
             _refuse_a_sqlite_file_without_a_store(url, shown)
         try:
@@ -330,8 +330,8 @@ def _refuse_a_sqlite_file_without_a_store(url: str, shown: str) -> None:
                                "tables; `companyos run` or `companyos db upgrade` creates one")
 
 
-def _shown_url(url: str) -> str:
-    """The URL for messages, password masked."""
+def shown_url(url: str) -> str:
+    """The URL for messages and banners (they end up in logs), password masked."""
     try:
         return sa.make_url(url).render_as_string(hide_password=True)
     except (sa.exc.ArgumentError, ValueError):  # ValueError: a port that is not a number

@@ -13,11 +13,11 @@ import socket
 from pathlib import Path
 
 import typer
-from sqlalchemy import make_url
 
 from companyos.commands.options import DbOption, named_path
 from companyos.commands.output import fail
 from companyos.config import resolve_db
+from eventstore import shown_url
 
 APP_FACTORY = "api.app:create_app"
 # Uvicorn's sans-I/O WebSocket protocol, answering handshakes it refuses (see api/handshake.py);
@@ -83,7 +83,7 @@ def serve(
         "COMPANYOS_EXIT_WITH": str(os.getpid()) if workers > 1 else "",
     })
     auth = "API key required" if os.environ.get("COMPANYOS_API_KEY") else "no API key"
-    store = make_url(url).render_as_string(hide_password=True)  # a banner ends up in logs
+    store = shown_url(url)
     base = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
     proxied = f" (behind a proxy at {root_path})" if root_path else ""
     typer.echo(f"companyos serve: {base} ({workers} worker(s), store {store}, {auth})\n"
