@@ -17,7 +17,7 @@ from typing import Any
 from analytics import adhoc, named
 from analytics.adhoc import SqlRefused
 from analytics.named import QueryError
-from analytics.sync import open_store, sync, warehouse_path
+from analytics.sync import Progress, open_store, sync, warehouse_path
 from analytics.warehouse import Warehouse, WarehouseError
 
 _LOCK = threading.Lock()
@@ -92,7 +92,8 @@ def answer(db_url: str, name: str, params: dict[str, Any] | None = None,
 
 
 @contextmanager
-def synced(db_url: str, warehouse: str | Path | None = None) -> Iterator[Warehouse]:
+def synced(db_url: str, warehouse: str | Path | None = None,
+           progress: Progress | None = None) -> Iterator[Warehouse]:
     """The warehouse of the store at `db_url`, synced with it, held under this process's lock
     (a server answers on threads; DuckDB lets one connection write the file) until the block ends.
 
@@ -100,7 +101,7 @@ def synced(db_url: str, warehouse: str | Path | None = None) -> Iterator[Warehou
     file. WarehouseError when the warehouse is busy, another store's or cannot be written.
     """
     with _LOCK, open_store(db_url) as store, Warehouse(warehouse_path(db_url, warehouse)) as wh:
-        sync(db_url, wh, store=store)
+        sync(db_url, wh, store=store, progress=progress)
         yield wh
 
 
@@ -118,9 +119,8 @@ class BackgroundSync:
 
     def _run(self) -> None:
         try:
-            with _LOCK, open_store(self.db_url) as store, \
-                    Warehouse(warehouse_path(self.db_url, self.warehouse)) as wh:
-                sync(self.db_url, wh, store=store, progress=self._progress)
+            with synced(self.db_url, self.warehouse, progress=self._progress):
+                pass
         except BaseException as exc:  # the page that polls next says it
             self.error = exc
 

@@ -140,6 +140,7 @@ def ui_router(log: EpisodeLog, db: str | Callable[[], str], warehouse: str | Non
                 return syncing_page(job.done, job.total, SYNC_REFRESH_S)
             if job.error is not None:
                 raise job.error
+            # synced again, at almost no cost: the job may have ended long before this request
             data = await run_in_threadpool(report_data, db_url(), warehouse,
                                            filters.get("agent"), filters.get("task"))
         except (WarehouseError, UnsyncableStore, StoreUnavailable) as exc:
