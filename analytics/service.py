@@ -98,9 +98,12 @@ def synced(db_url: str, warehouse: str | Path | None = None,
     (a server answers on threads; DuckDB lets one connection write the file) until the block ends.
 
     The store is opened first, as the CLI does: a store that cannot be opened leaves no warehouse
-    file. WarehouseError when the warehouse is busy, another store's or cannot be written.
+    file. WarehouseError when the warehouse is busy, another store's or cannot be written. With
+    `progress`, a sync that another process runs on the warehouse is waited for to its end, and
+    `progress` hears how far it got (then how far this one gets).
     """
-    with _LOCK, open_store(db_url) as store, Warehouse(warehouse_path(db_url, warehouse)) as wh:
+    path = warehouse_path(db_url, warehouse)
+    with _LOCK, open_store(db_url) as store, Warehouse(path, follow=progress) as wh:
         sync(db_url, wh, store=store, progress=progress)
         yield wh
 
@@ -126,6 +129,12 @@ class BackgroundSync:
 
     def _progress(self, done: int, total: int | None) -> None:
         self.done, self.total = done, total
+
+    def described(self) -> str:
+        """How far it got, in words: "1,500 of 3,000 events so far (50.0%)"."""
+        share = f" ({self.done / self.total:.1%})" if self.total else ""
+        of = f" of {self.total:,}" if self.total is not None else ""
+        return f"{self.done:,}{of} events so far{share}"
 
     def wait(self, seconds: float) -> bool:
         """Whether the sync has ended (well or not) within `seconds`."""

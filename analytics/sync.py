@@ -28,13 +28,12 @@ import pyarrow.compute as pc
 
 from analytics.derive import annotate, derive_batch
 from analytics.sources import EVENT_SCHEMA, Source, check_syncable, open_source
+from analytics.sync_progress import Progress, SharedProgress
 from analytics.warehouse import DERIVE_VERSION, Warehouse, WarehouseError, default_path, store_label
 from eventstore import CorruptCommit, EventStore, canonical_json
 from eventstore.packing import unpack
 
 DEFAULT_BATCH = 500_000
-
-Progress = Callable[[int, int | None], None]  # (events synced so far, expected in total or None)
 
 
 @dataclass
@@ -97,6 +96,7 @@ def _sync(db_url: str, store: EventStore, wh: Warehouse, batch_events: int, prog
           prefer: str | None, after_batch: AfterBatch | None) -> SyncResult:
     started = time.perf_counter()
     source = open_source(db_url, engine=store.engine, prefer=prefer)
+    shared = SharedProgress(wh.path, progress)  # how far, for processes that find the file locked
     try:
         with wh.writing():
             first_id = _check_identity(wh, db_url, source)
@@ -104,9 +104,10 @@ def _sync(db_url: str, store: EventStore, wh: Warehouse, batch_events: int, prog
             # the head as of now (a writer that never stops cannot keep the sync going), to the
             # store's own rule of what a reader may read (PostgreSQL: below running transactions)
             head = store.readable_position()
-            return _run(wh, source, (store_label(db_url), first_id), head, batch_events, progress,
+            return _run(wh, source, (store_label(db_url), first_id), head, batch_events, shared,
                         after_batch, started)
     finally:
+        shared.close()
         source.close()
 
 
@@ -155,7 +156,7 @@ Identity = tuple[str, str]  # (the store's label, its first event id): what the 
 
 
 def _run(wh: Warehouse, source: Source, identity: Identity, head: int, batch_events: int,
-         progress: Progress | None, after_batch: AfterBatch | None, started: float) -> SyncResult:
+         progress: Progress, after_batch: AfterBatch | None, started: float) -> SyncResult:
     con = wh.con
     # One DuckDB thread while syncing: the reader thread keeps the other core busy, and DuckDB's
     # parallel insert costs more CPU than it saves on a two-core machine.
@@ -168,12 +169,12 @@ def _run(wh: Warehouse, source: Source, identity: Identity, head: int, batch_eve
 
 
 def _batches(wh: Warehouse, source: Source, identity: Identity, head: int, batch_events: int,
-             progress: Progress | None, after_batch: AfterBatch | None, started: float) -> SyncResult:
+             progress: Progress, after_batch: AfterBatch | None, started: float) -> SyncResult:
     con = wh.con
     checkpoint = wh.checkpoint
     total = source.remaining(checkpoint, head)
     moved = episodes = batches = 0
-    if progress is not None and total:
+    if total:
         progress(0, total)  # what lies ahead is known before the first batch is read
     for batch in _prefetch(source, checkpoint, head, batch_events):
         lo = batch["position"][0].as_py()
@@ -204,8 +205,7 @@ def _batches(wh: Warehouse, source: Source, identity: Identity, head: int, batch
         checkpoint = hi
         moved += batch.num_rows
         batches += 1
-        if progress is not None:
-            progress(moved, None if total is None else max(total, moved))
+        progress(moved, None if total is None else max(total, moved))
         if after_batch is not None:
             after_batch(checkpoint)
     return SyncResult(moved, episodes, batches, time.perf_counter() - started, checkpoint, source.name)

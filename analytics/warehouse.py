@@ -23,6 +23,7 @@ from pathlib import Path
 import duckdb
 
 from analytics.paths import why_not_written
+from analytics.sync_progress import Progress, holder_pid, running_sync
 from eventstore.engine import normalise_url, sqlite_file
 
 # Bump when the derived tables' definition changes: a warehouse built by older code is rebuilt.
@@ -128,7 +129,9 @@ class Warehouse:
     """An open DuckDB warehouse file. Open it, use it, close it: DuckDB allows one writer process."""
 
     def __init__(self, path: str | os.PathLike, read_only: bool = False, memory_limit: str = "3GB",
-                 threads: int | None = None, wait: float = 30.0) -> None:
+                 threads: int | None = None, wait: float = 30.0, follow: Progress | None = None) -> None:
+        """`wait`: how long to wait for another process that holds the file. With `follow`, a holder
+        that is syncing is waited for as long as its sync runs, and `follow` hears its progress."""
         self.path = Path(path)
         self.read_only = read_only
         if read_only and not self.path.exists():
@@ -145,7 +148,7 @@ class Warehouse:
                   "autoload_known_extensions": False}
         if threads:
             config["threads"] = str(threads)
-        self.con = _connect(self.path, read_only, config, wait)
+        self.con = _connect(self.path, read_only, config, wait, follow)
         self.con.execute("SET enable_progress_bar = false")
         if not read_only:
             try:
@@ -224,8 +227,10 @@ class Warehouse:
 SQLITE_HEADER = b"SQLite format 3\x00"
 
 
-def _connect(path: Path, read_only: bool, config: dict, wait: float) -> duckdb.DuckDBPyConnection:
-    """Connect, waiting a while if another process holds the file (DuckDB allows one writer).
+def _connect(path: Path, read_only: bool, config: dict, wait: float,
+             follow: Progress | None) -> duckdb.DuckDBPyConnection:
+    """Connect, waiting a while if another process holds the file (DuckDB allows one writer), and
+    with `follow` for as long as the holder is syncing it.
 
     A path that is no DuckDB file (a directory, the SQLite store itself, anything else) is a
     WarehouseError in words, never opened for writing.
@@ -244,6 +249,10 @@ def _connect(path: Path, read_only: bool, config: dict, wait: float) -> duckdb.D
         except duckdb.IOException as exc:
             if not _lock_conflict(exc):
                 raise WarehousePathError(f"cannot open the warehouse {path}: {_first_line(exc)}") from exc
+            running = running_sync(path, holder_pid(str(exc))) if follow is not None else None
+            if running is not None:
+                follow(*running)
+                deadline = max(deadline, time.monotonic() + wait)
             if time.monotonic() >= deadline:
                 raise WarehouseError(
                     f"the warehouse {path} is in use by another process (DuckDB allows one writer); "

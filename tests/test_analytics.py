@@ -518,6 +518,68 @@ def test_a_warehouse_held_by_another_process_is_reported_busy(tmp_path):
         holder.communicate("")
 
 
+_SLOW_SYNC = """
+import sys, time
+from analytics.sync import sync
+said = []
+def progress(done, total):
+    if not said:
+        said.append(print("syncing", flush=True))
+sync(sys.argv[1], sys.argv[2], batch_events=10_000, after_batch=lambda _: time.sleep(0.5), progress=progress)
+"""
+
+
+def test_a_sync_in_another_process_is_followed_to_its_end(filled, tmp_path):
+    """A second server worker finds the warehouse locked by another worker's long sync: it hears
+    how far that sync got (to say so on its 202 page) and waits for it to end, not a fixed 30 s
+    after which it would give up with a 503."""
+    from analytics.sync_progress import progress_file
+
+    url, pending = filled
+    finish(url, pending)
+    warehouse = tmp_path / "w.duckdb"
+    events = tally_events(url)
+    other = subprocess.Popen([sys.executable, "-c", _SLOW_SYNC, url, str(warehouse)],
+                             stdout=subprocess.PIPE, text=True, cwd=os.getcwd())
+    try:
+        assert other.stdout.readline().strip() == "syncing"
+        heard: list[tuple[int, int | None]] = []
+        with Warehouse(warehouse, wait=0.3, follow=lambda done, total: heard.append((done, total))) as wh:
+            assert wh.checkpoint == events  # opened only once the other sync had ended
+        assert other.wait(30) == 0
+    finally:
+        other.kill()
+    assert heard and {total for _, total in heard} == {events}
+    assert [done for done, _ in heard] == sorted(done for done, _ in heard) and heard[-1][0] < events
+    assert not progress_file(warehouse).exists()  # the sync cleans up after itself
+
+
+def test_a_progress_file_left_by_another_process_is_not_followed(tmp_path):
+    """The progress file names its sync's process: one left behind by a killed sync says nothing
+    about a process that holds the file for something else, so the usual wait applies."""
+    from analytics.sync_progress import SharedProgress
+
+    path = tmp_path / "w.duckdb"
+    Warehouse(path).close()
+    SharedProgress(path)(100, 200)  # written by this process, which does not hold the file
+    holder = subprocess.Popen([sys.executable, "-c", "import duckdb, sys; c = duckdb.connect(sys.argv[1]); "
+                               "print('held', flush=True); sys.stdin.read()", str(path)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        heard: list = []
+        with pytest.raises(WarehouseError, match="in use by another process"):
+            Warehouse(path, wait=0.3, follow=lambda *figures: heard.append(figures))
+        assert heard == []
+    finally:
+        holder.communicate("")
+
+
+def tally_events(url: str) -> int:
+    with EventStore.open(url) as store:
+        return store.readable_position()
+
+
 # -- hand-written episodes: one question each ---------------------------------------------------
 
 

@@ -1,0 +1,77 @@
+"""A running sync's progress, kept in a small file beside the warehouse for other processes.
+
+DuckDB lets one process hold a warehouse file. A second `serve` worker (or a CLI call) that finds
+it locked can only wait; with this file it can also tell its caller how far the holder's sync got,
+and keep waiting for as long as that sync runs instead of giving up after a fixed time. The file
+names the syncing process, so a file left behind by a killed sync is never taken for the lock
+holder's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import orjson
+
+Progress = Callable[[int, int | None], None]  # (events synced so far, expected in total or None)
+
+_HOLDER_PID = re.compile(r"\(PID (\d+)\)")
+"""How DuckDB names the process holding the file in its lock-conflict message."""
+
+
+def progress_file(warehouse: Path) -> Path:
+    return warehouse.with_name(warehouse.name + ".syncing")
+
+
+class SharedProgress:
+    """A sync's progress callback that also writes the figures where other processes read them.
+
+    Writes replace the file whole (a reader never sees half of one); `close` removes it. A file
+    that cannot be written only costs the others their progress figures, never the sync.
+    """
+
+    def __init__(self, warehouse: Path, forward: Progress | None = None) -> None:
+        self.path = progress_file(warehouse)
+        self.forward = forward
+        self.written = False
+
+    def __call__(self, done: int, total: int | None) -> None:
+        scratch = self.path.with_name(self.path.name + f".{os.getpid()}")
+        with contextlib.suppress(OSError):
+            scratch.write_bytes(orjson.dumps({"pid": os.getpid(), "done": done, "total": total}))
+            os.replace(scratch, self.path)
+            self.written = True
+        if self.forward is not None:
+            self.forward(done, total)
+
+    def close(self) -> None:
+        if self.written:
+            with contextlib.suppress(OSError):
+                self.path.unlink()
+
+
+def holder_pid(lock_error: str) -> int | None:
+    """The process DuckDB says holds the file, from its lock-conflict message (None if unsaid)."""
+    found = _HOLDER_PID.search(lock_error)
+    return int(found.group(1)) if found else None
+
+
+def running_sync(warehouse: Path, holder: int | None) -> tuple[int, int | None] | None:
+    """(done, total) of the sync the lock holder `holder` is running on `warehouse`, or None when
+    the holder is not syncing (no file, or one some other process left behind)."""
+    if holder is None:
+        return None
+    try:
+        said = orjson.loads(progress_file(warehouse).read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        return None
+    if not isinstance(said, dict) or said.get("pid") != holder:
+        return None
+    done, total = said.get("done"), said.get("total")
+    if not isinstance(done, int) or not (total is None or isinstance(total, int)):
+        return None
+    return done, total
