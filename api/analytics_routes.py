@@ -2,7 +2,9 @@
 
 Only named queries run here, never SQL from the network: the name picks a vetted `.sql` file and
 every query-string parameter is converted to its declared type and bound by DuckDB. Each request
-first syncs the warehouse with the store, so answers are never stale.
+first syncs the warehouse with the store, so answers are never stale. A sync that takes longer
+than the caller is willing to wait (2 s, or `Prefer: wait=N`) goes on in the background and the
+request answers 202 with how far it got, as the web UI's report page does.
 
 Wire it in with `app.include_router(analytics_router(db_url))`.
 """
@@ -15,10 +17,18 @@ from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 
-from analytics import service
+from analytics import named, service
 from analytics.named import QueryError, UnknownQuery
+from analytics.sources import UnsyncableStore
 from analytics.warehouse import WarehouseError
 from api.querystring import RepeatedParameter, single_valued
+from eventstore import CorruptCommit, StoreUnavailable
+
+SYNC_WAIT_S = 2.0
+"""How long a request waits for a sync before answering 202 (the UI's report page waits as long)."""
+MAX_WAIT_S = 600.0
+"""The longest `Prefer: wait` honoured: a waiting request holds one of the server's worker threads."""
+RETRY_AFTER_S = 2
 
 
 def analytics_router(db: str | Callable[[], str], warehouse: str | None = None) -> APIRouter:
@@ -33,25 +43,60 @@ def analytics_router(db: str | Callable[[], str], warehouse: str | None = None) 
         return JSONResponse(service.describe())
 
     @router.get("/{name}", summary="Answer a named analytics question; parameters go in the query string",
-                responses={400: {"description": "a parameter is unknown or ill-typed"},
+                description="The warehouse is synced with the store first. A sync that takes longer "
+                            "than 2 s (or the seconds of a `Prefer: wait=N` header, up to 600) goes on "
+                            "in the background, and the answer is 202 with how far it got and a "
+                            "Retry-After header: ask again then.",
+                responses={202: {"description": "still syncing; ask again after Retry-After"},
+                           400: {"description": "a parameter is unknown or ill-typed"},
                            404: {"description": "no named query has this name"},
+                           500: {"description": "the store holds damaged data"},
                            503: {"description": "the warehouse is busy, another store's or unwritable"}})
     async def answer(name: str, request: Request) -> JSONResponse:
         try:
             params = single_valued(request.query_params.multi_items())
+            named.get(name).bind(params)  # the caller's mistakes are said before any sync
         except RepeatedParameter as exc:
             return _error(400, "invalid_param", str(exc))
-        try:
-            rows = await run_in_threadpool(service.answer, db_url(), name, params, warehouse)
         except UnknownQuery as exc:
             return _error(404, "unknown_query", str(exc))
         except QueryError as exc:
             return _error(400, "invalid_param", str(exc))
-        except WarehouseError as exc:
+        wait_s, preferred = preferred_wait(request.headers.get("prefer"))
+        applied = {"Preference-Applied": f"wait={wait_s:g}"} if preferred else {}
+        try:
+            job = await run_in_threadpool(service.sync_in_background, db_url(), warehouse, wait_s)
+            if not job.wait(0):
+                return JSONResponse(
+                    {"detail": f"the analytics warehouse is syncing with the store: {job.described()}; "
+                               f"ask again in {RETRY_AFTER_S} s, or send `Prefer: wait=<seconds>` to wait "
+                               "for the answer",
+                     "code": "syncing", "synced_events": job.done, "total_events": job.total},
+                    status_code=202, headers={"Retry-After": str(RETRY_AFTER_S), **applied})
+            if job.error is not None:
+                raise job.error
+            # synced again, at almost no cost: the job may have ended long before this request
+            rows = await run_in_threadpool(service.answer, db_url(), name, params, warehouse)
+        except (WarehouseError, UnsyncableStore, StoreUnavailable) as exc:
             return _error(503, "warehouse_unavailable", str(exc))
-        return JSONResponse(rows)
+        except CorruptCommit as exc:
+            return _error(500, "corrupt_store", f"{exc}; `companyos verify` names every damaged episode")
+        return JSONResponse(rows, headers=applied)
 
     return router
+
+
+def preferred_wait(prefer: str | None) -> tuple[float, bool]:
+    """The seconds to wait for a sync, from an RFC 7240 `Prefer: wait=N` header (capped at
+    MAX_WAIT_S), and whether the header asked; a missing or malformed preference waits SYNC_WAIT_S."""
+    for preference in (prefer or "").split(","):
+        token, _, value = preference.split(";")[0].partition("=")
+        if token.strip().lower() != "wait":
+            continue
+        value = value.strip().strip('"')
+        if value.isdigit():  # delta-seconds: digits only
+            return min(float(value), MAX_WAIT_S), True
+    return SYNC_WAIT_S, False
 
 
 def _error(status: int, code: str, detail: str) -> JSONResponse:

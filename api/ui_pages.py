@@ -338,13 +338,11 @@ def analytics_page(report_body: str, filters: dict[str, str]) -> HTMLResponse:
     return page("Analytics", form + report_body, head=f"<style>{REPORT_CSS}</style>")
 
 
-def syncing_page(done: int, total: int | None, refresh_s: int) -> HTMLResponse:
+def syncing_page(how_far: str, refresh_s: int) -> HTMLResponse:
     """`GET /ui/analytics` while a long sync runs: how far it got, reloading itself until the
     report is ready (202: the work is accepted and under way)."""
-    share = f" ({done / total:.1%})" if total else ""
-    of = f" of {total:,}" if total is not None else ""
     body = (f"<h1>Syncing the warehouse</h1><p>The analytics read a DuckDB warehouse fed from the "
-            f"store; it is catching up: {done:,}{of} events so far{share}.</p>"
+            f"store; it is catching up: {esc(how_far)}.</p>"
             f"<p class='muted'>This page reloads itself every {refresh_s} s and shows the report "
             "when the sync is done. The sync goes on if you leave.</p>")
     return page("Analytics", body, status=202,

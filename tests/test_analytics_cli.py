@@ -311,6 +311,58 @@ def test_http_route_answers_named_queries_only(logged, tmp_path):
     bad = client.get("/analytics/failure_modes", params={"sql": "SELECT 1"})
     assert bad.status_code == 400 and "no parameter 'sql'" in bad.json()["detail"]
 
+def test_http_route_answers_202_while_a_long_sync_runs(logged, tmp_path, monkeypatch):
+    """A store far ahead of its warehouse: the caller hears how far the sync got and when to ask
+    again, instead of a request hanging for minutes; `Prefer: wait=N` waits for the rows; a bad
+    query is refused before any sync."""
+    import threading
+
+    from analytics import service
+    from api import analytics_routes
+
+    url, reported = logged
+    release, calls = threading.Event(), []
+    real_sync = service.sync
+
+    def slow_sync(db_url, wh, *, store, progress=None):
+        calls.append(db_url)
+        if progress is not None:
+            progress(1500, 3000)
+        release.wait(60)
+        return real_sync(db_url, wh, store=store, progress=progress)
+
+    monkeypatch.setattr(service, "sync", slow_sync)
+    monkeypatch.setattr(analytics_routes, "SYNC_WAIT_S", 0.2)
+    app = FastAPI()
+    app.include_router(analytics_router(url, str(tmp_path / "w.duckdb")))
+    client = TestClient(app)
+    assert client.get("/analytics/drop_everything").status_code == 404
+    assert client.get("/analytics/failure_modes", params={"examples": "lots"}).status_code == 400
+    assert calls == []
+    for _ in range(2):
+        waiting = client.get("/analytics/compare_agents")
+        assert waiting.status_code == 202 and waiting.headers["retry-after"] == "2"
+        body = waiting.json()
+        assert body["code"] == "syncing" and (body["synced_events"], body["total_events"]) == (1500, 3000)
+        assert "1,500 of 3,000 events so far (50.0%)" in body["detail"]
+        assert "Prefer: wait=" in body["detail"]
+    assert len(calls) == 1  # every request joins the one sync under way
+    threading.Timer(0.5, release.set).start()
+    answered = client.get("/analytics/compare_agents", headers={"Prefer": "respond-async, wait=30"})
+    assert answered.status_code == 200 and answered.headers["preference-applied"] == "wait=30"
+    assert sum(r["episodes"] for r in answered.json()) == len(reported)
+
+
+@pytest.mark.parametrize("header, wait, asked", [
+    (None, 2.0, False), ("wait=10", 10.0, True), ("respond-async, WAIT = 5", 5.0, True),
+    ('wait="7"', 7.0, True), ("wait=99999", 600.0, True), ("wait=-1", 2.0, False),
+    ("wait=soon", 2.0, False), ("handling=lenient", 2.0, False), ("wait=3;foo=bar", 3.0, True)])
+def test_prefer_wait_is_read_as_rfc_7240_says(header, wait, asked):
+    from api.analytics_routes import preferred_wait
+
+    assert preferred_wait(header) == (wait, asked)
+
+
 
 def test_a_parameter_given_twice_is_refused_in_words(logged, tmp_path, cli):
     url, _ = logged
