@@ -125,13 +125,20 @@ def store_label(db_url: str) -> str:
     return normalise_url(db_url).render_as_string(hide_password=True)
 
 
+BUSY_WAIT_S = 30.0
+"""How long opening the warehouse waits for another process that holds it, unless that process
+is syncing it and the caller follows the sync."""
+
+
 class Warehouse:
     """An open DuckDB warehouse file. Open it, use it, close it: DuckDB allows one writer process."""
 
     def __init__(self, path: str | os.PathLike, read_only: bool = False, memory_limit: str = "3GB",
-                 threads: int | None = None, wait: float = 30.0, follow: Progress | None = None) -> None:
-        """`wait`: how long to wait for another process that holds the file. With `follow`, a holder
-        that is syncing is waited for as long as its sync runs, and `follow` hears its progress."""
+                 threads: int | None = None, wait: float | None = None,
+                 follow: Progress | None = None) -> None:
+        """`wait`: how long to wait for another process that holds the file (BUSY_WAIT_S). With
+        `follow`, a holder that is syncing is waited for as long as its sync runs, and `follow`
+        hears its progress."""
         self.path = Path(path)
         self.read_only = read_only
         if read_only and not self.path.exists():
@@ -148,7 +155,7 @@ class Warehouse:
                   "autoload_known_extensions": False}
         if threads:
             config["threads"] = str(threads)
-        self.con = _connect(self.path, read_only, config, wait, follow)
+        self.con = _connect(self.path, read_only, config, BUSY_WAIT_S if wait is None else wait, follow)
         self.con.execute("SET enable_progress_bar = false")
         if not read_only:
             try:

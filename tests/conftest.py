@@ -122,3 +122,28 @@ def live_server(url: str, **config):
         server.should_exit = True
         thread.join(timeout=30)
         sock.close()
+
+
+_SLOW_SYNC = """
+import sys, time
+from analytics.sync import sync
+said = []
+def progress(done, total):
+    if not said:
+        said.append(print("syncing", flush=True))
+sync(sys.argv[1], sys.argv[2], batch_events=int(sys.argv[3]), progress=progress,
+     after_batch=lambda _: time.sleep(float(sys.argv[4])))
+"""
+
+
+def start_slow_sync(url: str, warehouse, batch_events: int, pause_s: float):
+    """Another process syncing `warehouse` slowly (a pause after each batch), once it holds the file."""
+    import subprocess
+    import sys
+
+    other = subprocess.Popen([sys.executable, "-c", _SLOW_SYNC, url, str(warehouse), str(batch_events),
+                              str(pause_s)], stdout=subprocess.PIPE, text=True, cwd=os.getcwd())
+    if other.stdout.readline().strip() != "syncing":
+        other.kill()
+        raise AssertionError(f"the slow sync did not start (exit code {other.wait()})")
+    return other

@@ -20,6 +20,7 @@ from analytics.named import QueryError, UnknownQuery
 from analytics.sync import sync
 from analytics.warehouse import Warehouse, WarehouseError
 from eventstore import GENESIS_DIGEST, CorruptCommit, EventStore, NewEvent, chain_digest
+from tests.conftest import start_slow_sync
 
 TABLES = {
     "events": "SELECT position, stream_id, version, type, schema_version, data, meta FROM events "
@@ -518,17 +519,6 @@ def test_a_warehouse_held_by_another_process_is_reported_busy(tmp_path):
         holder.communicate("")
 
 
-_SLOW_SYNC = """
-import sys, time
-from analytics.sync import sync
-said = []
-def progress(done, total):
-    if not said:
-        said.append(print("syncing", flush=True))
-sync(sys.argv[1], sys.argv[2], batch_events=10_000, after_batch=lambda _: time.sleep(0.5), progress=progress)
-"""
-
-
 def test_a_sync_in_another_process_is_followed_to_its_end(filled, tmp_path):
     """A second server worker finds the warehouse locked by another worker's long sync: it hears
     how far that sync got (to say so on its 202 page) and waits for it to end, not a fixed 30 s
@@ -539,10 +529,8 @@ def test_a_sync_in_another_process_is_followed_to_its_end(filled, tmp_path):
     finish(url, pending)
     warehouse = tmp_path / "w.duckdb"
     events = tally_events(url)
-    other = subprocess.Popen([sys.executable, "-c", _SLOW_SYNC, url, str(warehouse)],
-                             stdout=subprocess.PIPE, text=True, cwd=os.getcwd())
+    other = start_slow_sync(url, warehouse, batch_events=10_000, pause_s=0.5)
     try:
-        assert other.stdout.readline().strip() == "syncing"
         heard: list[tuple[int, int | None]] = []
         with Warehouse(warehouse, wait=0.3, follow=lambda done, total: heard.append((done, total))) as wh:
             assert wh.checkpoint == events  # opened only once the other sync had ended

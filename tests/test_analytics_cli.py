@@ -25,7 +25,7 @@ from companyos.batch import RunPlan
 from companyos.batch import run as run_plan
 from companyos.commands import analytics as commands
 from eventstore import EventStore
-from tests.conftest import command_runner
+from tests.conftest import command_runner, start_slow_sync
 
 
 @pytest.fixture(scope="module")
@@ -362,6 +362,25 @@ def test_prefer_wait_is_read_as_rfc_7240_says(header, wait, asked):
 
     assert preferred_wait(header) == (wait, asked)
 
+
+
+def test_a_command_waits_for_another_process_syncing_the_warehouse(logged, tmp_path, cli, monkeypatch):
+    """`companyos analytics query` while a server (or another `analytics sync`) syncs the same
+    warehouse: the command waits for that sync, however long it takes, and then answers; it does
+    not give up after the fixed wait it gives a file held for anything else."""
+    from analytics import warehouse as warehouse_module
+
+    url, reported = logged
+    path = tmp_path / "w.duckdb"
+    monkeypatch.setattr(warehouse_module, "BUSY_WAIT_S", 0.2)
+    other = start_slow_sync(url, path, batch_events=2_000, pause_s=0.4)
+    try:
+        out = cli("query", "compare_agents", "--format", "json", "--db", url, "--warehouse", str(path))
+        assert other.wait(30) == 0
+    finally:
+        other.kill()
+    assert out.exit_code == 0, out.output
+    assert sum(r["episodes"] for r in json.loads(out.stdout)) == len(reported)
 
 
 def test_a_parameter_given_twice_is_refused_in_words(logged, tmp_path, cli):

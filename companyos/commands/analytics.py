@@ -7,7 +7,7 @@ in `analytics/`; this module parses options, draws a progress bar (only on a ter
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -60,14 +60,14 @@ def _open_synced(db: str | None, warehouse: Path | None, quiet: bool = False) ->
     statement that wrote would leave them disagreeing with the checkpoint. DuckDB opens a file
     one way per process, so the synced warehouse is closed and reopened read-only.
     """
-    from analytics.sync import warehouse_path
+    from analytics.sync import sync, warehouse_path
     from analytics.warehouse import Warehouse, WarehouseError
 
     with _store(db) as (url, store):
         path = warehouse_path(url, warehouse)
         try:
-            with Warehouse(path) as wh:
-                _run_sync(url, wh, quiet, store=store)
+            with _progress_bar(quiet) as progress, Warehouse(path, follow=progress) as wh:
+                sync(url, wh, progress=progress, store=store)
             return Warehouse(path, read_only=True)
         except WarehouseError as exc:
             _warehouse_failed(exc)
@@ -80,11 +80,13 @@ def _warehouse_failed(exc: Exception) -> NoReturn:
     fail(str(exc), 2 if isinstance(exc, WarehousePathError) else 1)
 
 
-def _run_sync(url: str, wh, quiet: bool, **kwargs: Any):
-    from analytics.sync import sync
-
+@contextmanager
+def _progress_bar(quiet: bool) -> Iterator[Callable[[int, int | None], None]]:
+    """How far a sync got, as a bar on a terminal: this command's sync, and before it another
+    process's sync of the same warehouse, which the command waits for (however long it takes)."""
     if quiet or not sys.stderr.isatty():
-        return sync(url, wh, **kwargs)
+        yield lambda done, total: None
+        return
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
@@ -92,8 +94,7 @@ def _run_sync(url: str, wh, quiet: bool, **kwargs: Any):
     with Progress(TextColumn("syncing events"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
                   console=console, transient=True) as bar:
         job = bar.add_task("sync", total=None)
-        return sync(url, wh, progress=lambda done, total: bar.update(job, completed=done, total=total),
-                    **kwargs)
+        yield lambda done, total: bar.update(job, completed=done, total=total)
 
 
 @analytics_app.command("sync")
@@ -105,16 +106,16 @@ def sync_command(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
 ) -> None:
     """Bring the warehouse up to date with the store (incremental, resumable)."""
-    from analytics.sync import warehouse_path
+    from analytics.sync import sync, warehouse_path
     from analytics.warehouse import Warehouse, WarehouseError
 
     with _store(db) as (url, store):
         path = warehouse_path(url, warehouse)
         try:
-            with Warehouse(path) as wh:
+            with _progress_bar(as_json) as progress, Warehouse(path, follow=progress) as wh:
                 if rebuild:
                     wh.reset()
-                result = _run_sync(url, wh, as_json, store=store)
+                result = sync(url, wh, progress=progress, store=store)
                 counts = wh.counts()
         except WarehouseError as exc:
             _warehouse_failed(exc)
