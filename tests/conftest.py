@@ -147,3 +147,25 @@ def start_slow_sync(url: str, warehouse, batch_events: int, pause_s: float):
         other.kill()
         raise AssertionError(f"the slow sync did not start (exit code {other.wait()})")
     return other
+
+
+@pytest.fixture
+def held_sync(monkeypatch):
+    """The service's syncs held until the test sets the returned event, having said "1,500 of
+    3,000 events"; returns (release, calls: the store URL of each sync started)."""
+    import threading
+
+    from analytics import service
+
+    release, calls = threading.Event(), []
+    real_sync = service.sync
+
+    def slow_sync(db_url, wh, *, store, progress=None):
+        calls.append(db_url)
+        if progress is not None:
+            progress(1500, 3000)
+        release.wait(60)
+        return real_sync(db_url, wh, store=store, progress=progress)
+
+    monkeypatch.setattr(service, "sync", slow_sync)
+    return release, calls

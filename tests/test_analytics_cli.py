@@ -311,27 +311,16 @@ def test_http_route_answers_named_queries_only(logged, tmp_path):
     bad = client.get("/analytics/failure_modes", params={"sql": "SELECT 1"})
     assert bad.status_code == 400 and "no parameter 'sql'" in bad.json()["detail"]
 
-def test_http_route_answers_202_while_a_long_sync_runs(logged, tmp_path, monkeypatch):
+def test_http_route_answers_202_while_a_long_sync_runs(logged, tmp_path, monkeypatch, held_sync):
     """A store far ahead of its warehouse: the caller hears how far the sync got and when to ask
     again, instead of a request hanging for minutes; `Prefer: wait=N` waits for the rows; a bad
     query is refused before any sync."""
     import threading
 
-    from analytics import service
     from api import analytics_routes
 
     url, reported = logged
-    release, calls = threading.Event(), []
-    real_sync = service.sync
-
-    def slow_sync(db_url, wh, *, store, progress=None):
-        calls.append(db_url)
-        if progress is not None:
-            progress(1500, 3000)
-        release.wait(60)
-        return real_sync(db_url, wh, store=store, progress=progress)
-
-    monkeypatch.setattr(service, "sync", slow_sync)
+    release, calls = held_sync
     monkeypatch.setattr(analytics_routes, "SYNC_WAIT_S", 0.2)
     app = FastAPI()
     app.include_router(analytics_router(url, str(tmp_path / "w.duckdb")))

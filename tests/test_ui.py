@@ -406,27 +406,14 @@ def test_an_unusable_warehouse_is_a_503_page(tmp_path):
 
 
 def test_a_long_sync_answers_with_a_page_that_reloads_until_the_report_is_ready(logged, tmp_path,
-                                                                                monkeypatch):
+                                                                                monkeypatch, held_sync):
     """A store far ahead of its warehouse (millions of events take minutes): the page says how far
     the sync got and reloads itself, rather than keep the browser waiting; every reload joins the
     one sync under way; the report follows when it is done."""
-    import threading
-
-    from analytics import service
     from api import ui as ui_routes
 
     url, _ = logged
-    release, calls = threading.Event(), []
-    real_sync = service.sync
-
-    def slow_sync(db_url, wh, *, store, progress=None):
-        calls.append(db_url)
-        if progress is not None:
-            progress(1500, 3000)
-        release.wait(60)
-        return real_sync(db_url, wh, store=store, progress=progress)
-
-    monkeypatch.setattr(service, "sync", slow_sync)
+    release, calls = held_sync
     monkeypatch.setattr(ui_routes, "SYNC_WAIT_S", 0.2)
     with TestClient(create_app(ServerConfig(db=url, warehouse=str(tmp_path / "w.duckdb")))) as c:
         for _ in range(2):
