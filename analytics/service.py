@@ -146,18 +146,22 @@ _JOBS: dict[tuple[str, str], BackgroundSync] = {}
 _JOBS_LOCK = threading.Lock()
 
 
-def sync_in_background(db_url: str, warehouse: str | Path | None, wait_s: float) -> BackgroundSync:
+def sync_in_background(db_url: str, warehouse: str | Path | None,
+                       wait_s: float) -> BackgroundSync | None:
     """Start a sync of this store into this warehouse, or join the one running, and wait up to
-    `wait_s` for it. An ended sync is handed out once (to whoever sees it end first); its error,
-    if any, is in `error`. Small backlogs end within the wait, so the caller answers at once."""
+    `wait_s` for it: None once it has ended well, the job (to ask how far it got) while it runs.
+    An ended sync is handed out once (to whoever sees it end first), and raises its error there.
+    Small backlogs end within the wait, so the caller answers at once."""
     key = (db_url, str(warehouse_path(db_url, warehouse)))
     with _JOBS_LOCK:
         job = _JOBS.get(key)
         if job is None:
             job = _JOBS[key] = BackgroundSync(db_url, warehouse)
-    ended = job.wait(wait_s)
-    if ended:
-        with _JOBS_LOCK:
-            if _JOBS.get(key) is job:
-                del _JOBS[key]
-    return job
+    if not job.wait(wait_s):
+        return job
+    with _JOBS_LOCK:
+        if _JOBS.get(key) is job:
+            del _JOBS[key]
+    if job.error is not None:
+        raise job.error
+    return None

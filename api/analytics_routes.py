@@ -66,15 +66,13 @@ def analytics_router(db: str | Callable[[], str], warehouse: str | None = None) 
         applied = {"Preference-Applied": f"wait={wait_s:g}"} if preferred else {}
         try:
             job = await run_in_threadpool(service.sync_in_background, db_url(), warehouse, wait_s)
-            if not job.wait(0):
+            if job is not None:
                 return JSONResponse(
                     {"detail": f"the analytics warehouse is syncing with the store: {job.described()}; "
                                f"ask again in {RETRY_AFTER_S} s, or send `Prefer: wait=<seconds>` to wait "
                                "for the answer",
                      "code": "syncing", "synced_events": job.done, "total_events": job.total},
                     status_code=202, headers={"Retry-After": str(RETRY_AFTER_S), **applied})
-            if job.error is not None:
-                raise job.error
             # synced again, at almost no cost: the job may have ended long before this request
             rows = await run_in_threadpool(service.answer, db_url(), name, params, warehouse)
         except (WarehouseError, UnsyncableStore, StoreUnavailable) as exc:
