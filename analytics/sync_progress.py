@@ -11,16 +11,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 from collections.abc import Callable
 from pathlib import Path
 
 import orjson
 
 Progress = Callable[[int, int | None], None]  # (events synced so far, expected in total or None)
-
-_HOLDER_PID = re.compile(r"\(PID (\d+)\)")
-"""How DuckDB names the process holding the file in its lock-conflict message."""
 
 
 def progress_file(warehouse: Path) -> Path:
@@ -52,12 +48,6 @@ class SharedProgress:
         if self.written:
             with contextlib.suppress(OSError):
                 self.path.unlink()
-
-
-def holder_pid(lock_error: str) -> int | None:
-    """The process DuckDB says holds the file, from its lock-conflict message (None if unsaid)."""
-    found = _HOLDER_PID.search(lock_error)
-    return int(found.group(1)) if found else None
 
 
 def running_sync(warehouse: Path, holder: int | None) -> tuple[int, int | None] | None:

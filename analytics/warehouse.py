@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,7 +24,7 @@ from pathlib import Path
 import duckdb
 
 from analytics.paths import why_not_written
-from analytics.sync_progress import Progress, holder_pid, running_sync
+from analytics.sync_progress import Progress, running_sync
 from eventstore.engine import normalise_url, sqlite_file
 
 # Bump when the derived tables' definition changes: a warehouse built by older code is rebuilt.
@@ -256,7 +257,7 @@ def _connect(path: Path, read_only: bool, config: dict, wait: float,
         except duckdb.IOException as exc:
             if not _lock_conflict(exc):
                 raise WarehousePathError(f"cannot open the warehouse {path}: {_first_line(exc)}") from exc
-            running = running_sync(path, holder_pid(str(exc))) if follow is not None else None
+            running = running_sync(path, _holder_pid(str(exc))) if follow is not None else None
             if running is not None:
                 follow(*running)
                 deadline = max(deadline, time.monotonic() + wait)
@@ -276,6 +277,16 @@ bare "lock" would match a directory such as `blocks/`."""
 def _lock_conflict(exc: duckdb.IOException) -> bool:
     """Another process holds the file (worth waiting for), not a file DuckDB cannot open."""
     return LOCK_CONFLICT in str(exc)
+
+
+_HOLDER_PID = re.compile(r"\(PID (\d+)\)")
+"""How DuckDB names the process holding the file in its lock-conflict message."""
+
+
+def _holder_pid(lock_error: str) -> int | None:
+    """The process DuckDB says holds the file, from its lock-conflict message (None if unsaid)."""
+    found = _HOLDER_PID.search(lock_error)
+    return int(found.group(1)) if found else None
 
 
 def _starts_with(path: Path, header: bytes) -> bool:
