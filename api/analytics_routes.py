@@ -29,6 +29,7 @@ SYNC_WAIT_S = 2.0
 MAX_WAIT_S = 600.0
 """The longest `Prefer: wait` honoured: a waiting request holds one of the server's worker threads."""
 RETRY_AFTER_S = 2
+"""When to ask again while a sync runs (the UI's progress page reloads itself as often)."""
 
 
 def analytics_router(db: str | Callable[[], str], warehouse: str | None = None) -> APIRouter:

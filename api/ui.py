@@ -32,7 +32,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from analytics import report, service
 from analytics.sources import UnsyncableStore
 from analytics.warehouse import WarehouseError
-from api.analytics_routes import SYNC_WAIT_S  # a sync that takes longer answers with a progress page
+from api.analytics_routes import RETRY_AFTER_S, SYNC_WAIT_S  # as long as the JSON route waits and asks to
 from api.episodes import EpisodeLog
 from api.querystring import RepeatedParameter, single_valued
 from api.sessions import ApiError
@@ -52,7 +52,6 @@ PAGE_SIZE = 50
 MAX_PAGE_SIZE = 500  # as GET /episodes
 MAX_OFFSET = 10**9
 MAX_STEP = 10**6
-SYNC_REFRESH_S = 2  # the progress page reloads itself this often
 
 
 class BadParameter(ValueError):
@@ -137,7 +136,7 @@ def ui_router(log: EpisodeLog, db: str | Callable[[], str], warehouse: str | Non
             # a long sync runs on in the background while the page says how far it got
             job = await run_in_threadpool(service.sync_in_background, db_url(), warehouse, SYNC_WAIT_S)
             if job is not None:
-                return syncing_page(job.described(), SYNC_REFRESH_S)
+                return syncing_page(job.described(), RETRY_AFTER_S)
             # synced again, at almost no cost: the job may have ended long before this request
             data = await run_in_threadpool(report_data, db_url(), warehouse,
                                            filters.get("agent"), filters.get("task"))
