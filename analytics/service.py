@@ -7,9 +7,11 @@ serialises calls (the HTTP server runs handlers on threads).
 
 from __future__ import annotations
 
+import asyncio
 import math
 import threading
 from collections.abc import Iterator
+from concurrent.futures import Future
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -117,6 +119,8 @@ class BackgroundSync:
         self.done = 0
         self.total: int | None = None
         self.error: BaseException | None = None
+        self._ended: Future[None] = Future()
+        self._ended.set_running_or_notify_cancel()  # so a waiter that gives up cannot cancel it
         self._thread = threading.Thread(target=self._run, name="analytics-background-sync", daemon=True)
         self._thread.start()
 
@@ -126,6 +130,8 @@ class BackgroundSync:
                 pass
         except BaseException as exc:  # the page that polls next says it
             self.error = exc
+        finally:
+            self._ended.set_result(None)
 
     def _progress(self, done: int, total: int | None) -> None:
         self.done, self.total = done, total
@@ -136,18 +142,22 @@ class BackgroundSync:
         of = f" of {self.total:,}" if self.total is not None else ""
         return f"{self.done:,}{of} events so far{share}"
 
-    def wait(self, seconds: float) -> bool:
-        """Whether the sync has ended (well or not) within `seconds`."""
-        self._thread.join(seconds)
-        return not self._thread.is_alive()
+    async def ended_within(self, seconds: float) -> bool:
+        """Whether the sync has ended (well or not) within `seconds`, awaited on the event loop: a
+        request waiting minutes for it (`Prefer: wait=600`) holds no server thread meanwhile."""
+        try:
+            await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(self._ended)), seconds)
+        except TimeoutError:
+            return False
+        return True
 
 
 _JOBS: dict[tuple[str, str], BackgroundSync] = {}
 _JOBS_LOCK = threading.Lock()
 
 
-def sync_in_background(db_url: str, warehouse: str | Path | None,
-                       wait_s: float) -> BackgroundSync | None:
+async def sync_in_background(db_url: str, warehouse: str | Path | None,
+                             wait_s: float) -> BackgroundSync | None:
     """Start a sync of this store into this warehouse, or join the one running, and wait up to
     `wait_s` for it: None once it has ended well, the job (to ask how far it got) while it runs.
     An ended sync is handed out once (to whoever sees it end first), and raises its error there.
@@ -157,7 +167,7 @@ def sync_in_background(db_url: str, warehouse: str | Path | None,
         job = _JOBS.get(key)
         if job is None:
             job = _JOBS[key] = BackgroundSync(db_url, warehouse)
-    if not job.wait(wait_s):
+    if not await job.ended_within(wait_s):
         return job
     with _JOBS_LOCK:
         if _JOBS.get(key) is job:

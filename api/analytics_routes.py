@@ -27,7 +27,8 @@ from eventstore import CorruptCommit, StoreUnavailable
 SYNC_WAIT_S = 2.0
 """How long a request waits for a sync before answering 202 (the UI's report page waits as long)."""
 MAX_WAIT_S = 600.0
-"""The longest `Prefer: wait` honoured: a waiting request holds one of the server's worker threads."""
+"""The longest `Prefer: wait` honoured. A waiting request holds no server thread (it awaits the
+sync on the event loop), but proxies and clients rarely keep a request open for longer."""
 RETRY_AFTER_S = 2
 """When to ask again while a sync runs (the UI's progress page reloads itself as often)."""
 
@@ -66,7 +67,7 @@ def analytics_router(db: str | Callable[[], str], warehouse: str | None = None) 
         wait_s, preferred = preferred_wait(request.headers.get("prefer"))
         applied = {"Preference-Applied": f"wait={wait_s:g}"} if preferred else {}
         try:
-            job = await run_in_threadpool(service.sync_in_background, db_url(), warehouse, wait_s)
+            job = await service.sync_in_background(db_url(), warehouse, wait_s)
             if job is not None:
                 return JSONResponse(
                     {"detail": f"the analytics warehouse is syncing with the store: {job.described()}; "

@@ -134,7 +134,7 @@ def ui_router(log: EpisodeLog, db: str | Callable[[], str], warehouse: str | Non
             return error_page(400, str(exc))
         try:
             # a long sync runs on in the background while the page says how far it got
-            job = await run_in_threadpool(service.sync_in_background, db_url(), warehouse, SYNC_WAIT_S)
+            job = await service.sync_in_background(db_url(), warehouse, SYNC_WAIT_S)
             if job is not None:
                 return syncing_page(job.described(), RETRY_AFTER_S)
             # synced again, at almost no cost: the job may have ended long before this request

@@ -342,6 +342,45 @@ def test_http_route_answers_202_while_a_long_sync_runs(logged, tmp_path, monkeyp
     assert sum(r["episodes"] for r in answered.json()) == len(reported)
 
 
+def test_requests_waiting_for_a_sync_hold_no_server_thread(logged, tmp_path, held_sync):
+    """`Prefer: wait=N` may keep a request open for minutes: it waits on the event loop, so a
+    server with a few dozen worker threads still answers everything else meanwhile."""
+    import anyio
+    import anyio.to_thread
+    import httpx
+
+    url, reported = logged
+    release, calls = held_sync
+    app = FastAPI()
+    app.include_router(analytics_router(url, str(tmp_path / "w.duckdb")))
+    answers: list[httpx.Response] = []
+
+    async def main() -> int:
+        threads = anyio.to_thread.current_default_thread_limiter()
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            async def ask() -> None:
+                answers.append(await client.get("/analytics/compare_agents", headers={"Prefer": "wait=30"}))
+
+            try:
+                async with anyio.create_task_group() as group:
+                    for _ in range(3):
+                        group.start_soon(ask)
+                    with anyio.fail_after(10):
+                        while not calls:
+                            await anyio.sleep(0.01)
+                    await anyio.sleep(0.3)  # every request is waiting now
+                    borrowed, syncs = threads.borrowed_tokens, len(calls)
+                    release.set()
+            finally:
+                release.set()
+        return borrowed, syncs
+
+    assert anyio.run(main) == (0, 1)  # no thread held; all three joined the one sync
+    assert [a.status_code for a in answers] == [200, 200, 200]
+    assert all(sum(r["episodes"] for r in a.json()) == len(reported) for a in answers)
+
+
 @pytest.mark.parametrize("header, wait, asked", [
     (None, 2.0, False), ("wait=10", 10.0, True), ("respond-async, WAIT = 5", 5.0, True),
     ('wait="7"', 7.0, True), ("wait=99999", 600.0, True), ("wait=-1", 2.0, False),
