@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -50,18 +51,46 @@ class SharedProgress:
                 self.path.unlink()
 
 
+FRESH_S = 120.0
+"""A progress file is rewritten after every batch (a few seconds each); one older than this is
+not a running sync's, when the lock holder is unknown."""
+
+
 def running_sync(warehouse: Path, holder: int | None) -> tuple[int, int | None] | None:
     """(done, total) of the sync the lock holder `holder` is running on `warehouse`, or None when
-    the holder is not syncing (no file, or one some other process left behind)."""
-    if holder is None:
-        return None
+    the holder is not syncing (no file, or one some other process left behind).
+
+    `holder` is None when DuckDB's message did not name the holder: then a fresh file naming
+    another live process is taken for the holder's (a killed sync's file names a dead process).
+    """
+    path = progress_file(warehouse)
     try:
-        said = orjson.loads(progress_file(warehouse).read_bytes())
+        said = orjson.loads(path.read_bytes())
+        age = time.time() - path.stat().st_mtime
     except (OSError, orjson.JSONDecodeError):
         return None
-    if not isinstance(said, dict) or said.get("pid") != holder:
+    if not isinstance(said, dict) or not isinstance(pid := said.get("pid"), int):
+        return None
+    if holder is None and not (age < FRESH_S and pid != os.getpid() and _alive(pid)):
+        return None
+    if holder is not None and pid != holder:
         return None
     done, total = said.get("done"), said.get("total")
     if not isinstance(done, int) or not (total is None or isinstance(total, int)):
         return None
     return done, total
+
+
+def _alive(pid: int) -> bool:
+    """Whether a process with this id runs (signal 0 only checks; 0 and below name groups)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: it exists
+        return True
+    except OSError:
+        return False
+    return True

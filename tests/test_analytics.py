@@ -519,7 +519,18 @@ def test_a_warehouse_held_by_another_process_is_reported_busy(tmp_path):
         holder.communicate("")
 
 
-def test_a_sync_in_another_process_is_followed_to_its_end(filled, tmp_path):
+@pytest.fixture(params=["DuckDB names the holder", "DuckDB does not name the holder"])
+def lock_message(request, monkeypatch):
+    """Both ways of telling who holds the warehouse: DuckDB's lock-conflict message naming the
+    process (as DuckDB 1.x and 2.0 word it), or, should its wording change, the progress file."""
+    from analytics import warehouse as warehouse_module
+
+    if request.param.endswith("does not name the holder"):
+        monkeypatch.setattr(warehouse_module, "_holder_pid", lambda message: None)
+    return request.param
+
+
+def test_a_sync_in_another_process_is_followed_to_its_end(filled, tmp_path, lock_message):
     """A second server worker finds the warehouse locked by another worker's long sync: it hears
     how far that sync got (to say so on its 202 page) and waits for it to end, not a fixed 30 s
     after which it would give up with a 503."""
@@ -542,14 +553,21 @@ def test_a_sync_in_another_process_is_followed_to_its_end(filled, tmp_path):
     assert not progress_file(warehouse).exists()  # the sync cleans up after itself
 
 
-def test_a_progress_file_left_by_another_process_is_not_followed(tmp_path):
+@pytest.mark.parametrize("writer", ["this process", "a process that has ended"])
+def test_a_progress_file_left_by_another_process_is_not_followed(tmp_path, lock_message, writer):
     """The progress file names its sync's process: one left behind by a killed sync says nothing
     about a process that holds the file for something else, so the usual wait applies."""
-    from analytics.sync_progress import SharedProgress
+    import orjson
+
+    from analytics.sync_progress import SharedProgress, progress_file
 
     path = tmp_path / "w.duckdb"
     Warehouse(path).close()
     SharedProgress(path)(100, 200)  # written by this process, which does not hold the file
+    if writer == "a process that has ended":
+        ended = subprocess.Popen([sys.executable, "-c", "pass"])
+        ended.wait()
+        progress_file(path).write_bytes(orjson.dumps({"pid": ended.pid, "done": 100, "total": 200}))
     holder = subprocess.Popen([sys.executable, "-c", "import duckdb, sys; c = duckdb.connect(sys.argv[1]); "
                                "print('held', flush=True); sys.stdin.read()", str(path)],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
