@@ -25,7 +25,7 @@ from companyos.batch import RunPlan
 from companyos.batch import run as run_plan
 from companyos.commands import analytics as commands
 from eventstore import EventStore
-from tests.conftest import command_runner, start_slow_sync
+from tests.conftest import command_runner, live_server, start_slow_sync
 
 
 @pytest.fixture(scope="module")
@@ -379,6 +379,49 @@ def test_requests_waiting_for_a_sync_hold_no_server_thread(logged, tmp_path, hel
     assert anyio.run(main) == (0, 1)  # no thread held; all three joined the one sync
     assert [a.status_code for a in answers] == [200, 200, 200]
     assert all(sum(r["episodes"] for r in a.json()) == len(reported) for a in answers)
+
+
+def test_python_client_answers_named_queries_of_a_server(logged, tmp_path):
+    """`RemoteAnalytics` against a live server: the catalogue, rows as the CLI's JSON gives them,
+    and the server's refusals as the errors RemoteCompanyEnv raises."""
+    from companyos.analytics_client import RemoteAnalytics
+    from companyos.client import RemoteRequestError
+
+    url, reported = logged
+    with live_server(url, warehouse=str(tmp_path / "w.duckdb")) as base, RemoteAnalytics(base) as remote:
+        assert "failure_modes" in {q["name"] for q in remote.queries()}
+        rows = remote.query("compare_agents")
+        assert sum(r["episodes"] for r in rows) == len(reported)
+        assert remote.query("failure_modes", agent="random", examples=1) == [
+            {**r, "example_episode_ids": r["example_episode_ids"][:1]}
+            for r in remote.query("failure_modes", agent="random")]
+        with pytest.raises(RemoteRequestError) as unknown:
+            remote.query("drop everything")
+        assert (unknown.value.status, unknown.value.code) == (404, "unknown_query")
+        with pytest.raises(RemoteRequestError, match="'examples' must be an integer") as bad:
+            remote.query("failure_modes", examples="lots")
+        assert bad.value.status == 400
+
+
+def test_python_client_waits_out_a_long_sync_or_says_how_far_it_got(logged, tmp_path, held_sync):
+    """A server still syncing when the client's timeout ends: a RemoteServerError with the sync's
+    progress; given time, the rows, however many 202s came first."""
+    import threading
+
+    from companyos.analytics_client import RemoteAnalytics
+    from companyos.client import RemoteServerError
+
+    url, reported = logged
+    release, calls = held_sync
+    with live_server(url, warehouse=str(tmp_path / "w.duckdb")) as base:
+        with RemoteAnalytics(base, timeout=1) as remote, pytest.raises(RemoteServerError) as syncing:
+            remote.query("compare_agents")
+        assert (syncing.value.status, syncing.value.code) == (202, "syncing")
+        assert "1,500 of 3,000 events so far (50.0%)" in syncing.value.detail
+        threading.Timer(1.5, release.set).start()
+        with RemoteAnalytics(base, timeout=30) as remote:
+            assert sum(r["episodes"] for r in remote.query("compare_agents")) == len(reported)
+    assert calls[0] == url
 
 
 @pytest.mark.parametrize("header, wait, asked", [
