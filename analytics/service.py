@@ -161,7 +161,8 @@ async def sync_in_background(db_url: str, warehouse: str | Path | None,
     """Start a sync of this store into this warehouse, or join the one running, and wait up to
     `wait_s` for it: None once it has ended well, the job (to ask how far it got) while it runs.
     An ended sync is handed out once (to whoever sees it end first), and raises its error there.
-    Small backlogs end within the wait, so the caller answers at once."""
+    Small backlogs end within the wait, so the caller answers at once. Awaited on the event loop:
+    the sync has its own thread, and the waiting request holds none."""
     key = (db_url, str(warehouse_path(db_url, warehouse)))
     with _JOBS_LOCK:
         job = _JOBS.get(key)

@@ -60,7 +60,8 @@ class RemoteAnalytics:
                 return body
             left = deadline - time.monotonic()
             if left <= 0:
-                raise RemoteServerError(202, "syncing", f"{body.get('detail', 'the warehouse is syncing')} "
+                said = body.get("detail") if isinstance(body, dict) else None
+                raise RemoteServerError(202, "syncing", f"{said or 'the warehouse is syncing'} "
                                         f"(gave up after {self.timeout:g} s)", self.base_url + path)
             time.sleep(min(retry_after, left))
 
@@ -72,12 +73,12 @@ class RemoteAnalytics:
             response = self._client.get(path, params=params, headers=headers, timeout=timeout)
         except httpx.TimeoutException:
             raise RemoteConnectionError(None, "timeout", f"no answer from {url} within {timeout:g} s",
-                                    url) from None
+                                        url) from None
         except httpx.ConnectError as exc:
             raise _unreachable(self.base_url, exc) from None
         except httpx.TransportError as exc:
             raise RemoteConnectionError(None, "connection_lost", f"the connection to {url} was lost "
-                                    f"before it answered ({exc})", url) from None
+                                        f"before it answered ({exc})", url) from None
         if response.status_code >= 400:
             raise _refusal(response.status_code, response.content, url)
         try:
