@@ -355,7 +355,7 @@ def test_requests_waiting_for_a_sync_hold_no_server_thread(logged, tmp_path, hel
     app.include_router(analytics_router(url, str(tmp_path / "w.duckdb")))
     answers: list[httpx.Response] = []
 
-    async def main() -> int:
+    async def main() -> tuple[int, int]:
         threads = anyio.to_thread.current_default_thread_limiter()
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
@@ -414,13 +414,16 @@ def test_python_client_waits_out_a_long_sync_or_says_how_far_it_got(logged, tmp_
     url, reported = logged
     release, calls = held_sync
     with live_server(url, warehouse=str(tmp_path / "w.duckdb")) as base:
-        with RemoteAnalytics(base, timeout=1) as remote, pytest.raises(RemoteServerError) as syncing:
-            remote.query("compare_agents")
-        assert (syncing.value.status, syncing.value.code) == (202, "syncing")
-        assert "1,500 of 3,000 events so far (50.0%)" in syncing.value.detail
-        threading.Timer(1.5, release.set).start()
-        with RemoteAnalytics(base, timeout=30) as remote:
-            assert sum(r["episodes"] for r in remote.query("compare_agents")) == len(reported)
+        try:
+            with RemoteAnalytics(base, timeout=1) as remote, pytest.raises(RemoteServerError) as syncing:
+                remote.query("compare_agents")
+            assert (syncing.value.status, syncing.value.code) == (202, "syncing")
+            assert "1,500 of 3,000 events so far (50.0%)" in syncing.value.detail
+            threading.Timer(1.5, release.set).start()
+            with RemoteAnalytics(base, timeout=30) as remote:
+                assert sum(r["episodes"] for r in remote.query("compare_agents")) == len(reported)
+        finally:
+            release.set()
     assert calls[0] == url
 
 
