@@ -109,21 +109,37 @@ def _unreachable(url: str, exc: BaseException) -> RemoteConnectionError:
                                  f"{said}; is `companyos serve` running there?", url)
 
 
-def _lost(url: str, exc: BaseException) -> RemoteConnectionError:
+def _lost(url: str, exc: BaseException, changes: bool = True) -> RemoteConnectionError:
+    """`changes`: the request may change the episode, so whether it did is in doubt."""
+    doubt = ("; the action may or may not have been applied: `state` tells (the next call "
+             "reconnects)") if changes else ""
     return RemoteConnectionError(None, "connection_lost", f"the connection to {url} was lost before it "
-                                 f"answered ({exc}); the action may or may not have been applied: "
-                                 "`state` tells (the next call reconnects)", url)
+                                 f"answered ({exc}){doubt}", url)
 
 
-def _timed_out(url: str, timeout: float) -> RemoteConnectionError:
-    return RemoteConnectionError(None, "timeout", f"no answer from {url} within {timeout} s; the "
-                                 "request may or may not have been applied: `state` tells", url)
+def _timed_out(url: str, timeout: float, changes: bool = True) -> RemoteConnectionError:
+    doubt = "; the request may or may not have been applied: `state` tells" if changes else ""
+    return RemoteConnectionError(None, "timeout", f"no answer from {url} within {timeout:g} s{doubt}", url)
 
 
 def _unreadable(url: str, status: int | None, body: bytes) -> RemoteServerError:
     text = body.decode("utf-8", "replace")[:200]
     return RemoteServerError(status, "bad_reply", f"{url} answered with something that is not a "
                              f"CompanyOS reply: {text!r}", url)
+
+
+def server_url(base_url: str, timeout: float) -> str:
+    """A client's server URL without a trailing slash, once it and the timeout are checked."""
+    if not timeout > 0:
+        raise ValueError(f"timeout must be a positive number of seconds, not {timeout!r}")
+    if urlsplit(base_url).scheme not in ("http", "https"):
+        raise ValueError(f"base_url must be the server's http:// or https:// URL, not {base_url!r}")
+    return base_url.rstrip("/")
+
+
+def auth_headers(api_key: str | None) -> dict[str, str]:
+    """What a server started with an API key asks of every request."""
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
 # -- the two wires -----------------------------------------------------------------------------
@@ -137,7 +153,7 @@ def _dumps(value: Any) -> bytes:
         raise ValueError(f"not JSON, so it cannot be sent to the server: {exc}") from None
 
 
-class _HttpWire:
+class HttpWire:
     """One httpx.Client: JSON in and out (orjson both ways), refusals turned into RemoteEnvError."""
 
     def __init__(self, base_url: str, timeout: float, headers: dict[str, str]) -> None:
@@ -148,23 +164,37 @@ class _HttpWire:
 
     def call(self, method: str, path: str, *, body: Any = None, params: dict | None = None,
              token: str | None = None) -> Any:
-        url = self.base_url + path
         content = None if body is None else _dumps(body)
         headers = {"X-Episode-Token": token} if token else None
+        response = self.request(method, path, content=content, params=params, headers=headers)
+        return self.json(response)
+
+    def request(self, method: str, path: str, *, content: bytes | None = None,
+                params: dict | None = None, headers: dict[str, str] | None = None,
+                timeout: float | None = None) -> httpx.Response:
+        """A successful answer (below 400); no answer and refusals raised as RemoteEnvError. A GET
+        changes nothing, so its lost answer leaves nothing in doubt."""
+        url = self.base_url + path
+        timeout = self.timeout if timeout is None else timeout
+        changes = method != "GET"
         try:
-            response = self.client.request(method, path, content=content, params=params, headers=headers)
+            response = self.client.request(method, path, content=content, params=params,
+                                           headers=headers, timeout=timeout)
         except httpx.TimeoutException:
-            raise _timed_out(url, self.timeout) from None
+            raise _timed_out(url, timeout, changes) from None
         except httpx.ConnectError as exc:
             raise _unreachable(self.base_url, exc) from None
         except httpx.TransportError as exc:
-            raise _lost(url, exc) from None
+            raise _lost(url, exc, changes) from None
         if response.status_code >= 400:
             raise _refusal(response.status_code, response.content, url)
+        return response
+
+    def json(self, response: httpx.Response) -> Any:
         try:
             return orjson.loads(response.content)
         except orjson.JSONDecodeError:
-            raise _unreadable(url, response.status_code, response.content) from None
+            raise _unreadable(str(response.url), response.status_code, response.content) from None
 
     def close(self) -> None:
         self.client.close()
@@ -298,20 +328,16 @@ class RemoteCompanyEnv:
             raise ValueError(f"transport must be one of {TRANSPORTS}, not {transport!r}")
         if agent is not None and (problem := new_agent_label_problem(agent)):
             raise ValueError(problem)
-        if not timeout > 0:
-            raise ValueError(f"timeout must be a positive number of seconds, not {timeout!r}")
-        if urlsplit(base_url).scheme not in ("http", "https"):
-            raise ValueError(f"base_url must be the server's http:// or https:// URL, not {base_url!r}")
-        self.base_url = base_url.rstrip("/")
+        self.base_url = server_url(base_url, timeout)
         self.transport = transport
         self.agent = agent
         self.timeout = timeout
         self.tools = domain.TOOLS
         self.episode_id: str | None = None
         self.episode_token: str | None = None
-        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._headers = auth_headers(api_key)
         self._ws = _WebSocketWire(self.base_url, timeout, self._headers) if transport == "ws" else None
-        self._http_wire: _HttpWire | None = None
+        self._http_wire: HttpWire | None = None
         self._closed = False
 
     # -- the Gymnasium-shaped calls ------------------------------------------------------------
@@ -396,10 +422,10 @@ class RemoteCompanyEnv:
         if self._closed:
             raise RuntimeError("this RemoteCompanyEnv is closed")
 
-    def _http(self) -> _HttpWire:
+    def _http(self) -> HttpWire:
         self._check_open()
         if self._http_wire is None:
-            self._http_wire = _HttpWire(self.base_url, self.timeout, self._headers)
+            self._http_wire = HttpWire(self.base_url, self.timeout, self._headers)
         return self._http_wire
 
     def _reset_data(self, seed: Any, options: dict[str, Any] | None) -> dict[str, Any]:

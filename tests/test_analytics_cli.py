@@ -403,6 +403,24 @@ def test_python_client_answers_named_queries_of_a_server(logged, tmp_path):
         assert bad.value.status == 400
 
 
+def test_python_client_says_when_a_server_gives_no_answer():
+    """A server that takes the connection but never answers: a RemoteConnectionError after the
+    timeout, without the doubt an unanswered step leaves (a question changes nothing)."""
+    import socket
+
+    from companyos.analytics_client import RemoteAnalytics
+    from companyos.client import RemoteConnectionError
+
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        base = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        with RemoteAnalytics(base, timeout=0.5) as remote, pytest.raises(RemoteConnectionError) as none:
+            remote.queries()
+    assert none.value.code == "timeout" and "no answer from" in none.value.detail
+    assert "may or may not" not in none.value.detail
+
+
 def test_python_client_waits_out_a_long_sync_or_says_how_far_it_got(logged, tmp_path, held_sync):
     """A server still syncing when the client's timeout ends: a RemoteServerError with the sync's
     progress; given time, the rows, however many 202s came first."""
