@@ -121,8 +121,7 @@ class BackgroundSync:
         self.error: BaseException | None = None
         self._ended: Future[None] = Future()
         self._ended.set_running_or_notify_cancel()  # so a waiter that gives up cannot cancel it
-        self._thread = threading.Thread(target=self._run, name="analytics-background-sync", daemon=True)
-        self._thread.start()
+        threading.Thread(target=self._run, name="analytics-background-sync", daemon=True).start()
 
     def _run(self) -> None:
         try:

@@ -66,19 +66,27 @@ def running_sync(warehouse: Path, holder: int | None) -> tuple[int, int | None] 
     path = progress_file(warehouse)
     try:
         said = orjson.loads(path.read_bytes())
-        age = time.time() - path.stat().st_mtime
     except (OSError, orjson.JSONDecodeError):
         return None
     if not isinstance(said, dict) or not isinstance(pid := said.get("pid"), int):
         return None
-    if holder is None and not (age < FRESH_S and pid != os.getpid() and _alive(pid)):
-        return None
-    if holder is not None and pid != holder:
+    if holder is not None:
+        if pid != holder:
+            return None
+    elif not (pid != os.getpid() and _fresh(path) and _alive(pid)):
         return None
     done, total = said.get("done"), said.get("total")
     if not isinstance(done, int) or not (total is None or isinstance(total, int)):
         return None
     return done, total
+
+
+def _fresh(path: Path) -> bool:
+    """Rewritten within FRESH_S: a sync at work rewrites its file after every batch."""
+    try:
+        return time.time() - path.stat().st_mtime < FRESH_S
+    except OSError:  # removed since it was read: that sync has ended
+        return False
 
 
 def _alive(pid: int) -> bool:
