@@ -28,13 +28,17 @@ class Envelope:
     data_json: str
     digest: str
 
-    def to_json(self) -> dict[str, Any]:
-        """The event with its data decoded; data damaged past JSON stays the stored text, since
-        showing where a log was damaged is what a rerun is asked for."""
+    def data(self) -> tuple[Any, bool]:
+        """(the data decoded, True), or (the stored text, False) when it is damaged past JSON:
+        showing where a log was damaged is what a rerun is asked for, so it is never an error."""
         try:
-            data = orjson.loads(self.data_json)
+            return orjson.loads(self.data_json), True
         except orjson.JSONDecodeError:
-            data = self.data_json
+            return self.data_json, False
+
+    def to_json(self) -> dict[str, Any]:
+        """The event with its data decoded (the stored text when that is not JSON)."""
+        data, _ = self.data()
         return {"version": self.version, "type": self.type, "schema_version": self.schema_version,
                 "data": data, "digest": self.digest}
 

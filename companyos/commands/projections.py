@@ -174,11 +174,9 @@ def _print_mismatch(result) -> None:
     def show(envelope) -> str:
         if envelope is None:
             return "(no event)"
-        try:
-            body = orjson.dumps(orjson.loads(envelope.data_json),
-                                option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS).decode()
-        except orjson.JSONDecodeError:  # damaged past JSON: where it was damaged is the answer
-            body = f"{envelope.data_json}\n(not JSON)"
+        data, is_json = envelope.data()
+        body = (orjson.dumps(data, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS).decode()
+                if is_json else f"{data}\n(not JSON)")
         return f"{envelope.type} (schema v{envelope.schema_version})\n{body}"
 
     table = Table(title=f"first difference: event version {result.first_difference}",
