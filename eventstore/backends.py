@@ -32,6 +32,10 @@ PG_VISIBLE = ("position < (pg_snapshot_xmin(pg_current_snapshot())::text::bigint
               f"<< {PG_INDEX_BITS})")
 """The high-water condition every PostgreSQL reader of the global order must add to its WHERE:
 only positions of transactions older than the oldest one still running."""
+PG_BEGUN = ("position < (pg_snapshot_xmax(pg_current_snapshot())::text::bigint "
+            f"<< {PG_INDEX_BITS})")
+"""Positions of transactions PostgreSQL has begun: a visible commit row past this bound was not
+written there by any transaction (its position was altered behind the store's back)."""
 READ_PAGE_COMMITS = 1000
 """Commit rows per page of a bulk read: thousands of events of four-event steps, and a bounded
 amount of memory (a few hundred MB) even for 1,000-event batches."""
@@ -49,6 +53,8 @@ class Backend:
     mark: str
     visible: tuple[str, ...] = ()
     """Conditions a reader of the global order adds to its WHERE (PostgreSQL: PG_VISIBLE)."""
+    begun: tuple[str, ...] = ()
+    """Conditions every honestly written position meets (PostgreSQL: PG_BEGUN)."""
 
     def __init__(self, engine: sa.Engine) -> None:
         self.engine = engine
@@ -208,6 +214,7 @@ _PG_INSERT = (f"INSERT INTO commits ({COMMIT_COLUMNS}) VALUES "
 class PostgresBackend(Backend):
     mark = "%s"
     visible = (PG_VISIBLE,)
+    begun = (PG_BEGUN,)
 
     def append(self, stream_id: str, build: BuildCommit, expected_version: int | None,
                cached_head: Head | None) -> tuple[int, Commit]:

@@ -273,6 +273,26 @@ class EventStore:
         with self.engine.connect() as conn:
             return conn.execute(sa.text("SELECT max(position) FROM commits")).scalar() or 0
 
+    def written_position(self) -> int:
+        """The last position a transaction could have written: `last_position()` without the
+        commit rows `misplaced_commits()` names, which no reader would ever reach."""
+        where = " AND ".join(self._backend.begun)
+        with self.engine.connect() as conn:
+            return conn.execute(sa.text("SELECT max(position) FROM commits"
+                                        + (f" WHERE {where}" if where else ""))).scalar() or 0
+
+    def misplaced_commits(self, limit: int = 20) -> list[tuple[int, str]]:
+        """(position, stream_id) of up to `limit` commit rows at positions no transaction has
+        written yet (PostgreSQL: past every transaction id begun). Readers stop below running
+        transactions, so such a row would wait unread for ever; only tampering puts one there."""
+        if not self._backend.begun:
+            return []
+        where = " OR ".join(f"NOT ({c})" for c in self._backend.begun)
+        with self.engine.connect() as conn:
+            return [tuple(r) for r in conn.execute(sa.text(
+                f"SELECT position, stream_id FROM commits WHERE {where} ORDER BY position "
+                "LIMIT :n"), {"n": limit})]
+
     def readable_position(self) -> int:
         """The last position a reader of the global order may read now. On PostgreSQL a commit
         still running can yet land below `last_position()`, so what lies past the transaction-id

@@ -74,7 +74,8 @@ def verify(store: EventStore, projections: Sequence[Projection] | None = None,
     with store.engine.connect() as conn:  # before the head: a checkpoint never lies beyond it
         checkpoints = dict(conn.execute(
             sa.select(projection_checkpoints.c.name, projection_checkpoints.c.position)).all())
-    newest = store.last_position()  # first: commits made while verify runs are not "waiting"
+    # first: commits made while verify runs are not "waiting"; and misplaced rows never end
+    newest = store.written_position()
     upto = store.readable_position()  # the heads and the events, read to one bound
     if workers is None:
         workers = _default_workers(store, upto)
@@ -94,6 +95,10 @@ def verify(store: EventStore, projections: Sequence[Projection] | None = None,
                     progress(len(records))
         checker.check_heads(store, upto)
     report = checker.finish(store)
+    for position, stream_id in store.misplaced_commits():
+        report.add(stream_id, f"a commit row at position {position}, past every transaction the "
+                              "database has begun: its position was altered, and no reader "
+                              "reaches it")
     report.upto = upto
     report.waiting = newest > upto
     return report

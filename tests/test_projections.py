@@ -705,6 +705,29 @@ def test_verify_never_blames_a_stream_stepped_while_an_older_transaction_runs(em
     store.close()
 
 
+def test_verify_names_a_commit_moved_past_every_transaction(fresh_pg_url):
+    """PostgreSQL readers stop below the oldest running transaction, so a commit row whose
+    position was rewritten past every transaction id begun was never read: verify called such
+    a log sound (the episode it belongs to simply looked shorter) and said it was "waiting"."""
+    from tests.tamper import stream_commits
+
+    store = EventStore.open(fresh_pg_url)
+    moved = play(store, "expense_report", 5, "medium", "random", durability="step")["episode_id"]
+    play(store, "license_renewal", 6, "medium", "expert", durability="episode")
+    assert verify(store).ok
+    position = stream_commits(store.engine, moved)[-1][0]
+    with store.engine.begin() as conn:
+        future = conn.execute(sa.text(
+            "SELECT (pg_snapshot_xmax(pg_current_snapshot())::text::bigint + 1000) << 20")).scalar()
+        conn.execute(sa.text("UPDATE commits SET position = :f WHERE position = :p"),
+                     {"f": future, "p": position})
+    report = verify(store)
+    assert not report.ok and list(report.problems) == [moved]
+    assert any(f"position {future}" in p and "altered" in p for p in report.problems[moved])
+    assert not report.waiting and report.upto < future
+    store.close()
+
+
 @pytest.mark.parametrize("logged, shown", [("old\x00bot", "old\ufffdbot"), (7, "7")])
 def test_a_label_logged_before_labels_were_checked_does_not_stop_the_read_model(
         empty_store_url, logged, shown):
