@@ -83,20 +83,28 @@ def sync(db_url: str, warehouse: str | Path | Warehouse | None = None, *,
         with open_store(db_url) as opened:
             return sync(db_url, warehouse, batch_events=batch_events, progress=progress,
                         prefer=prefer, after_batch=after_batch, store=opened)
-    if isinstance(warehouse, Warehouse):
-        return _sync(db_url, store, warehouse, batch_events, progress, prefer, after_batch)
-    with Warehouse(warehouse_path(db_url, warehouse)) as wh:
-        return _sync(db_url, store, wh, batch_events, progress, prefer, after_batch)
+    own = not isinstance(warehouse, Warehouse)
+    path = warehouse_path(db_url, warehouse) if own else warehouse.path
+    # how far, for processes that find the file locked; a warehouse this call opens is closed
+    # (DuckDB checkpoints it, which takes a while) before the file goes, so a process following
+    # the sync never finds the file locked with no sync to follow
+    shared = SharedProgress(path, progress)
+    try:
+        if not own:
+            return _sync(db_url, store, warehouse, batch_events, shared, prefer, after_batch)
+        with Warehouse(path) as wh:
+            return _sync(db_url, store, wh, batch_events, shared, prefer, after_batch)
+    finally:
+        shared.close()
 
 
 AfterBatch = Callable[[int], None]
 
 
-def _sync(db_url: str, store: EventStore, wh: Warehouse, batch_events: int, progress: Progress | None,
+def _sync(db_url: str, store: EventStore, wh: Warehouse, batch_events: int, shared: SharedProgress,
           prefer: str | None, after_batch: AfterBatch | None) -> SyncResult:
     started = time.perf_counter()
     source = open_source(db_url, engine=store.engine, prefer=prefer)
-    shared = SharedProgress(wh.path, progress)  # how far, for processes that find the file locked
     try:
         with wh.writing():
             first_id = _check_identity(wh, db_url, source)
@@ -107,7 +115,6 @@ def _sync(db_url: str, store: EventStore, wh: Warehouse, batch_events: int, prog
             return _run(wh, source, (store_label(db_url), first_id), head, batch_events, shared,
                         after_batch, started)
     finally:
-        shared.close()
         source.close()
 
 
