@@ -86,7 +86,7 @@ def sync(db_url: str, warehouse: str | Path | Warehouse | None = None, *,
     own = not isinstance(warehouse, Warehouse)
     path = warehouse_path(db_url, warehouse) if own else warehouse.path
     # how far, for processes that find the file locked; a warehouse this call opens is closed
-    # (DuckDB checkpoints it, which takes a while) before the file goes, so a process following
+    # before the file goes (closing can take a while on a slow machine), so a process following
     # the sync never finds the file locked with no sync to follow
     shared = SharedProgress(path, progress)
     try:

@@ -270,16 +270,19 @@ class EventStore:
         return rows[0] if rows else None
 
     def last_position(self) -> int:
+        return self._max_position(())
+
+    def _max_position(self, conditions: tuple[str, ...]) -> int:
+        """The largest position among commit rows meeting every condition (0: none)."""
+        where = " AND ".join(conditions)
         with self.engine.connect() as conn:
-            return conn.execute(sa.text("SELECT max(position) FROM commits")).scalar() or 0
+            return conn.execute(sa.text("SELECT max(position) FROM commits"
+                                        + (f" WHERE {where}" if where else ""))).scalar() or 0
 
     def written_position(self) -> int:
         """The last position a transaction could have written: `last_position()` without the
         commit rows `misplaced_commits()` names, which no reader would ever reach."""
-        where = " AND ".join(self._backend.begun)
-        with self.engine.connect() as conn:
-            return conn.execute(sa.text("SELECT max(position) FROM commits"
-                                        + (f" WHERE {where}" if where else ""))).scalar() or 0
+        return self._max_position(self._backend.begun)
 
     def misplaced_commits(self, limit: int = 20) -> list[tuple[int, str]]:
         """(position, stream_id) of up to `limit` commit rows at positions no transaction has
@@ -297,10 +300,7 @@ class EventStore:
         """The last position a reader of the global order may read now. On PostgreSQL a commit
         still running can yet land below `last_position()`, so what lies past the transaction-id
         high-water mark is not final: readers and checks that must agree stop here."""
-        where = " AND ".join(self._backend.visible)
-        with self.engine.connect() as conn:
-            return conn.execute(sa.text("SELECT max(position) FROM commits"
-                                        + (f" WHERE {where}" if where else ""))).scalar() or 0
+        return self._max_position(self._backend.visible)
 
     def count_events(self, after_position: int = 0) -> int:
         """How many events lie after a position (the total of a progress bar)."""
