@@ -7,7 +7,7 @@ in `analytics/`; this module parses options, draws a progress bar (only on a ter
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -19,6 +19,7 @@ from companyos.commands.output import fail, print_json, stdout_console
 from companyos.config import resolve_db
 
 if TYPE_CHECKING:
+    from analytics.sync_progress import Progress
     from analytics.warehouse import Warehouse
     from eventstore import EventStore
 
@@ -81,7 +82,7 @@ def _warehouse_failed(exc: Exception) -> NoReturn:
 
 
 @contextmanager
-def _progress_bar(quiet: bool) -> Iterator[Callable[[int, int | None], None]]:
+def _progress_bar(quiet: bool) -> Iterator[Progress]:
     """How far a sync got, as a bar on a terminal: this command's sync, and before it another
     process's sync of the same warehouse, which the command waits for (however long it takes)."""
     if quiet or not sys.stderr.isatty():
