@@ -36,12 +36,16 @@ def test_a_sync_stops_at_the_head_it_began_with_while_writers_append(empty_store
         assert wh.counts()["steps"] == expected["actions"]
 
 
-@pytest.mark.parametrize("interrupt", [KeyboardInterrupt(), RuntimeError("Query interrupted")])
+@pytest.mark.parametrize("interrupt", [KeyboardInterrupt, lambda: RuntimeError("Query interrupted")])
 def test_ctrl_c_during_a_sync_is_one_line_and_the_next_sync_resumes(sqlite_url, tmp_path, monkeypatch,
                                                                      capsys, interrupt):
     """Ctrl-C reaches a sync as KeyboardInterrupt, or as the RuntimeError DuckDB raises when the
     signal lands while it scans Arrow; both printed a traceback (one with a second error from
-    rolling back a transaction the interrupted COMMIT had ended)."""
+    rolling back a transaction the interrupted COMMIT had ended).
+
+    Each run raises a fresh exception: one made at collection lives as long as the session, and
+    its traceback kept the sync's closed DuckDB objects alive until DuckDB's bindings reported
+    them as leaked at exit."""
     import analytics.sync as syncing
     from companyos import cli
 
@@ -52,7 +56,7 @@ def test_ctrl_c_during_a_sync_is_one_line_and_the_next_sync_resumes(sqlite_url, 
     def derive_then_interrupted(con, lo):
         calls.append(lo)
         if len(calls) == 1:
-            raise interrupt
+            raise interrupt()
         return derive(con, lo)
 
     monkeypatch.setattr(syncing, "derive_batch", derive_then_interrupted)
