@@ -17,11 +17,11 @@ app.add_typer(db_app, name="db")
 def db_upgrade(db: str | None = DbOption) -> None:
     """Create the store or bring it to the newest migration."""
     from eventstore import EventStore
-    from eventstore.migrate import head_revision
+    from eventstore.migrate import HEAD_REVISION
 
     url = resolve_db(db)
     EventStore.open(url).close()
-    typer.echo(f"{url}: at migration {head_revision()}")
+    typer.echo(f"{url}: at migration {HEAD_REVISION}")
 
 
 def _register_commands() -> None:

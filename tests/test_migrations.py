@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import sqlalchemy as sa
 from alembic import command
@@ -11,19 +14,21 @@ from alembic.script import ScriptDirectory
 
 from eventstore import GENESIS_DIGEST, EventStore, NewEvent, StoreUnavailable, chain_digest
 from eventstore.engine import create_engine
-from eventstore.migrate import alembic_config, head_revision
+from eventstore.migrate import HEAD_REVISION, alembic_config
 from migrations.target import target_metadata
 
 
-def test_migrations_have_one_head():
-    assert len(ScriptDirectory.from_config(alembic_config()).get_heads()) == 1
+def test_migrations_have_one_head_and_it_is_the_revision_the_store_checks_for():
+    # opening a store compares its revision with HEAD_REVISION without loading Alembic: a new
+    # migration that did not move HEAD_REVISION would never be applied
+    assert ScriptDirectory.from_config(alembic_config()).get_heads() == [HEAD_REVISION]
 
 
 def _assert_no_drift(url: str) -> None:
     store = EventStore.open(url)
     with store.engine.connect() as conn:
         context = MigrationContext.configure(conn)
-        assert context.get_current_revision() == head_revision()
+        assert context.get_current_revision() == HEAD_REVISION
         diff = compare_metadata(context, target_metadata)
     store.close()
     assert diff == [], f"tables and migrations drifted apart: {diff}"
@@ -44,6 +49,16 @@ def test_reopening_is_a_no_op(sqlite_url):
         tables = set(sa.inspect(conn).get_table_names())
     assert {"commits", "event_ids", "alembic_version"} <= tables
     store.close()
+
+
+def test_opening_a_store_at_the_newest_revision_does_not_load_alembic(sqlite_url):
+    # every `companyos` command opens the store: Alembic loads only when a migration is due
+    EventStore.open(sqlite_url).close()
+    probe = ("import sys\nfrom eventstore import EventStore\n"
+             f"EventStore.open({sqlite_url!r}).close()\n"
+             "print(sorted(m for m in sys.modules if m.startswith('alembic')))")
+    shown = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert shown.stdout.strip() == "[]"
 
 
 def _fill_one_row_per_event_store(url: str) -> list[tuple]:
