@@ -37,8 +37,9 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import sqlalchemy as sa
 
+from analytics.stores import POSTGRES_READER, SQLITE_READER, STORE_READER, reader_for
 from eventstore.backends import PG_VISIBLE
-from eventstore.engine import in_memory_sqlite, normalise_url
+from eventstore.engine import normalise_url
 from eventstore.packing import CorruptCommit, unpack
 
 COMMIT_COLUMNS = ("position", "stream_id", "first_version", "last_digest", "payload")
@@ -87,8 +88,6 @@ class Source(Protocol):
 
     def read(self, after: int, limit: int, upto: int) -> pa.Table: ...
 
-    def first_event_id(self) -> str: ...
-
     def remaining(self, after: int, head: int) -> int | None:
         """How many events lie in (after, head], when that is cheap to know (else None)."""
         ...
@@ -114,14 +113,6 @@ def _read_only_uri(path: str) -> str:
 
 def _empty() -> pa.Table:
     return EVENT_SCHEMA.empty_table()
-
-
-def _first_id(row: tuple | None) -> str:
-    """The id of a commit's first event ("" when there is no commit); a row (position, stream_id,
-    first_version, payload) that does not unpack raises CorruptCommit naming it."""
-    if not row:
-        return ""
-    return next(iter(unpack(tuple(row)))).event_id
 
 
 def _damaged(commits: pa.Table) -> None:
@@ -229,9 +220,6 @@ class _SqliteSource:
         following = self._scalar(_NEXT_SQL, (after,))
         return table if following is None or following > upto else self.fetch_range(after, following)
 
-    def first_event_id(self) -> str:
-        return _first_id(self._row(_FIRST_SQL))
-
     def remaining(self, after: int, head: int) -> int:
         """Positions are dense on SQLite: the count is a subtraction."""
         return max(head - after, 0)
@@ -247,14 +235,13 @@ class _SqliteSource:
 
 _RANGE_SQL = f"SELECT {_SELECT} FROM commits WHERE position > ? AND position <= ? ORDER BY position"
 _NEXT_SQL = "SELECT min(position) FROM commits WHERE position > ?"
-_FIRST_SQL = "SELECT position, stream_id, first_version, payload FROM commits ORDER BY position LIMIT 1"
 
 
 class SqliteSource(_SqliteSource):
     """SQLite through the stdlib: commit rows transposed into columns, then one Arrow array each
     (a row per commit, not per event, so the Python cost is small)."""
 
-    name = "sqlite"
+    name = SQLITE_READER
 
     def __init__(self, path: str) -> None:
         import sqlite3
@@ -288,7 +275,7 @@ class PostgresSource:
     event counts on a server-side cursor first, then copied as one position range.
     """
 
-    name = "postgresql-copy"
+    name = POSTGRES_READER
 
     # Positions below the oldest running transaction's xid are final: the store's own reader rule.
     # A range ending at a position that was visible stays complete: later commits sort after it.
@@ -296,8 +283,6 @@ class PostgresSource:
               f"WHERE position > %s AND position <= %s AND {PG_VISIBLE} ORDER BY position")
     _COPY = (f"COPY (SELECT {_SELECT} FROM commits WHERE position > {{after}} "
              f"AND position <= {{upto}} AND {PG_VISIBLE} ORDER BY position) TO STDOUT (FORMAT csv)")
-    _FIRST = (f"SELECT position, stream_id, first_version, payload FROM commits WHERE {PG_VISIBLE} "
-              "ORDER BY position LIMIT 1")
 
     def __init__(self, engine: sa.Engine) -> None:
         self._engine = engine
@@ -345,10 +330,6 @@ class PostgresSource:
                 column_types=COMMIT_SCHEMA, strings_can_be_null=False,
                 quoted_strings_can_be_null=False))
 
-    def first_event_id(self) -> str:
-        with self._engine.connect() as conn:
-            return _first_id(conn.execute(sa.text(self._FIRST)).first())
-
     def remaining(self, after: int, head: int) -> None:
         """Positions have gaps on PostgreSQL: unknown without counting."""
         return None
@@ -361,7 +342,7 @@ class PostgresSource:
 class StoreSource:
     """Any engine through `EventStore.read_all`: one Python object per event, so the slow path."""
 
-    name = "eventstore"
+    name = STORE_READER
 
     def __init__(self, store) -> None:
         self._store = store
@@ -378,9 +359,6 @@ class StoreSource:
             [pa.array(c, type=f.type) for c, f in zip(columns, EVENT_SCHEMA, strict=True)],
             schema=EVENT_SCHEMA)
 
-    def first_event_id(self) -> str:
-        return next((r.event_id for r in self._store.read_all(0, 1)), "")
-
     def remaining(self, after: int, head: int) -> None:
         return None
 
@@ -388,31 +366,13 @@ class StoreSource:
         """The store belongs to the caller."""
 
 
-class UnsyncableStore(ValueError):
-    """The store cannot feed a warehouse: an in-memory SQLite store lives in one process only."""
-
-
-def check_syncable(url: str) -> None:
-    """Refuse a store no other process can read, before a warehouse file is made for it."""
-    if in_memory_sqlite(normalise_url(url)):
-        raise UnsyncableStore(f"{url} is an in-memory SQLite store, which lives in one process and "
-                              "cannot be synced; pass a file, e.g. sqlite:///companyos.db")
-
-
 def open_source(url: str, engine: sa.Engine | None = None, prefer: str | None = None) -> Source:
     """The fastest reader for the store at `url` (`prefer="store"` forces the reference reader)."""
-    parsed = normalise_url(url)
-    backend = parsed.get_backend_name()
-    if prefer == "store":
-        from eventstore import EventStore
-
-        return StoreSource(EventStore(engine) if engine is not None else EventStore.open(url))
-    if backend == "sqlite":
-        check_syncable(url)
-        path = parsed.database
-        return SqliteSource(path)
-    if backend == "postgresql":
-        return PostgresSource(engine if engine is not None else sa.create_engine(parsed))
+    reader = reader_for(url, prefer)
+    if reader == SQLITE_READER:
+        return SqliteSource(normalise_url(url).database)
+    if reader == POSTGRES_READER:
+        return PostgresSource(engine if engine is not None else sa.create_engine(normalise_url(url)))
     from eventstore import EventStore
 
     return StoreSource(EventStore(engine) if engine is not None else EventStore.open(url))

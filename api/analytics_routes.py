@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse
 
 from analytics import named, service
 from analytics.named import QueryError, UnknownQuery
-from analytics.sources import UnsyncableStore
+from analytics.stores import UnsyncableStore
 from analytics.warehouse import WarehouseError
 from api.querystring import RepeatedParameter, single_valued
 from eventstore import CorruptCommit, StoreUnavailable

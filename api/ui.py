@@ -30,7 +30,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from analytics import report, service
-from analytics.sources import UnsyncableStore
+from analytics.stores import UnsyncableStore
 from analytics.warehouse import WarehouseError
 from api.analytics_routes import RETRY_AFTER_S, SYNC_WAIT_S  # as long as the JSON route waits and asks to
 from api.episodes import EpisodeLog

@@ -193,6 +193,23 @@ def test_incremental_sync_equals_fresh_full_sync(filled, tmp_path):
     assert dump(live) == dump(fresh)
 
 
+def test_a_sync_that_finds_nothing_new_stops_before_loading_a_reader(filled, tmp_path):
+    """Every analytics command syncs first and usually finds nothing new: that sync checks the
+    store and stops, and the command does not pay to import Arrow and NumPy for it."""
+    url, _ = filled
+    path = tmp_path / "w.duckdb"
+    synced = sync(url, path)
+    probe = textwrap.dedent(f"""
+        import sys
+        from analytics.sync import sync
+        result = sync({url!r}, {str(path)!r})
+        loaded = [m for m in ("pyarrow", "numpy", "analytics.sources") if m in sys.modules]
+        print(result.events, result.checkpoint, result.source, loaded)
+    """)
+    shown = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert shown.stdout.split(maxsplit=3) == ["0", str(synced.checkpoint), synced.source, "[]\n"]
+
+
 def test_sync_progress_names_what_lies_ahead_before_the_first_batch(filled, tmp_path):
     """What the progress bar and the UI's sync page show: the backlog at once, then each batch."""
     url, _ = filled
@@ -238,7 +255,7 @@ _KILLER = textwrap.dedent("""
                 real(con, lo)  # rows written, transaction still open
                 os.kill(os.getpid(), signal.SIGKILL)
             return real(con, lo)
-        import analytics.sync as s
+        import analytics.transfer as s
         s.derive_batch = dying
         sync(url, path, batch_events=3_001)
     else:

@@ -46,7 +46,7 @@ def test_ctrl_c_during_a_sync_is_one_line_and_the_next_sync_resumes(sqlite_url, 
     Each run raises a fresh exception: one made at collection lives as long as the session, and
     its traceback kept the sync's closed DuckDB objects alive until DuckDB's bindings reported
     them as leaked at exit."""
-    import analytics.sync as syncing
+    import analytics.transfer as syncing
     from companyos import cli
 
     fill(sqlite_url, 0, 40)

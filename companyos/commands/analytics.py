@@ -40,7 +40,7 @@ def register(app: typer.Typer) -> None:
 def _store(db: str | None) -> Iterator[tuple[str, EventStore]]:
     """The store's URL and the store, open: opened before the warehouse, so a --db that names no
     store leaves no warehouse file behind (StoreUnavailable is the CLI's `error:` line, exit 2)."""
-    from analytics.sources import UnsyncableStore
+    from analytics.stores import UnsyncableStore
     from analytics.sync import open_store
 
     url = resolve_db(db)
