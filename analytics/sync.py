@@ -100,8 +100,9 @@ def _sync(db_url: str, store: EventStore, wh: Warehouse, batch_events: int, shar
         # the head as of now (a writer that never stops cannot keep the sync going), to the
         # store's own rule of what a reader may read (PostgreSQL: below running transactions)
         head = store.readable_position()
-        if head <= wh.checkpoint:  # nothing new: no reader to open, nothing to load
-            return SyncResult(0, 0, 0, time.perf_counter() - started, wh.checkpoint,
+        checkpoint = wh.checkpoint
+        if head <= checkpoint:  # nothing new: no reader to open, nothing to load
+            return SyncResult(0, 0, 0, time.perf_counter() - started, checkpoint,
                               reader_for(db_url, prefer))
         from analytics.sources import open_source
         from analytics.transfer import move
