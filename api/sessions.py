@@ -19,13 +19,12 @@ import hmac
 import secrets
 import threading
 import time
-import uuid
 from collections import OrderedDict
 from typing import Any
 
 import domain
 from companyos.env import episode_state, spec_from_options
-from companyos.runtime import EpisodeNotFound, EpisodeRuntime, episode_id_problem
+from companyos.runtime import EpisodeNotFound, EpisodeRuntime, episode_id_problem, new_episode_id
 from eventstore import ConcurrencyError, CorruptCommit, EventStore
 from projections.episodes import new_agent_label_problem
 
@@ -176,7 +175,7 @@ class SessionManager:
                            f"known: {', '.join(RESET_FIELDS)}")
         seed = opts.pop("seed", None)
         episode_id = opts.pop("episode_id", None)
-        episode_id = uuid.uuid4().hex if episode_id is None else check_episode_id(episode_id)
+        episode_id = new_episode_id() if episode_id is None else check_episode_id(episode_id)
         text = opts.pop("text", False)
         if not isinstance(text, bool):
             raise ApiError(400, "invalid_reset", "text must be true or false")

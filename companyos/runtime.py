@@ -6,8 +6,9 @@ them (per step, or all at once at the end) and folds nothing twice.
 
 from __future__ import annotations
 
+import os
 import re
-import uuid
+import time
 from typing import Any
 
 import orjson
@@ -32,6 +33,24 @@ def episode_id_problem(episode_id: object) -> str | None:
     if isinstance(episode_id, str) and EPISODE_ID_RE.fullmatch(episode_id):
         return None
     return EPISODE_ID_RULE
+
+
+def new_episode_id() -> str:
+    """A fresh episode id: a UUIDv7 (RFC 9562) as 32 hex digits, its first 48 bits the Unix time
+    in milliseconds, the rest random.
+
+    Ids that grow with time keep the store's stream index written at its right edge: random
+    (v4) ids dirtied a random leaf of a 50 MB index per episode, which at a million episodes
+    left SQLite's cache and cost `run` ~6% (docs/performance.md). Only the ids' order follows
+    the clock; nothing replayed depends on them.
+    """
+    value = (time.time_ns() // 1_000_000 & _MS_MASK) << 80 | int.from_bytes(os.urandom(10), "big")
+    return f"{value & _VERSION_CLEAR | _VERSION_7:032x}"
+
+
+_MS_MASK = (1 << 48) - 1
+_VERSION_CLEAR = ~(0xF << 76 | 0x3 << 62)  # the version nibble and the variant's two bits
+_VERSION_7 = 0x7 << 76 | 0x2 << 62  # version 7, variant 10 (RFC 9562)
 
 
 class EpisodeExists(ConcurrencyError):
@@ -84,7 +103,7 @@ class EpisodeRuntime:
             if durability == "episode" and (version := store.stream_version(episode_id)) is not None:
                 raise EpisodeExists(episode_id, version)
         state, events, info = domain.reset(spec)
-        runtime = cls(store, episode_id or uuid.uuid4().hex, state, durability, meta, None)
+        runtime = cls(store, episode_id or new_episode_id(), state, durability, meta, None)
         try:
             runtime._record(events, state.done, first_meta=meta)
         except ConcurrencyError as exc:

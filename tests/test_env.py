@@ -543,6 +543,37 @@ def test_an_episode_id_no_client_could_name_is_refused_in_process_as_over_http(s
         assert store.stream_ids(store.last_position()) == ["ok-1"]
 
 
+def test_fresh_episode_ids_are_uuid7_and_grow_with_time(sqlite_url):
+    """Episode ids named by the environment sort by when they were made (the store's stream index
+    is then written at its right edge) and are valid UUIDv7s any client can name, in process
+    and over HTTP."""
+    import time
+    import uuid
+
+    from fastapi.testclient import TestClient
+
+    from api.app import create_app
+    from api.config import ServerConfig
+    from companyos.runtime import episode_id_problem, new_episode_id
+
+    made = []
+    with CompanyEnv(sqlite_url) as env:
+        for seed in range(3):
+            env.reset(seed=seed, options={"task": FAMILIES[0]})
+            made.append(env.runtime.episode_id)
+            time.sleep(0.002)  # ids order by the millisecond; within one they are random
+    with TestClient(create_app(ServerConfig(db=sqlite_url))) as c:
+        r = c.post("/reset", json={"task": FAMILIES[0]})
+        assert r.status_code == 200, r.text
+        made.append(r.json()["metadata"]["episode_id"])
+    assert made == sorted(made) and len(set(made)) == len(made)
+    for episode_id in [*made, new_episode_id()]:
+        parsed = uuid.UUID(episode_id)
+        assert (parsed.hex, parsed.version, parsed.variant) == (episode_id, 7, uuid.RFC_4122)
+        assert episode_id_problem(episode_id) is None
+    assert abs(int(made[-1][:12], 16) - time.time_ns() // 1_000_000) < 60_000  # Unix ms
+
+
 @pytest.mark.parametrize("task", FAMILIES)
 def test_an_episode_continued_from_the_log_shows_what_the_live_one_would(sqlite_url, task):
     """Any process continues an episode from the log (a restart, a cache eviction, another
