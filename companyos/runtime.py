@@ -151,9 +151,8 @@ class EpisodeRuntime:
         new = to_new_events(events)
         if first_meta and new:  # who ran the episode (and secrets) travel outside the digest
             new[0] = new[0]._replace(meta=first_meta)
-        recorded = self.store.append(self.episode_id, new, self._stored_version)
-        self._stored_version = recorded[-1].version
-        self.digest = recorded[-1].digest
+        self._stored_version, self.digest = self.store.append_head(self.episode_id, new,
+                                                                   self._stored_version)
 
     def flush(self) -> None:
         """Write events held back by `durability="episode"`; a no-op with per-step durability."""

@@ -8,12 +8,13 @@ from eventstore.records import (
     NewEvent,
     RecordedEvent,
     StoreUnavailable,
+    StreamHead,
 )
 from eventstore.store import DEFAULT_URL, EventStore, shown_url
 from eventstore.upcasting import Upcasters
 
 __all__ = [
     "DEFAULT_URL", "GENESIS_DIGEST", "MAX_EVENT_BYTES", "ConcurrencyError", "CorruptCommit", "EventStore",
-    "NewEvent", "RecordedEvent", "StoreUnavailable", "Upcasters", "canonical_json", "chain_digest",
-    "shown_url",
+    "NewEvent", "RecordedEvent", "StoreUnavailable", "StreamHead", "Upcasters", "canonical_json",
+    "chain_digest", "shown_url",
 ]

@@ -43,6 +43,13 @@ class NewEvent(NamedTuple):
     meta: dict[str, Any] | None = None
 
 
+class StreamHead(NamedTuple):
+    """Where a stream stands after an append: its last version and its chain digest."""
+
+    version: int
+    digest: str
+
+
 class RecordedEvent(NamedTuple):
     """An event as stored. `data` and `meta` are decoded on access so bulk reads stay cheap."""
 

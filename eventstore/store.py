@@ -28,6 +28,7 @@ from eventstore.records import (
     NewEvent,
     RecordedEvent,
     StoreUnavailable,
+    StreamHead,
 )
 from eventstore.upcasting import Upcasters
 
@@ -114,9 +115,31 @@ class EventStore:
         Raises ConcurrencyError when the stream moved on; re-sending already stored event ids
         returns the stored records instead of writing duplicates.
         """
-        _check_stream_id(stream_id)
         if not events:
+            _check_stream_id(stream_id)
             return []
+        written = self._write(stream_id, events, expected_version)
+        return written if isinstance(written, list) else written[1].records(written[0])
+
+    def append_head(
+        self, stream_id: str, events: Sequence[NewEvent], expected_version: int | None
+    ) -> StreamHead:
+        """`append` for a writer that only needs where the stream now stands (the episode
+        runtime): the same write, without building a record per event (~4% of the CPU of
+        logging an episode). `events` must not be empty."""
+        if not events:
+            raise ValueError("append_head needs at least one event")
+        written = self._write(stream_id, events, expected_version)
+        if isinstance(written, list):  # a retry: the records stored by the first attempt
+            return StreamHead(written[-1].version, written[-1].digest)
+        commit = written[1]
+        return StreamHead(commit.last_version, commit.last_digest)
+
+    def _write(self, stream_id: str, events: Sequence[NewEvent], expected_version: int | None
+               ) -> tuple[int, Commit] | list[RecordedEvent]:
+        """The commit written and its position, or the stored records when `events` repeat an
+        append that already committed."""
+        _check_stream_id(stream_id)
         if len(events) > MAX_EVENTS_PER_APPEND:
             raise ValueError(f"one append takes at most {MAX_EVENTS_PER_APPEND} events")
         types, schemas, datas, given_ids, metas = _encode(events)
@@ -161,7 +184,7 @@ class EventStore:
             raise ConcurrencyError(stream_id, expected_version,
                                    self.stream_version(stream_id)) from None
         self._remember_head(stream_id, commit.last_version, commit.last_digest)
-        return commit.records(position)
+        return position, commit
 
     def _remember_head(self, stream_id: str, version: int, digest: str) -> None:
         """Cache a stream's head so the next append skips a query; a stale entry only costs a retry."""

@@ -152,11 +152,11 @@ def test_an_episode_the_log_refuses_at_the_end_is_dropped_once_not_forever(sqlit
     with CompanyEnv(sqlite_url, durability="episode") as env:
         env.reset(seed=4, options={"task": FAMILIES[0]})
         env.step(listing)
-        append = env.store.append
-        env.store.append = lambda *a, **k: (_ for _ in ()).throw(OSError("disk full"))
+        append = env.store.append_head  # how the runtime writes
+        env.store.append_head = lambda *a, **k: (_ for _ in ()).throw(OSError("disk full"))
         with pytest.raises(UnloggedEpisode, match="was not logged and is dropped .*disk full"):
             env.reset(seed=5, options={"task": FAMILIES[0]})
-        env.store.append = append
+        env.store.append_head = append
         env.reset(seed=5, options={"task": FAMILIES[0]})
         env.step(listing)
         kept = env.state["episode_id"]
@@ -171,11 +171,11 @@ def test_a_step_the_store_fails_to_log_is_not_applied(sqlite_url):
         env.reset(seed=4, options={"task": FAMILIES[0]})
         env.step(listing)
         before = env.state
-        append = env.store.append
-        env.store.append = lambda *a, **k: (_ for _ in ()).throw(OSError("disk full"))
+        append = env.store.append_head  # how the runtime writes
+        env.store.append_head = lambda *a, **k: (_ for _ in ()).throw(OSError("disk full"))
         with pytest.raises(OSError):
             env.step(listing)
-        env.store.append = append
+        env.store.append_head = append
         assert env.state == before
         env.step(listing)
         assert env.state["step_count"] == 2

@@ -116,6 +116,27 @@ def test_retry_with_same_event_ids_returns_stored_records(store):
     fresh.close()
 
 
+def test_append_head_writes_what_append_would_and_says_where_the_stream_stands(store):
+    """The runtime's write: the same commit as `append` (same digests, same concurrency check,
+    the same idempotent retry), answered with the stream's head instead of its records."""
+    stream, twin = unique_stream(), unique_stream()
+    events = [NewEvent("A", {"n": 1}), NewEvent("B", {"n": 2})]
+    head = store.append_head(stream, events, None)
+    recorded = store.append(twin, events, None)
+    assert head == (1, recorded[-1].digest) and (head.version, head.digest) == tuple(head)
+    stored = list(store.read_stream(stream))
+    assert [(r.type, r.data, r.digest) for r in stored] == [(r.type, r.data, r.digest) for r in recorded]
+    assert store.append_head(stream, [NewEvent("C", {})], head.version).version == 2
+    with pytest.raises(ConcurrencyError):
+        store.append_head(stream, [NewEvent("D", {})], head.version)
+    with pytest.raises(ValueError, match="at least one event"):
+        store.append_head(stream, [], 2)
+    ided = [NewEvent("E", {"n": 5}, event_id=f"id-{uuid.uuid4().hex}")]
+    first = store.append_head(stream, ided, 2)
+    assert store.append_head(stream, ided, 2) == first == (3, list(store.read_stream(stream))[-1].digest)
+    assert [r.type for r in store.read_stream(stream)] == ["A", "B", "C", "E"]
+
+
 def test_event_id_used_in_another_stream_is_refused(store):
     shared = f"id-{uuid.uuid4().hex}"
     store.append(unique_stream(), [NewEvent("A", {}, event_id=shared)], None)
