@@ -28,7 +28,7 @@ keep it going.
 from __future__ import annotations
 
 import io
-from typing import Any, Protocol
+from typing import Protocol
 
 import duckdb
 import orjson
@@ -201,45 +201,15 @@ class Unpacker:
         self._con.close()
 
 
-class _SqliteSource:
-    """What both SQLite readers share. Positions are dense there, so the commits ending in
-    (after, after + limit] hold at most `limit` events and a page is one range scan of the key;
-    a reader only says how it runs a query (`fetch_range` into Arrow, `_row` for one row)."""
-
-    name: str
-    _unpacker: Unpacker
-
-    def read(self, after: int, limit: int, upto: int) -> pa.Table:
-        return self._unpacker.events(self.page(after, limit, upto), after)
-
-    def page(self, after: int, limit: int, upto: int) -> pa.Table:
-        table = self.fetch_range(after, min(after + limit, upto))
-        if table.num_rows:
-            return table
-        # a gap, or one commit bigger than a page: take up to the next commit, whatever its size
-        following = self._scalar(_NEXT_SQL, (after,))
-        return table if following is None or following > upto else self.fetch_range(after, following)
-
-    def remaining(self, after: int, head: int) -> int:
-        """Positions are dense on SQLite: the count is a subtraction."""
-        return max(head - after, 0)
-
-    def fetch_range(self, after: int, upto: int) -> pa.Table: ...
-
-    def _scalar(self, sql: str, params: tuple = ()) -> Any:
-        row = self._row(sql, params)
-        return row and row[0]
-
-    def _row(self, sql: str, params: tuple = ()) -> tuple | None: ...
-
-
 _RANGE_SQL = f"SELECT {_SELECT} FROM commits WHERE position > ? AND position <= ? ORDER BY position"
 _NEXT_SQL = "SELECT min(position) FROM commits WHERE position > ?"
 
 
-class SqliteSource(_SqliteSource):
+class SqliteSource:
     """SQLite through the stdlib: commit rows transposed into columns, then one Arrow array each
-    (a row per commit, not per event, so the Python cost is small)."""
+    (a row per commit, not per event, so the Python cost is small). Positions are dense there, so
+    the commits ending in (after, after + limit] hold at most `limit` events and a page is one
+    range scan of the key."""
 
     name = SQLITE_READER
 
@@ -250,6 +220,21 @@ class SqliteSource(_SqliteSource):
         self._con.execute("PRAGMA busy_timeout=60000")
         self._unpacker = Unpacker()
 
+    def read(self, after: int, limit: int, upto: int) -> pa.Table:
+        return self._unpacker.events(self.page(after, limit, upto), after)
+
+    def page(self, after: int, limit: int, upto: int) -> pa.Table:
+        table = self.fetch_range(after, min(after + limit, upto))
+        if table.num_rows:
+            return table
+        # a gap, or one commit bigger than a page: take up to the next commit, whatever its size
+        following = self._con.execute(_NEXT_SQL, (after,)).fetchone()[0]
+        return table if following is None or following > upto else self.fetch_range(after, following)
+
+    def remaining(self, after: int, head: int) -> int:
+        """Positions are dense on SQLite: the count is a subtraction."""
+        return max(head - after, 0)
+
     def fetch_range(self, after: int, upto: int) -> pa.Table:
         rows = self._con.execute(_RANGE_SQL, (after, upto)).fetchall()
         if not rows:
@@ -259,9 +244,6 @@ class SqliteSource(_SqliteSource):
         return pa.Table.from_arrays(
             [pa.array(c, type=f.type) for c, f in zip(columns, COMMIT_SCHEMA, strict=True)],
             schema=COMMIT_SCHEMA)
-
-    def _row(self, sql: str, params: tuple = ()) -> tuple | None:
-        return self._con.execute(sql, params).fetchone()
 
     def close(self) -> None:
         self._unpacker.close()
