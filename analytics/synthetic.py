@@ -21,7 +21,7 @@ from domain.outcomes import FAILURE_MODES
 from eventstore import GENESIS_DIGEST, NewEvent, canonical_json
 from eventstore.encoding import chain_digests
 from eventstore.ids import new_event_ids
-from eventstore.packing import COMMIT_COLUMNS, make_commit
+from eventstore.packing import COMMIT_COLUMNS, compress, make_commit
 
 TASKS = ("vendor_onboarding", "expense_report", "bug_escalation", "license_renewal", "handbook_update")
 CHAOS_LEVELS = tuple(CHAOS_LEVEL_NAMES.values())
@@ -206,7 +206,7 @@ def commit_row(ep: Episode, after: int) -> tuple:
              for e in ep.events]
     commit = make_commit(ep.episode_id, 0, new_event_ids(len(types)), types, schemas, datas,
                          chain_digests(GENESIS_DIGEST, types, schemas, datas), plain,
-                         metas if any(metas) else None, [])
+                         metas if any(metas) else None, [], compress)
     return (after + commit.count, *commit[:5])
 
 

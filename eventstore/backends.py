@@ -24,7 +24,7 @@ import sqlalchemy as sa
 
 from eventstore import ids
 from eventstore.engine import sqlite_file
-from eventstore.packing import COMMIT_COLUMNS, READ_COLUMNS, Commit
+from eventstore.packing import COMMIT_COLUMNS, READ_COLUMNS, Commit, PayloadEncoder, as_text, compress
 
 PG_INDEX_BITS = 20
 MAX_EVENTS_PER_APPEND = 1 << PG_INDEX_BITS
@@ -55,6 +55,8 @@ class Backend:
     """Conditions a reader of the global order adds to its WHERE (PostgreSQL: PG_VISIBLE)."""
     begun: tuple[str, ...] = ()
     """Conditions every honestly written position meets (PostgreSQL: PG_BEGUN)."""
+    encode_payload: PayloadEncoder = staticmethod(as_text)
+    """How this backend stores a commit's payload JSON (eventstore.packing)."""
 
     def __init__(self, engine: sa.Engine) -> None:
         self.engine = engine
@@ -118,6 +120,7 @@ class SqliteBackend(Backend):
     """
 
     mark = "?"
+    encode_payload = staticmethod(compress)
 
     def __init__(self, engine: sa.Engine) -> None:
         super().__init__(engine)

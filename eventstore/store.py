@@ -152,6 +152,8 @@ class EventStore:
         event_ids = ([event_id or new_event_id() for event_id in given_ids] if supplied_ids
                      else new_event_ids(len(given_ids)))
 
+        encode = self._backend.encode_payload
+
         def build(head: tuple[int, str] | None) -> Commit:
             """The commit after `head`: only the digest chain and versions depend on it."""
             version = -1 if head is None else head[0]
@@ -162,7 +164,7 @@ class EventStore:
             supplied = [(event_id, stream_id, version + 1 + i)
                         for i, event_id in enumerate(given_ids) if event_id is not None]
             return make_commit(stream_id, version + 1, event_ids, types, schemas, datas,
-                               digests, plain_meta, event_metas, supplied)
+                               digests, plain_meta, event_metas, supplied, encode)
 
         try:
             position, commit = self._backend.append(stream_id, build, expected_version,

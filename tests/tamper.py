@@ -8,6 +8,8 @@ from collections.abc import Callable
 import orjson
 import sqlalchemy as sa
 
+from eventstore.packing import compress, payload_json
+
 EVENT_COLUMNS = ("id", "type", "schema", "data", "digest")
 """The payload's per-event columns (eventstore.packing)."""
 
@@ -27,11 +29,14 @@ def commit_holding(engine: sa.Engine, stream_id: str, version: int) -> tuple[int
 def edit_payload(engine: sa.Engine, position: int, edit: Callable[[dict], None]) -> None:
     """Rewrite one commit's payload in place; `edit` mutates the decoded columnar object."""
     with engine.begin() as conn:
-        payload = orjson.loads(conn.execute(
-            sa.text("SELECT payload FROM commits WHERE position = :p"), {"p": position}).scalar_one())
+        stored = conn.execute(
+            sa.text("SELECT payload FROM commits WHERE position = :p"), {"p": position}).scalar_one()
+        payload = orjson.loads(payload_json(stored))
         edit(payload)
+        edited = orjson.dumps(payload)  # stored in the form it had: compressed (SQLite) or text
         conn.execute(sa.text("UPDATE commits SET payload = :payload WHERE position = :p"),
-                     {"payload": orjson.dumps(payload).decode(), "p": position})
+                     {"payload": compress(edited) if isinstance(stored, bytes) else edited.decode(),
+                      "p": position})
 
 
 def edit_event(engine: sa.Engine, stream_id: str, version: int, key: str,
@@ -50,7 +55,7 @@ def versions_of_type(engine: sa.Engine, stream_id: str, type_: str) -> list[int]
         rows = conn.execute(sa.text("SELECT first_version, payload FROM commits "
                                     "WHERE stream_id = :s ORDER BY first_version"), {"s": stream_id})
         return [first + i for first, payload in rows
-                for i, t in enumerate(orjson.loads(payload)["type"]) if t == type_]
+                for i, t in enumerate(orjson.loads(payload_json(payload))["type"]) if t == type_]
 
 
 def delete_commit(engine: sa.Engine, position: int) -> None:

@@ -20,6 +20,7 @@ from analytics.named import QueryError, UnknownQuery
 from analytics.sync import sync
 from analytics.warehouse import Warehouse, WarehouseError
 from eventstore import GENESIS_DIGEST, CorruptCommit, EventStore, NewEvent, chain_digest
+from eventstore.packing import payload_json
 from tests.conftest import start_slow_sync
 
 TABLES = {
@@ -470,6 +471,30 @@ def test_a_damaged_commit_is_named_and_nothing_of_its_batch_is_committed(tmp_pat
         sync(url, tmp_path / "other.duckdb")
 
 
+def test_a_commit_whose_compression_is_damaged_is_named_by_the_sync_and_the_store(tmp_path):
+    """SQLite keeps payloads lz4-compressed: a cut blob is a damaged commit, named with its
+    position by the warehouse sync and by the store's own readers, not a crash."""
+    path = str(tmp_path / "store.db")
+    url = f"sqlite:///{path}"
+    with EventStore.open(url) as store:  # whole episodes per append, as `companyos run` writes
+        for ep in synthetic.episodes(10, seed=0):
+            store.append(ep.episode_id, ep.events, None)
+    con = sqlite3.connect(path)
+    try:
+        position, stream, blob = con.execute("SELECT position, stream_id, payload FROM commits "
+                                             "ORDER BY position DESC LIMIT 1").fetchone()
+        assert isinstance(blob, bytes)
+        con.execute("UPDATE commits SET payload = ? WHERE position = ?", (blob[:len(blob) // 2], position))
+        con.commit()
+    finally:
+        con.close()
+    named = f"stream '{stream}': the commit at position {position} does not unpack: LZ4BlockError"
+    with pytest.raises(CorruptCommit, match=named):
+        sync(url, tmp_path / "wh.duckdb")
+    with EventStore.open(url) as store, pytest.raises(CorruptCommit, match=named):
+        list(store.read_stream(stream))
+
+
 _WRONG_SHAPES = {  # valid JSON of the wrong shape, and what the sync says about it
     "schema not a number": (lambda p: {**p, "schema": ["x"] * len(p["schema"])},
                             "its 'schema' list holds \"x\" where a schema version"),
@@ -496,7 +521,7 @@ def test_a_commit_of_the_wrong_shape_is_named_and_nothing_of_its_batch_is_commit
     fill(url, 0, 40)
     where = "SELECT min(position) FROM commits WHERE position >= (SELECT max(position) / 2 FROM commits)"
     position, stream, payload = _set_payload(path, where)
-    _set_payload(path, str(position), orjson.dumps(damage(orjson.loads(payload))).decode())
+    _set_payload(path, str(position), orjson.dumps(damage(orjson.loads(payload_json(payload)))).decode())
     live = tmp_path / "live.duckdb"
     with pytest.raises(CorruptCommit, match=f"stream '{stream}': the commit at position {position} ") as info:
         sync(url, live, batch_events=301)

@@ -129,3 +129,44 @@ def test_a_store_from_a_newer_companyos_is_refused_in_words_and_left_alone(sqlit
                 == "9999_future"
     finally:
         engine.dispose()
+
+
+def test_a_sqlite_store_of_text_payloads_upgrades_and_reads_beside_compressed_ones(sqlite_url, tmp_path):
+    """Revision 0003 kept SQLite payloads as JSON text; from 0004 they are written lz4-compressed.
+    An old store upgrades without rewriting a row, and the store, its chain and the warehouse
+    sync read both forms side by side."""
+    import lz4.block
+
+    from analytics.sync import sync
+    from analytics.warehouse import Warehouse
+
+    store = EventStore.open(sqlite_url)
+    store.append("old", [NewEvent("A", {"n": 1}), NewEvent("B", {"n": 2, "pad": "y" * 3000})], None)
+    store.close()
+    engine = create_engine(sqlite_url, None)
+    with engine.begin() as conn:  # as revision 0003 wrote it
+        blob = conn.execute(sa.text("SELECT payload FROM commits")).scalar_one()
+        conn.execute(sa.text("UPDATE commits SET payload = :text"),
+                     {"text": lz4.block.decompress(blob).decode()})
+        conn.execute(sa.text("UPDATE alembic_version SET version_num = '0003_commits'"))
+    store = EventStore.open(sqlite_url)
+    try:
+        before = list(store.read_all())
+        store.append("old", [NewEvent("C", {"n": 3})], 1)
+        store.append("new", [NewEvent("A", {"n": 1, "pad": "x" * 3000})], None)
+        records = list(store.read_all())
+        assert records[:2] == before and [r.type for r in records] == ["A", "B", "C", "A"]
+        assert store.stream_digest("old") == chain_digest(before[-1].digest, "C", 1, '{"n":3}')
+        assert records[-1].data == {"n": 1, "pad": "x" * 3000}
+    finally:
+        store.close()
+    with engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT typeof(payload) FROM commits ORDER BY position")
+                            ).scalars().all() == ["text", "text", "blob"]  # compressed above 2 KB
+        assert conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalar() \
+            == HEAD_REVISION
+    engine.dispose()
+    assert sync(sqlite_url, tmp_path / "wh.duckdb").events == 4
+    with Warehouse(tmp_path / "wh.duckdb", read_only=True) as wh:
+        assert wh.con.execute("SELECT stream_id, type, data FROM events ORDER BY position").fetchall() \
+            == [(r.stream_id, r.type, r.data_json) for r in records]

@@ -400,6 +400,6 @@ def test_a_full_disk_is_said_as_such_not_hidden_by_a_failed_rollback(tmp_path):
     store._backend._write_connection().execute("PRAGMA max_page_count = 40")  # a disk of 160 KB
     with pytest.raises(sqlite3.OperationalError, match="database or disk is full"):
         for i in range(100):
-            store.append(f"s{i}", [NewEvent("E", {"x": "y" * 20000})], None)
+            store.append(f"s{i}", [NewEvent("E", {"x": os.urandom(10000).hex()})], None)  # incompressible
     assert [e.data for e in store.read_stream("kept")] == [{"x": 1}]
     store.close()
