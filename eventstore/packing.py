@@ -12,7 +12,7 @@ as much as decoding a commit's events.
 
 SQLite keeps a payload over 2 KB lz4-compressed (a BLOB, `compress`): an expert episode's 15 KB commit
 shrinks to ~7 KB, two pages fewer to write into the WAL and copy back at each checkpoint, which
-made `companyos run` 6% faster at 500,000 episodes and the store half the size. PostgreSQL keeps
+made `companyos run` 8% faster at 500,000 episodes and the store half the size. PostgreSQL keeps
 it as text (its TOAST compresses already), and so did SQLite stores before revision 0004; every
 reader takes both forms (`payload_json`).
 """
