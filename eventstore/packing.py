@@ -43,8 +43,8 @@ PayloadEncoder = Callable[[bytes], str | bytes]
 
 
 COMPRESS_ABOVE = 2048
-"""Payloads up to this many bytes stay text on SQLite: a small commit fits a leaf page either way,
-and a 4-event step read back would pay more to decompress than its page saves."""
+"""Payloads up to this many bytes stay text on SQLite: a small commit (a 4-event step's is under
+1 KB) shares a leaf page either way, so compressing it would only cost its readers."""
 
 
 def compress(payload_json: bytes) -> str | bytes:
@@ -53,6 +53,7 @@ def compress(payload_json: bytes) -> str | bytes:
 
 
 def as_text(payload_json: bytes) -> str:
+    """A payload as PostgreSQL stores it: text (TOAST compresses large values itself)."""
     return payload_json.decode()
 
 
