@@ -10,11 +10,11 @@ from eventstore.records import (
     StoreUnavailable,
     StreamHead,
 )
-from eventstore.store import DEFAULT_URL, EventStore, shown_url
+from eventstore.store import DEFAULT_URL, EventStore, NewStream, shown_url
 from eventstore.upcasting import Upcasters
 
 __all__ = [
     "DEFAULT_URL", "GENESIS_DIGEST", "MAX_EVENT_BYTES", "ConcurrencyError", "CorruptCommit", "EventStore",
-    "NewEvent", "RecordedEvent", "StoreUnavailable", "StreamHead", "Upcasters", "canonical_json",
+    "NewEvent", "NewStream", "RecordedEvent", "StoreUnavailable", "StreamHead", "Upcasters", "canonical_json",
     "chain_digest", "shown_url",
 ]

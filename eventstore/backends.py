@@ -180,6 +180,30 @@ class SqliteBackend(Backend):
                 if lock_fd is not None:
                     fcntl.flock(lock_fd, fcntl.LOCK_UN)
 
+    def insert_new(self, commits: Sequence[Commit]) -> None:
+        """New streams' commits in one transaction (built already: no head to look up)."""
+        rows = [(commit.count, *commit[:5]) for commit in commits]
+        supplied = [row for commit in commits for row in commit.supplied_ids]
+        with self._lock:
+            lock_fd = self._process_lock_fd()
+            if lock_fd is not None:
+                fcntl.flock(lock_fd, fcntl.LOCK_EX)
+            try:
+                cur = self._write_connection().cursor()
+                cur.execute("BEGIN IMMEDIATE")
+                try:
+                    cur.executemany(_SQLITE_INSERT, rows)
+                    if supplied:
+                        cur.executemany(_INSERT_IDS.format(m="?"), supplied)
+                    cur.execute("COMMIT")
+                except BaseException as exc:
+                    _roll_back(cur, exc)
+                finally:
+                    cur.close()
+            finally:
+                if lock_fd is not None:
+                    fcntl.flock(lock_fd, fcntl.LOCK_UN)
+
     def _insert(self, stream_id: str, build: BuildCommit, commit: Commit | None,
                 expected_version: int | None, cached_head: Head | None) -> tuple[int, Commit]:
         """One write transaction; the caller holds both write locks."""
@@ -197,14 +221,20 @@ class SqliteBackend(Backend):
                 cur.executemany(_INSERT_IDS.format(m="?"), commit.supplied_ids)
             cur.execute("COMMIT")
         except BaseException as exc:
-            if cur.connection.in_transaction:  # a failed COMMIT (disk full) has rolled back already,
-                cur.execute("ROLLBACK")        # and a second ROLLBACK's error would hide its cause
-            if _is_unique_violation(exc):
-                raise UniqueViolation(str(exc)) from None
-            raise
+            _roll_back(cur, exc)
         finally:
             cur.close()
         return position, commit
+
+
+def _roll_back(cur, exc: BaseException) -> None:
+    """End a failed SQLite write transaction and raise its error (a UniqueViolation for a
+    collision)."""
+    if cur.connection.in_transaction:  # a failed COMMIT (disk full) has rolled back already,
+        cur.execute("ROLLBACK")        # and a second ROLLBACK's error would hide its cause
+    if _is_unique_violation(exc):
+        raise UniqueViolation(str(exc)) from None
+    raise exc
 
 
 _SQLITE_INSERT = (f"INSERT INTO commits ({COMMIT_COLUMNS}) VALUES "
@@ -252,6 +282,32 @@ class PostgresBackend(Backend):
                     raw.invalidate()
                 raise
             return position, commit
+        finally:
+            raw.close()
+
+
+    def insert_new(self, commits: Sequence[Commit]) -> None:
+        """New streams' commits in one transaction; each row's position counts on from the
+        previous one's, so the transaction's events take consecutive indexes under its xid."""
+        rows = []
+        last_index = -1
+        for commit in commits:
+            last_index += commit.count
+            rows.append((last_index, *commit[:5]))
+        supplied = [row for commit in commits for row in commit.supplied_ids]
+        raw = self.engine.raw_connection()
+        conn = raw.driver_connection
+        try:
+            with conn.transaction(), conn.cursor() as cur:
+                cur.executemany(_PG_INSERT, rows)
+                if supplied:
+                    cur.executemany(_INSERT_IDS.format(m="%s"), supplied)
+        except Exception as exc:
+            if _is_unique_violation(exc):
+                raise UniqueViolation(str(exc)) from None
+            if conn.closed:  # lost: the pool must not reset it (a logged traceback) or reuse it
+                raw.invalidate()
+            raise
         finally:
             raw.close()
 

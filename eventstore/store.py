@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Iterator, Sequence
 from itertools import chain, islice
-from typing import Any
+from typing import Any, NamedTuple
 
 import sqlalchemy as sa
 
@@ -13,6 +13,7 @@ from eventstore import migrate
 from eventstore.backends import (
     MAX_EVENTS_PER_APPEND,
     READ_PAGE_COMMITS,
+    BuildCommit,
     UniqueViolation,
     backend_for,
 )
@@ -43,6 +44,14 @@ _EVENT_IDS_SQL = sa.text(
 class _VersionMismatch(Exception):
     def __init__(self, actual: int | None) -> None:
         self.actual = actual
+
+
+class NewStream(NamedTuple):
+    """A new stream's first commit, built by `EventStore.new_stream` and not yet written."""
+
+    commit: Commit
+    supplied_ids: list[str]
+    head: StreamHead
 
 
 class EventStore:
@@ -135,10 +144,57 @@ class EventStore:
         commit = written[1]
         return StreamHead(commit.last_version, commit.last_digest)
 
-    def _write(self, stream_id: str, events: Sequence[NewEvent], expected_version: int | None
-               ) -> tuple[int, Commit] | list[RecordedEvent]:
-        """The commit written and its position, or the stored records when `events` repeat an
-        append that already committed."""
+    def new_stream(self, stream_id: str, events: Sequence[NewEvent]) -> NewStream:
+        """A new stream's first append, validated and encoded (digests included) but not
+        written: `create_streams` writes several together. Raises ValueError for what `append`
+        refuses, naming the stream, and for an empty one."""
+        if not events:
+            _check_stream_id(stream_id)
+            raise ValueError(f"stream {stream_id!r}: a new stream needs at least one event")
+        try:
+            supplied, build = self._commit_builder(stream_id, events, None)
+        except ValueError as exc:
+            raise ValueError(f"stream {stream_id!r}: {exc}") from None
+        commit = build(None)
+        return NewStream(commit, supplied, StreamHead(commit.last_version, commit.last_digest))
+
+    def create_streams(self, streams: Sequence[NewStream]) -> list[StreamHead]:
+        """Write several new streams (from `new_stream`) in one transaction: all or none.
+
+        Why: a bulk writer (`companyos run`'s group commit) pays a transaction's fixed cost (the
+        write lock, the pages it rewrites) once for many episodes. Each stream is still one
+        commit, as `append(stream_id, events, None)` writes it. Raises ConcurrencyError naming a
+        stream that already exists, ValueError for a stream or event id named twice, an event
+        id stored already, or more than 2**20 events in all; nothing is written then. Unlike
+        `append`, re-sending streams that committed is not taken for a retry: they exist.
+        """
+        names = [stream.commit.stream_id for stream in streams]
+        if len(set(names)) != len(names):
+            raise ValueError("create_streams names the same stream twice")
+        supplied = [event_id for stream in streams for event_id in stream.supplied_ids]
+        if len(set(supplied)) != len(supplied):
+            raise ValueError("create_streams names the same event_id twice")
+        if sum(stream.commit.count for stream in streams) > MAX_EVENTS_PER_APPEND:
+            raise ValueError(f"one create_streams takes at most {MAX_EVENTS_PER_APPEND} events")
+        if not streams:
+            return []
+        try:
+            self._backend.insert_new([stream.commit for stream in streams])
+        except UniqueViolation:
+            for stream_id in names:
+                self._heads.pop(stream_id, None)
+                if (version := self.stream_version(stream_id)) is not None:
+                    raise ConcurrencyError(stream_id, None, version) from None
+            clashing = [r.event_id for r in self._by_event_ids(supplied)]
+            raise ValueError(f"event ids already stored in other appends: {clashing}") from None
+        for stream in streams:
+            self._remember_head(stream.commit.stream_id, *stream.head)
+        return [stream.head for stream in streams]
+
+    def _commit_builder(self, stream_id: str, events: Sequence[NewEvent],
+                        expected_version: int | None) -> tuple[list[str], BuildCommit]:
+        """Validate and encode an append before any write starts, so a bad one writes nothing:
+        its caller-supplied event ids, and what builds its commit after the head it finds."""
         _check_stream_id(stream_id)
         if len(events) > MAX_EVENTS_PER_APPEND:
             raise ValueError(f"one append takes at most {MAX_EVENTS_PER_APPEND} events")
@@ -166,6 +222,13 @@ class EventStore:
             return make_commit(stream_id, version + 1, event_ids, types, schemas, datas,
                                digests, plain_meta, event_metas, supplied, encode)
 
+        return supplied_ids, build
+
+    def _write(self, stream_id: str, events: Sequence[NewEvent], expected_version: int | None
+               ) -> tuple[int, Commit] | list[RecordedEvent]:
+        """The commit written and its position, or the stored records when `events` repeat an
+        append that already committed."""
+        supplied_ids, build = self._commit_builder(stream_id, events, expected_version)
         try:
             position, commit = self._backend.append(stream_id, build, expected_version,
                                                     self._heads.get(stream_id))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import re
 import sqlite3
 import subprocess
 import sys
@@ -135,6 +136,58 @@ def test_append_head_writes_what_append_would_and_says_where_the_stream_stands(s
     first = store.append_head(stream, ided, 2)
     assert store.append_head(stream, ided, 2) == first == (3, list(store.read_stream(stream))[-1].digest)
     assert [r.type for r in store.read_stream(stream)] == ["A", "B", "C", "E"]
+
+
+def test_create_streams_writes_several_new_streams_at_once_as_append_would(store):
+    """`companyos run`'s group commit: each stream is the commit `append(..., None)` writes
+    (same events, digests and head), and the streams follow one another in the global order."""
+    a, b, twin = unique_stream(), unique_stream(), unique_stream()
+    events = [NewEvent("A", {"n": 1}), NewEvent("B", {"n": 2}, meta={"agent": "x"})]
+    after = max((r.position for r in store.read_all()), default=0)
+    streams = [store.new_stream(a, events), store.new_stream(b, [NewEvent("C", {"n": 3})])]
+    assert store.stream_version(a) is None  # built, not written
+    heads = store.create_streams(streams)
+    recorded = store.append(twin, events, None)
+    assert heads == [s.head for s in streams] == [(1, recorded[-1].digest), (0, store.stream_digest(b))]
+    assert [(r.type, r.data, r.meta.get("agent"), r.digest) for r in store.read_stream(a)] == [
+        (r.type, r.data, r.meta.get("agent"), r.digest) for r in recorded]
+    logged = [(r.stream_id, r.version) for r in store.read_all(after) if r.stream_id in (a, b)]
+    assert logged == [(a, 0), (a, 1), (b, 0)]
+    assert store.append_head(a, [NewEvent("D", {})], 1).version == 2  # the heads are the store's
+    assert store.create_streams([]) == []
+
+
+def test_new_stream_refuses_what_append_would_and_names_the_stream(store):
+    stream = unique_stream()
+    with pytest.raises(ValueError, match=f"stream '{stream}': .*non-finite"):
+        store.new_stream(stream, [NewEvent("A", {"x": float("nan")})])
+    with pytest.raises(ValueError, match="at least one event"):
+        store.new_stream(stream, [])
+    with pytest.raises(ValueError, match="stream_id"):
+        store.new_stream("", [NewEvent("A", {})])
+
+
+def test_create_streams_is_all_or_nothing(store):
+    taken, shared = unique_stream(), f"id-{uuid.uuid4().hex}"
+    store.append(taken, [NewEvent("A", {}, event_id=shared)], None)
+
+    def refused(streams, error, words):
+        with pytest.raises(error, match=words):
+            store.create_streams([store.new_stream(stream_id, events) for stream_id, events in streams])
+        for stream_id, _ in streams:
+            if stream_id != taken:
+                assert store.stream_version(stream_id) is None, stream_id
+
+    ok = [NewEvent("A", {"n": 1})]
+    refused([(unique_stream(), ok), (taken, ok)], ConcurrencyError, re.escape(repr(taken)))
+    fresh = unique_stream()
+    refused([(unique_stream(), ok), (fresh, ok), (fresh, ok)], ValueError, "same stream twice")
+    refused([(unique_stream(), ok), (unique_stream(), [NewEvent("A", {}, event_id=shared)])],
+            ValueError, "already stored")
+    twice = f"id-{uuid.uuid4().hex}"
+    refused([(unique_stream(), [NewEvent("A", {}, event_id=twice)]),
+             (unique_stream(), [NewEvent("A", {}, event_id=twice)])], ValueError, "event_id twice")
+    assert store.stream_version(taken) == 0
 
 
 def test_event_id_used_in_another_stream_is_refused(store):
