@@ -19,11 +19,13 @@ import domain
 from companyos.agents import make_agent
 from companyos.env import SEED_MAX, CompanyEnv, spec_from_options
 from companyos.lifecycle import end_with
-from companyos.runtime import DURABILITY, UnloggedEpisode
+from companyos.runtime import DURABILITY, CommitGroup, EpisodeRuntime, UnloggedEpisode
 from eventstore import EventStore
 from eventstore.engine import in_memory_sqlite
 
 CHUNK = 50  # episodes per unit of work handed to a worker process
+GROUP_COMMIT = 16
+"""Ended episodes a run writes per transaction with durability "episode" (see CommitGroup)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,18 +96,32 @@ def run_range(plan: RunPlan, start: int, stop: int, store: EventStore | None = N
               halt: Halt | None = None, into: list | None = None) -> list[EpisodeResult]:
     """Episodes start..stop-1 of the plan; episode i uses seed plan.seed + i. Once `halt` is set
     no further episode starts: the ones finished so far are the result. Each result is appended
-    to `into` (default: a new list, returned) as its episode finishes, so an exception loses
-    none of them."""
+    to `into` (default: a new list, returned) once its episode is in the log (with durability
+    "episode", GROUP_COMMIT episodes a transaction), so an exception loses none of them."""
     own = store is None
     store = store or EventStore.open(plan.db)
-    env = CompanyEnv(store, durability=plan.durability, agent=plan.agent)
+    group = CommitGroup(store, GROUP_COMMIT) if plan.durability == "episode" else None
+    env = CompanyEnv(store, durability=plan.durability, agent=plan.agent, commit_group=group)
     done = [] if into is None else into
+    ended: list[tuple] = []  # EpisodeResult fields but the digest, of episodes the group holds
     try:
         for index in range(start, stop):
             if halt is not None and halt.is_set():
                 break
-            done.append(_one_episode(env, plan, index))
+            runtime, info = _play(env, plan, index)
+            if group is None:
+                done.append(EpisodeResult(*_fields(plan, index, runtime, info), runtime.digest))
+                continue
+            ended.append(_fields(plan, index, runtime, info))
+            if group.full:
+                _write_group(group, ended, done)
+        if group is not None:
+            _write_group(group, ended, done)
     except BaseException:
+        # the episodes that ended are whole: log them, unless the store is what failed
+        with suppress(Exception):
+            if group is not None:
+                _write_group(group, ended, done)
         with suppress(UnloggedEpisode):  # the error in flight (a full disk...) is the one to say
             env.close()
         raise
@@ -117,11 +133,22 @@ def run_range(plan: RunPlan, start: int, stop: int, store: EventStore | None = N
             store.close()
 
 
-def _one_episode(env: CompanyEnv, plan: RunPlan, index: int) -> EpisodeResult:
+def _write_group(group: CommitGroup, ended: list[tuple], done: list[EpisodeResult]) -> None:
+    """Write the group's episodes; only then are they results (a result is a logged episode)."""
+    try:
+        written = group.commit()
+        for fields, (_, head) in zip(ended, written, strict=True):
+            done.append(EpisodeResult(*fields, head.digest))
+    finally:
+        ended.clear()
+
+
+def _play(env: CompanyEnv, plan: RunPlan, index: int) -> tuple[EpisodeRuntime, dict]:
+    """Episode `index` of the plan to its end; its runtime and last step's info."""
     seed = plan.seed + index
-    task = plan.task_of(index)
     agent = make_agent(plan.agent, seed)
-    observation, _ = env.reset(seed=seed, options={"task": task, "chaos": plan.chaos,
+    observation, _ = env.reset(seed=seed, options={"task": plan.task_of(index),
+                                                   "chaos": plan.chaos,
                                                    "reward_profile": plan.reward_profile})
     agent.reset(observation)
     while True:
@@ -130,11 +157,15 @@ def _one_episode(env: CompanyEnv, plan: RunPlan, index: int) -> EpisodeResult:
             break
     runtime = env.runtime
     runtime.flush()
+    return runtime, info
+
+
+def _fields(plan: RunPlan, index: int, runtime: EpisodeRuntime, info: dict) -> tuple:
+    """An ended episode's EpisodeResult fields, all but its digest."""
     state = runtime.state
     # the return as EpisodeEnded logs it (summed grant by grant), so every view shows one figure
-    return EpisodeResult(runtime.episode_id, task, seed, state.chaos, plan.agent,
-                         info["outcome"], info["failure_mode"], state.step, state.total_return,
-                         runtime.digest)
+    return (runtime.episode_id, plan.task_of(index), plan.seed + index, state.chaos, plan.agent,
+            info["outcome"], info["failure_mode"], state.step, state.total_return)
 
 
 class Halt(Protocol):

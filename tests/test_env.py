@@ -609,3 +609,75 @@ def test_a_bulk_run_on_a_full_disk_says_the_disk_is_full(tmp_path):
         store._backend._write_connection().execute("PRAGMA max_page_count = 60")
         with pytest.raises(sqlite3.OperationalError, match="database or disk is full"):
             run_range(RunPlan(url, "random", "all", "medium", 500, 0, "episode"), 0, 500, store=store)
+
+
+def test_an_ended_episode_held_by_a_commit_group_is_logged_when_the_group_commits(tmp_path):
+    """`companyos run` writes ended episodes 16 to a transaction: until the group commits, an
+    episode is not in the log; then it is, exactly as an episode written alone."""
+    from companyos.runtime import CommitGroup
+
+    url = f"sqlite:///{tmp_path / 'grouped.db'}"
+    with EventStore.open(url) as store:
+        group = CommitGroup(store, size=2)
+        with CompanyEnv(store, durability="episode", commit_group=group) as env, \
+                CompanyEnv(store, durability="episode") as alone:
+            held, digests = [], []
+            for seed in (5, 6):
+                play(env, "expert", seed, FAMILIES[seed % len(FAMILIES)])
+                held.append(env.runtime.episode_id)
+                assert store.stream_version(held[-1]) is None
+                assert group.full == (seed == 6)
+                play(alone, "expert", seed, FAMILIES[seed % len(FAMILIES)])
+                digests.append(alone.runtime.digest)
+            written = group.commit()
+            assert not group.full and group.commit() == []
+        assert [episode_id for episode_id, _ in written] == held
+        assert [head.digest for _, head in written] == digests
+        for episode_id, head in written:
+            assert (store.stream_version(episode_id), store.stream_digest(episode_id)) == head
+
+
+def test_a_commit_group_writes_whole_episodes_to_its_own_store(tmp_path):
+    from companyos.runtime import CommitGroup
+
+    url = f"sqlite:///{tmp_path / 'g.db'}"
+    with EventStore.open(url) as store, EventStore.open(url) as other:
+        with pytest.raises(ValueError, match="durability='episode'"):
+            CompanyEnv(store, durability="step", commit_group=CommitGroup(store, 4))
+        with pytest.raises(ValueError, match="its own store"):
+            CompanyEnv(other, durability="episode", commit_group=CommitGroup(store, 4))
+        with pytest.raises(ValueError, match="at least one"):
+            CommitGroup(store, 0)
+
+
+def test_a_run_reports_only_episodes_the_log_holds_when_a_group_fails(tmp_path, monkeypatch):
+    """A group the store refuses is lost whole, and none of its episodes is reported: the run's
+    results are always exactly the ended episodes in the log."""
+    import sqlite3
+
+    from companyos import batch
+    from companyos.batch import RunPlan, run_range
+
+    url = f"sqlite:///{tmp_path / 'run.db'}"
+    monkeypatch.setattr(batch, "GROUP_COMMIT", 4)
+    create_streams = EventStore.create_streams
+    calls = []
+
+    def fail_the_third(self, streams):
+        calls.append(len(streams))
+        if len(calls) == 3:
+            raise sqlite3.OperationalError("disk I/O error")
+        return create_streams(self, streams)
+
+    monkeypatch.setattr(EventStore, "create_streams", fail_the_third)
+    results: list = []
+    with EventStore.open(url) as store:
+        with pytest.raises(sqlite3.OperationalError, match="disk I/O error"):
+            run_range(RunPlan(url, "expert", "all", "medium", 20, 0, "episode"), 0, 20,
+                      store=store, into=results)
+        logged = {r.stream_id for r in store.read_all()}
+        assert calls[:3] == [4, 4, 4]
+        assert [r.seed for r in results] == list(range(8))
+        assert logged == {r.episode_id for r in results}
+        for r in results:
+            assert store.stream_digest(r.episode_id) == r.digest

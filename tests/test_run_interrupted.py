@@ -35,15 +35,15 @@ def test_ctrl_c_finishes_the_episode_under_way_and_says_which_finished(
     (a user resuming from the seed after the reported ones ran those instances twice). The first
     Ctrl-C now lets the episode under way finish; a second one stops at once."""
     url = f"sqlite:///{tmp_path / 'store.db'}"
-    one_episode = batch._one_episode
+    play = batch._play
 
     def ctrl_c_during_the_tenth(env, plan, index):
         if index == 9:
             for _ in range(presses):
                 os.kill(os.getpid(), signal.SIGINT)
-        return one_episode(env, plan, index)
+        return play(env, plan, index)
 
-    monkeypatch.setattr(batch, "_one_episode", ctrl_c_during_the_tenth)
+    monkeypatch.setattr(batch, "_play", ctrl_c_during_the_tenth)
     monkeypatch.setattr(batch, "CHUNK", 4)
     monkeypatch.setattr("sys.argv", ["companyos", "run", "--episodes", "20", "--seed", "100",
                                      "--db", url, "--json"])
