@@ -171,23 +171,27 @@ class SqliteBackend(Backend):
         """
         commit = build(None) if expected_version is None else None
         with self._lock:
-            lock_fd = self._process_lock_fd()
-            if lock_fd is not None:
-                fcntl.flock(lock_fd, fcntl.LOCK_EX)
+            lock_fd = self._lock_file()
             try:
                 return self._insert(stream_id, build, commit, expected_version, cached_head)
             finally:
                 if lock_fd is not None:
                     fcntl.flock(lock_fd, fcntl.LOCK_UN)
 
+    def _lock_file(self) -> int | None:
+        """Queue behind the file's other writer processes (the caller holds the thread lock);
+        the descriptor to unlock, None when there is no lock file."""
+        lock_fd = self._process_lock_fd()
+        if lock_fd is not None:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX)
+        return lock_fd
+
     def insert_new(self, commits: Sequence[Commit]) -> None:
         """New streams' commits in one transaction (built already: no head to look up)."""
         rows = [(commit.count, *commit[:5]) for commit in commits]
         supplied = [row for commit in commits for row in commit.supplied_ids]
         with self._lock:
-            lock_fd = self._process_lock_fd()
-            if lock_fd is not None:
-                fcntl.flock(lock_fd, fcntl.LOCK_EX)
+            lock_fd = self._lock_file()
             try:
                 cur = self._write_connection().cursor()
                 cur.execute("BEGIN IMMEDIATE")
@@ -227,7 +231,7 @@ class SqliteBackend(Backend):
         return position, commit
 
 
-def _roll_back(cur, exc: BaseException) -> None:
+def _roll_back(cur: Any, exc: BaseException) -> None:
     """End a failed SQLite write transaction and raise its error (a UniqueViolation for a
     collision)."""
     if cur.connection.in_transaction:  # a failed COMMIT (disk full) has rolled back already,
