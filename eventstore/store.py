@@ -47,11 +47,13 @@ class _VersionMismatch(Exception):
 
 
 class NewStream(NamedTuple):
-    """A new stream's first commit, built by `EventStore.new_stream` and not yet written."""
+    """A new stream's first commit, built by `EventStore.new_stream` and not yet written (only
+    the store that built it writes it: the payload is encoded for its database)."""
 
     commit: Commit
     supplied_ids: list[str]
     head: StreamHead
+    store: EventStore
 
 
 class EventStore:
@@ -156,7 +158,8 @@ class EventStore:
         except ValueError as exc:
             raise ValueError(f"stream {stream_id!r}: {exc}") from None
         commit = build(None)
-        return NewStream(commit, supplied, StreamHead(commit.last_version, commit.last_digest))
+        return NewStream(commit, supplied, StreamHead(commit.last_version, commit.last_digest),
+                         self)
 
     def create_streams(self, streams: Sequence[NewStream]) -> list[StreamHead]:
         """Write several new streams (from `new_stream`) in one transaction: all or none.
@@ -166,9 +169,13 @@ class EventStore:
         commit, as `append(stream_id, events, None)` writes it. Raises ConcurrencyError naming a
         stream that already exists, ValueError for a stream or event id named twice, an event
         id stored already, or more than 2**20 events in all; nothing is written then. Unlike
-        `append`, re-sending streams that committed is not taken for a retry: they exist.
+        `append`, re-sending streams that committed is not taken for a retry: they exist. A
+        stream built by another store is refused too.
         """
         names = [stream.commit.stream_id for stream in streams]
+        if strangers := [stream.commit.stream_id for stream in streams if stream.store is not self]:
+            raise ValueError(f"streams {strangers} were built by another store: build them with "
+                             "this one's new_stream")
         if len(set(names)) != len(names):
             raise ValueError("create_streams names the same stream twice")
         supplied = [event_id for stream in streams for event_id in stream.supplied_ids]

@@ -190,6 +190,15 @@ def test_create_streams_is_all_or_nothing(store):
     assert store.stream_version(taken) == 0
 
 
+def test_create_streams_writes_only_streams_this_store_built(store, tmp_path):
+    """Each database gets its payload in its own encoding (SQLite: lz4 bytes, PostgreSQL: text)."""
+    with EventStore.open(f"sqlite:///{tmp_path / 'other.db'}") as other:
+        stream = unique_stream()
+        with pytest.raises(ValueError, match="built by another store"):
+            store.create_streams([other.new_stream(stream, [NewEvent("A", {"n": 1})])])
+    assert store.stream_version(stream) is None
+
+
 def test_event_id_used_in_another_stream_is_refused(store):
     shared = f"id-{uuid.uuid4().hex}"
     store.append(unique_stream(), [NewEvent("A", {}, event_id=shared)], None)
