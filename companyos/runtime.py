@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 import time
+import weakref
 from typing import Any
 
 import orjson
@@ -83,7 +84,7 @@ class EpisodeRuntime:
     """The state of one episode and the bookkeeping that keeps the log in step with it."""
 
     __slots__ = ("episode_id", "state", "store", "durability", "start_meta", "digest",
-                 "group", "_stored_version", "_pending")
+                 "group", "_stored_version", "_pending", "__weakref__")
 
     def __init__(self, store: EventStore, episode_id: str, state, durability: str,
                  start_meta: dict | None, stored_version: int | None, digest: str = "",
@@ -173,6 +174,10 @@ class EpisodeRuntime:
         """Drop the events held back: a CommitGroup writes them."""
         self._pending = []
 
+    def logged(self, head: StreamHead) -> None:
+        """Told by a CommitGroup that the episode is now in the log, up to `head`."""
+        self._stored_version, self.digest = head
+
     def flush(self) -> None:
         """Write events held back by `durability="episode"`; a no-op with per-step durability."""
         if self._pending:
@@ -212,8 +217,9 @@ class CommitGroup:
     store's fixed cost (SQLite's write lock, the pages each commit rewrites, the other worker
     waiting). Each episode is still one append, all or nothing, with the digest it would have
     alone; what a crash can lose grows from the episode under way to the ended ones held here,
-    which the runner has not reported either. The group keeps only their encoded events, not
-    the episodes' states: holding 16 whole states cost more CPU than grouping saved.
+    which the runner has not reported either. The group keeps only their encoded events and a
+    weak reference to each runtime, not the episodes' states: holding 16 whole states alive cost
+    more CPU than grouping saved.
     """
 
     def __init__(self, store: EventStore, size: int) -> None:
@@ -222,6 +228,7 @@ class CommitGroup:
         self.store = store
         self.size = size
         self._streams: list[NewStream] = []
+        self._runtimes: list[weakref.ref[EpisodeRuntime]] = []
 
     @property
     def full(self) -> bool:
@@ -233,19 +240,25 @@ class CommitGroup:
         Its events are checked and encoded now, while they are fresh in the CPU's caches
         (encoding a whole group at commit time cost more), and so that a bad one is refused at
         the step that ended the episode, as a flush would refuse it. The runtime holds nothing
-        to write afterwards: `commit` says where its stream stands once it is written.
+        to write afterwards; once `commit` has written it, the runtime (if still in use) knows
+        its stream's head, as after a flush.
         """
         self._streams.append(self.store.new_stream(runtime.episode_id, runtime.pending_as_logged()))
         runtime.forget_pending()
+        self._runtimes.append(weakref.ref(runtime))
 
     def commit(self) -> list[tuple[str, StreamHead]]:
         """Write every held episode in one transaction: their (episode id, head) in the order
         they were held. If the store refuses, nothing of the group is written, the group is
         emptied and the error says why."""
-        streams, self._streams = self._streams, []
+        streams, runtimes = self._streams, self._runtimes
+        self._streams, self._runtimes = [], []
         if not streams:
             return []
         heads = self.store.create_streams(streams)
+        for ref, head in zip(runtimes, heads, strict=True):
+            if (runtime := ref()) is not None:
+                runtime.logged(head)
         return [(stream.commit.stream_id, head) for stream, head in zip(streams, heads, strict=True)]
 
 

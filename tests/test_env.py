@@ -629,8 +629,10 @@ def test_an_ended_episode_held_by_a_commit_group_is_logged_when_the_group_commit
                 assert group.full == (seed == 6)
                 play(alone, "expert", seed, FAMILIES[seed % len(FAMILIES)])
                 digests.append(alone.runtime.digest)
+            assert (env.runtime.stored_version, env.runtime.digest) == (None, "")
             written = group.commit()
             assert not group.full and group.commit() == []
+            assert (env.runtime.stored_version, env.runtime.digest) == written[-1][1]
         assert [episode_id for episode_id, _ in written] == held
         assert [head.digest for _, head in written] == digests
         for episode_id, head in written:
