@@ -683,3 +683,22 @@ def test_a_run_reports_only_episodes_the_log_holds_when_a_group_fails(tmp_path, 
         assert logged == {r.episode_id for r in results}
         for r in results:
             assert store.stream_digest(r.episode_id) == r.digest
+
+
+def test_a_grouped_run_logs_what_a_run_step_by_step_logs_on_each_backend(empty_store_url):
+    """Group commit changes when episodes are written, never what: 40 episodes (groups of 16,
+    16 and 8) have the digests of the same seeds written step by step, on SQLite and PostgreSQL."""
+    from companyos.batch import RunPlan, run_range
+
+    def ran(durability: str) -> list:
+        plan = RunPlan(empty_store_url, "random", "all", "high", 40, 7, durability)
+        with EventStore.open(empty_store_url) as store:
+            results = run_range(plan, 0, 40, store=store)
+            for r in results:
+                assert store.stream_digest(r.episode_id) == r.digest
+        return results
+
+    grouped, stepwise = ran("episode"), ran("step")
+    assert [r.seed for r in grouped] == list(range(7, 47))
+    assert [(r.seed, r.outcome, r.steps, r.digest) for r in grouped] == [
+        (r.seed, r.outcome, r.steps, r.digest) for r in stepwise]
