@@ -18,7 +18,7 @@ import fcntl
 import os
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import sqlalchemy as sa
 
@@ -231,7 +231,7 @@ class SqliteBackend(Backend):
         return position, commit
 
 
-def _roll_back(cur: Any, exc: BaseException) -> None:
+def _roll_back(cur: Any, exc: BaseException) -> NoReturn:
     """End a failed SQLite write transaction and raise its error (a UniqueViolation for a
     collision)."""
     if cur.connection.in_transaction:  # a failed COMMIT (disk full) has rolled back already,
@@ -280,15 +280,10 @@ class PostgresBackend(Backend):
                         with conn.cursor() as cur:
                             cur.executemany(_INSERT_IDS.format(m="%s"), commit.supplied_ids)
             except Exception as exc:
-                if _is_unique_violation(exc):
-                    raise UniqueViolation(str(exc)) from None
-                if conn.closed:  # lost: the pool must not reset it (a logged traceback) or reuse it
-                    raw.invalidate()
-                raise
+                _pg_failed(raw, exc)
             return position, commit
         finally:
             raw.close()
-
 
     def insert_new(self, commits: Sequence[Commit]) -> None:
         """New streams' commits in one transaction; each row's position counts on from the
@@ -307,13 +302,20 @@ class PostgresBackend(Backend):
                 if supplied:
                     cur.executemany(_INSERT_IDS.format(m="%s"), supplied)
         except Exception as exc:
-            if _is_unique_violation(exc):
-                raise UniqueViolation(str(exc)) from None
-            if conn.closed:  # lost: the pool must not reset it (a logged traceback) or reuse it
-                raw.invalidate()
-            raise
+            _pg_failed(raw, exc)
         finally:
             raw.close()
+
+
+def _pg_failed(raw: Any, exc: Exception) -> NoReturn:
+    """Raise a failed PostgreSQL write's error (a UniqueViolation for a collision), first
+    invalidating a connection the server dropped: the pool must not reset it (a logged
+    traceback) or reuse it."""
+    if _is_unique_violation(exc):
+        raise UniqueViolation(str(exc)) from None
+    if raw.driver_connection.closed:
+        raw.invalidate()
+    raise exc
 
 
 def _is_unique_violation(exc: BaseException) -> bool:
