@@ -160,14 +160,14 @@ class EpisodeRuntime:
                     del self._pending[len(self._pending) - len(events):]  # this step never happened
                     raise
             return
-        self._append(events, first_meta)
+        self._append(as_logged(events, first_meta))
 
-    def _append(self, events: list, first_meta: dict | None = None) -> None:
-        self._stored_version, self.digest = self.store.append_head(
-            self.episode_id, as_logged(events, first_meta), self._stored_version)
+    def _append(self, new: list[NewEvent]) -> None:
+        self._stored_version, self.digest = self.store.append_head(self.episode_id, new,
+                                                                   self._stored_version)
 
     def pending_as_logged(self) -> list[NewEvent]:
-        """The events held back, as the store takes them (for a CommitGroup)."""
+        """The events held back, as the store takes them (a flush's, or a CommitGroup's)."""
         return as_logged(self._pending, self.start_meta if self._stored_version is None else None)
 
     def forget_pending(self) -> None:
@@ -181,7 +181,7 @@ class EpisodeRuntime:
     def flush(self) -> None:
         """Write events held back by `durability="episode"`; a no-op with per-step durability."""
         if self._pending:
-            self._append(self._pending, self.start_meta if self._stored_version is None else None)
+            self._append(self.pending_as_logged())
             self._pending = []
 
     def flush_or_discard(self) -> None:
