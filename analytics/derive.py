@@ -23,6 +23,8 @@ grouped; wide strings and LIST columns are never carried through a sort or a gro
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -81,14 +83,16 @@ FROM batch GROUP BY stream_id
 
 # slow: continuing episodes, and fresh ones with a run that does not start with an action after
 # their first action (the run rule would leave such rows without their owner)
-_TARGETS = """
-CREATE OR REPLACE TEMP TABLE t_targets AS
-WITH odd AS (
+_ODD = """
+odd AS (
     SELECT DISTINCT b.stream_id
     FROM batch b JOIN (SELECT stream_id, min(version) AS first_action FROM batch
                        WHERE type = 'ActionTaken' GROUP BY stream_id) a ON a.stream_id = b.stream_id
     WHERE b.owner IS NULL AND b.version > a.first_action
-)
+)"""
+_TARGETS = f"""
+CREATE OR REPLACE TEMP TABLE t_targets AS
+WITH {_ODD}
 SELECT a.stream_id, a.last_position, a.last_version, a.digest,
        coalesce(e.first_position, a.first_new) AS first_position,
        coalesce(e.event_count, 0) + a.new_events AS event_count,
@@ -96,6 +100,15 @@ SELECT a.stream_id, a.last_position, a.last_version, a.digest,
        e.episode_id IS NOT NULL OR a.stream_id IN (SELECT stream_id FROM odd) AS slow
 FROM t_affected a LEFT JOIN episodes e ON e.episode_id = a.stream_id
 WHERE a.starts OR e.episode_id IS NOT NULL
+"""
+# The fast targets, found from the batch alone: episodes it starts (so the warehouse holds nothing
+# of them yet: a stream's version 0 lies after the checkpoint) whose steps are whole runs.
+_FRESH_TARGETS = f"""
+CREATE OR REPLACE TEMP TABLE t_targets AS
+WITH {_ODD}
+SELECT stream_id, last_position, last_version, digest, first_new AS first_position,
+       new_events AS event_count, false AS known, false AS slow
+FROM t_affected WHERE starts AND stream_id NOT IN (SELECT stream_id FROM odd)
 """
 
 # One narrow row per fact; x holds the type's fields, c the chaos marker. JSON is parsed once.
@@ -396,8 +409,49 @@ def _rows(columns: str, where: tuple[str, str], fast: bool | None, with_old: boo
     return sql
 
 
-def derive_batch(con: duckdb.DuckDBPyConnection, batch_lo: int) -> int:
-    """Recompute episodes, steps and rewards for the episodes touched by the registered `batch`.
+class Fresh(NamedTuple):
+    """The rows of a batch's fast targets, derived from the batch alone (`derive_fresh`)."""
+
+    steps: pa.Table
+    rewards: pa.Table
+    episodes: pa.Table
+
+
+_FRESH_OUT = (("steps", f"SELECT {_STEP_COLUMNS} FROM t_steps",
+               f"INSERT INTO steps ({_STEP_COLUMNS}) SELECT * FROM fresh_steps"),
+              ("rewards", "SELECT * FROM t_rewards",
+               "INSERT INTO rewards BY NAME SELECT * FROM fresh_rewards"),
+              ("episodes", "SELECT * FROM t_episodes",
+               "INSERT INTO episodes BY NAME SELECT * FROM fresh_episodes"))
+
+
+def derive_fresh(con: duckdb.DuckDBPyConnection, batch: pa.Table) -> Fresh | None:
+    """Derive the episodes `batch` starts whose steps are whole runs (the fast targets), from the
+    batch alone, on a DuckDB of the caller's own; None if there are none.
+
+    It needs nothing from the warehouse, so the sync runs it on a thread of its own, overlapping
+    the warehouse's writes of the batch before (`derive_batch` then derives only the slow targets).
+    `batch` must carry `annotate`'s columns.
+    """
+    con.register("batch", batch)
+    try:
+        con.execute(_AFFECTED)
+        con.execute(_FRESH_TARGETS)
+        targets, affected = con.execute(
+            "SELECT count(*), (SELECT count(*) FROM t_affected) FROM t_targets").fetchone()
+        fresh = None
+        if targets:
+            _derive(con, fast=True, every_stream=targets == affected)
+            fresh = Fresh(*(con.sql(sql).to_arrow_table() for _, sql, _ in _FRESH_OUT))
+        return fresh
+    finally:
+        _drop_temp(con)
+        con.unregister("batch")
+
+
+def derive_batch(con: duckdb.DuckDBPyConnection, batch_lo: int, fresh: Fresh | None) -> int:
+    """Write episodes, steps and rewards for the episodes touched by the registered `batch`: the
+    fast targets' rows `derive_fresh` made of it (`fresh`), and the slow targets derived here.
 
     `batch` must carry `annotate`'s columns. Runs inside the caller's transaction (the one that
     inserts the batch and moves the checkpoint); `batch_lo` is the batch's first position.
@@ -405,38 +459,51 @@ def derive_batch(con: duckdb.DuckDBPyConnection, batch_lo: int) -> int:
     """
     con.execute(_AFFECTED)
     con.execute(_TARGETS)
-    targets, slow, old_lo, affected = con.execute(
-        "SELECT count(*), count(*) FILTER (WHERE slow), min(first_position) FILTER (WHERE known), "
-        "(SELECT count(*) FROM t_affected) FROM t_targets").fetchone()
-    if targets:
+    con.execute("DELETE FROM t_targets WHERE NOT slow")  # derive_fresh's
+    written = _insert_fresh(con, fresh)
+    slow, old_lo = con.execute("SELECT count(*), min(first_position) FILTER (WHERE known) "
+                               "FROM t_targets").fetchone()
+    if slow:
         with_old = old_lo is not None
         params = {"old_lo": old_lo, "batch_lo": batch_lo} if with_old else None
-        columns = _FACT_COLUMNS
-        where = ("(fact OR chaos_hint)", _fact_where())
-        every_stream = slow == 0 and targets == affected
-        create = True
-        for fast in (True, False):
-            if (fast and targets == slow) or (not fast and not slow):
-                continue
-            sql = _FACTS.format(source=_rows(columns, where, fast, with_old, every_stream),
-                                select=_FAST_SELECT if fast else _SLOW_SELECT)
-            if not create:
-                sql = "INSERT INTO t_facts SELECT * FROM (" + sql.split(" AS\n", 1)[1] + ")"
-            con.execute(sql, None if fast else params)
-            create = False
-        start = _rows("stream_id, version, data, meta", ("type = 'EpisodeStarted'",) * 2, None, with_old)
-        con.execute(_START.format(source=start), params)
-        con.execute(_CHAOS)
-        con.execute(_STEPS)
-        con.execute(_REWARDS)
-        ends = _rows("stream_id, version, data", ("type = 'EpisodeEnded'",) * 2, None, with_old)
-        con.execute(_EPISODES.format(source=ends), params)
+        _derive(con, fast=False, params=params, with_old=with_old)
         if with_old:
             for sql in _REPLACE:
                 con.execute(sql, {"old_lo": old_lo} if "$old_lo" in sql else None)
         for sql in _INSERT:
             con.execute(sql)
+    _drop_temp(con)
+    return slow + written
+
+
+def _insert_fresh(con: duckdb.DuckDBPyConnection, fresh: Fresh | None) -> int:
+    """Insert the rows `derive_fresh` made; returns how many episodes they hold."""
+    if fresh is None:
+        return 0
+    for (name, _, sql), table in zip(_FRESH_OUT, fresh, strict=True):
+        con.register(f"fresh_{name}", table)
+        try:
+            con.execute(sql)
+        finally:
+            con.unregister(f"fresh_{name}")
+    return fresh.episodes.num_rows
+
+
+def _derive(con: duckdb.DuckDBPyConnection, *, fast: bool, every_stream: bool = False,
+            params: dict | None = None, with_old: bool = False) -> None:
+    """Fill t_facts ... t_episodes for the targets in t_targets: all fast (owners by the run rule,
+    from the batch alone) or all slow (owners by the window over all their events)."""
+    source = _rows(_FACT_COLUMNS, ("(fact OR chaos_hint)", _fact_where()), fast, with_old, every_stream)
+    con.execute(_FACTS.format(source=source, select=_FAST_SELECT if fast else _SLOW_SELECT), params)
+    start = _rows("stream_id, version, data, meta", ("type = 'EpisodeStarted'",) * 2, None, with_old)
+    con.execute(_START.format(source=start), params)
+    con.execute(_CHAOS)
+    con.execute(_STEPS)
+    con.execute(_REWARDS)
+    ends = _rows("stream_id, version, data", ("type = 'EpisodeEnded'",) * 2, None, with_old)
+    con.execute(_EPISODES.format(source=ends), params)
+
+
+def _drop_temp(con: duckdb.DuckDBPyConnection) -> None:
     for name in _TEMP:
         con.execute(f"DROP TABLE IF EXISTS {name}")
-    return targets
-

@@ -1,9 +1,12 @@
 """Moving the store's events into the warehouse, batch by batch: the part of a sync that runs only
 when there is something new (it loads Arrow, NumPy and the readers; see analytics.sync).
 
-Each batch is one DuckDB transaction: insert the batch's events, recompute the episodes and steps
-it touches, move the checkpoint. Reading and unpacking the next batch overlaps with writing the
-current one (a reader thread; SQLite, Arrow and DuckDB all release the GIL while they work).
+Each batch is one DuckDB transaction: insert the batch's events, write the episodes and steps it
+touches, move the checkpoint. Three stages run at once on three threads, a batch apart (SQLite,
+Arrow and DuckDB all release the GIL while they work): a reader reads and unpacks batch n+2, a
+deriver derives the episodes batch n+1 starts on a private DuckDB (`derive_fresh`: most of the
+derivation, and it needs nothing from the warehouse), and the caller's thread writes batch n,
+deriving only the episodes that continue from earlier batches.
 """
 
 from __future__ import annotations
@@ -12,19 +15,20 @@ import contextlib
 import queue
 import threading
 from collections.abc import Callable, Iterator
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 import duckdb
 import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from analytics.derive import annotate, derive_batch
+from analytics.derive import Fresh, annotate, derive_batch, derive_fresh
 from analytics.sources import EVENT_SCHEMA, Source
 from analytics.sync_progress import Progress
 from analytics.warehouse import DERIVE_VERSION, Warehouse
 from eventstore import CorruptCommit, canonical_json
 
+T = TypeVar("T")
 AfterBatch = Callable[[int], None]
 Identity = tuple[str, str]  # (the store's label, its first event id): what the warehouse remembers
 
@@ -59,7 +63,7 @@ def _batches(wh: Warehouse, source: Source, identity: Identity, head: int, batch
     moved = episodes = batches = 0
     if total:
         progress(0, total)  # what lies ahead is known before the first batch is read
-    for batch in _prefetch(source, checkpoint, head, batch_events):
+    for batch, fresh in _pipeline(source, checkpoint, head, batch_events):
         lo = batch["position"][0].as_py()
         hi = batch["position"][-1].as_py()
         con.execute("BEGIN")
@@ -67,7 +71,7 @@ def _batches(wh: Warehouse, source: Source, identity: Identity, head: int, batch
             con.register("batch", batch)
             con.execute("INSERT INTO events SELECT position, stream_id, version, type, schema_version, "
                         "data, meta FROM batch")
-            episodes += derive_batch(con, lo)
+            episodes += derive_batch(con, lo, fresh)
             values = {"position": hi, "checkpoint_digest": batch["digest"][-1].as_py() or "",
                       "derive_version": DERIVE_VERSION}
             if checkpoint == 0 and batches == 0:
@@ -117,46 +121,79 @@ def _not_json(con: duckdb.DuckDBPyConnection, batch: pa.Table) -> CorruptCommit 
                          f"the {field} of its event at position {position} is not JSON")
 
 
-def _prefetch(source: Source, after: int, head: int, limit: int) -> Iterator[pa.Table]:
-    """Yield the store's pages up to `head` in order, reading and annotating page n+1 on a thread while the
-    caller writes page n (SQLite, Arrow and DuckDB all release the GIL while they work).
+def _pipeline(source: Source, after: int, head: int, limit: int) -> Iterator[tuple[pa.Table, Fresh | None]]:
+    """The store's pages up to `head` in order, each with the rows of the episodes it starts,
+    read and derived on two threads ahead of the caller."""
+    pages = _on_thread(_pages(source, after, head, limit), "analytics-sync-reader")
+    return _on_thread(_derived(pages), "analytics-sync-deriver")
 
-    A further stage that derived new episodes on its own DuckDB instance was tried and dropped:
-    moving the rows between instances cost more CPU than the overlap saved on two cores.
-    """
+
+def _pages(source: Source, after: int, head: int, limit: int) -> Iterator[pa.Table]:
+    position = after
+    while position < head:
+        page = source.read(position, limit, head)
+        if page.num_rows == 0:
+            return
+        position = page["position"][-1].as_py()
+        yield annotate(upcast(page))
+
+
+def _derived(pages: Iterator[pa.Table]) -> Iterator[tuple[pa.Table, Fresh | None]]:
+    """Each page with the rows `derive_fresh` makes of it, on a private in-memory DuckDB."""
+    con = duckdb.connect(config={"threads": "1"})
+    try:
+        for batch in pages:
+            try:
+                fresh = derive_fresh(con, batch)
+            except duckdb.Error:
+                damage = _not_json(con, batch)
+                if damage is not None:
+                    raise damage from None
+                raise
+            yield batch, fresh
+    finally:
+        con.close()
+        close = getattr(pages, "close", None)
+        if close is not None:
+            close()
+
+
+def _on_thread(items: Iterator[T], name: str) -> Iterator[T]:
+    """Iterate `items` on a thread of its own, one item ahead of the caller; an exception it raises
+    reaches the caller in its place. Leaving the loop early stops the thread and closes `items`."""
     stop = threading.Event()
-    pages: queue.Queue = queue.Queue(maxsize=1)
+    ready: queue.Queue = queue.Queue(maxsize=1)
+    done = object()
 
     def put(item: object) -> bool:
         while not stop.is_set():
             with contextlib.suppress(queue.Full):
-                pages.put(item, timeout=0.1)
+                ready.put(item, timeout=0.1)
                 return True
         return False
 
-    def reader() -> None:
-        position = after
+    def work() -> None:
         try:
-            while not stop.is_set():
-                page = source.read(position, limit, head) if position < head else None
-                if page is None or page.num_rows == 0:
-                    put(None)
+            for item in items:
+                if not put(item):
                     return
-                position = page["position"][-1].as_py()
-                if not put(annotate(upcast(page))):
-                    return
+            put(done)
         except BaseException as exc:  # handed to the caller, which re-raises it
             put(exc)
+        finally:
+            close = getattr(items, "close", None)
+            if close is not None:
+                close()
 
-    thread = threading.Thread(target=reader, name="analytics-sync-reader", daemon=True)
+    thread = threading.Thread(target=work, name=name, daemon=True)
     thread.start()
     try:
         while True:
-            item = pages.get()
+            item = ready.get()
+            if item is done:
+                return
             if isinstance(item, BaseException):
                 raise item
-            if item is None:
-                return
             yield item
     finally:
         stop.set()

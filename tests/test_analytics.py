@@ -250,12 +250,12 @@ _KILLER = textwrap.dedent("""
     calls = []
     if where == "inside":
         real = derive.derive_batch
-        def dying(con, lo):
+        def dying(con, lo, fresh):
             calls.append(lo)
             if len(calls) == 3:
-                real(con, lo)  # rows written, transaction still open
+                real(con, lo, fresh)  # rows written, transaction still open
                 os.kill(os.getpid(), signal.SIGKILL)
-            return real(con, lo)
+            return real(con, lo, fresh)
         import analytics.transfer as s
         s.derive_batch = dying
         sync(url, path, batch_events=3_001)

@@ -53,11 +53,11 @@ def test_ctrl_c_during_a_sync_is_one_line_and_the_next_sync_resumes(sqlite_url, 
     path = tmp_path / "w.duckdb"
     derive, calls = syncing.derive_batch, []
 
-    def derive_then_interrupted(con, lo):
+    def derive_then_interrupted(con, lo, fresh):
         calls.append(lo)
         if len(calls) == 1:
             raise interrupt()
-        return derive(con, lo)
+        return derive(con, lo, fresh)
 
     monkeypatch.setattr(syncing, "derive_batch", derive_then_interrupted)
     monkeypatch.setattr("sys.argv", ["companyos", "analytics", "sync", "--db", sqlite_url,
