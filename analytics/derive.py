@@ -3,8 +3,9 @@
 The unit of work is the set of *target* streams: episode streams with events in the batch. A
 target that already has rows (an episode that started in an earlier batch) is recomputed from
 all its events, old ones read back from `events` and new ones from the batch, and its old rows
-are replaced; a fresh target is computed from the batch alone. Derivation therefore never
-depends on where batch boundaries fall: an incremental sync equals a fresh full sync.
+are replaced; a fresh target is computed from the batch alone (`derive_fresh`, which the sync runs
+on a thread and DuckDB of its own, a batch ahead of the writer's `derive_batch`). Derivation
+therefore never depends on where batch boundaries fall: an incremental sync equals a fresh full sync.
 
 Which step an event belongs to: a step is appended atomically as `ActionTaken` followed by its
 effects, chaos and rewards, so an event belongs to the latest `ActionTaken` at or before it in
@@ -459,7 +460,7 @@ def derive_batch(con: duckdb.DuckDBPyConnection, batch_lo: int, fresh: Fresh | N
     """
     con.execute(_AFFECTED)
     con.execute(_TARGETS)
-    con.execute("DELETE FROM t_targets WHERE NOT slow")  # derive_fresh's
+    con.execute("DELETE FROM t_targets WHERE NOT slow")  # the fast ones are derive_fresh's
     written = _insert_fresh(con, fresh)
     slow, old_lo = con.execute("SELECT count(*), min(first_position) FILTER (WHERE known) "
                                "FROM t_targets").fetchone()
