@@ -10,6 +10,7 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
+import threading
 
 import duckdb
 import orjson
@@ -101,6 +102,11 @@ def tally(url: str) -> dict:
     finally:
         store.close()
     return {"episodes": episodes, "actions": actions, "rejected": rejected, "rules": rule_totals}
+
+
+def sync_threads() -> list[str]:
+    """The sync's reader and deriver threads still alive."""
+    return [t.name for t in threading.enumerate() if t.name.startswith("analytics-sync")]
 
 
 def dump(path) -> dict[str, list]:
@@ -233,6 +239,7 @@ def test_sync_interrupted_after_a_batch_loses_and_doubles_nothing(filled, tmp_pa
 
     with pytest.raises(KeyboardInterrupt):
         sync(url, path, batch_events=4_001, after_batch=boom)
+    assert sync_threads() == []  # the reader and the deriver stopped with it (a server goes on)
     with Warehouse(path) as wh:
         assert wh.checkpoint == seen[1]
         assert wh.counts()["events"] == seen[1]  # SQLite positions are dense
@@ -526,6 +533,7 @@ def test_a_commit_of_the_wrong_shape_is_named_and_nothing_of_its_batch_is_commit
     with pytest.raises(CorruptCommit, match=f"stream '{stream}': the commit at position {position} ") as info:
         sync(url, live, batch_events=301)
     assert words in str(info.value)
+    assert sync_threads() == []
     with Warehouse(live) as wh:
         assert 0 < wh.checkpoint < position  # the batches before it are in, its own is not
         assert wh.counts()["events"] == wh.checkpoint
