@@ -418,11 +418,15 @@ class Fresh(NamedTuple):
     episodes: pa.Table
 
 
-_FRESH_OUT = (("steps", f"SELECT {_STEP_COLUMNS} FROM t_steps",
+# derive_fresh keys each stream by a small integer while it derives (joins and groups on it cost
+# less than on a 36-character id); its rows get their episode ids back on the way out
+_WITH_IDS = ("SELECT t.* REPLACE (k.stream_id AS episode_id) FROM ({}) t "
+             "JOIN stream_keys k ON k.key = t.episode_id")
+_FRESH_OUT = (("steps", _WITH_IDS.format(f"SELECT {_STEP_COLUMNS} FROM t_steps"),
                f"INSERT INTO steps ({_STEP_COLUMNS}) SELECT * FROM fresh_steps"),
-              ("rewards", "SELECT * FROM t_rewards",
+              ("rewards", _WITH_IDS.format("SELECT * FROM t_rewards"),
                "INSERT INTO rewards BY NAME SELECT * FROM fresh_rewards"),
-              ("episodes", "SELECT * FROM t_episodes",
+              ("episodes", _WITH_IDS.format("SELECT * FROM t_episodes"),
                "INSERT INTO episodes BY NAME SELECT * FROM fresh_episodes"))
 
 
@@ -432,10 +436,16 @@ def derive_fresh(con: duckdb.DuckDBPyConnection, batch: pa.Table) -> Fresh | Non
 
     It needs nothing from the warehouse, so the sync runs it on a thread of its own, overlapping
     the warehouse's writes of the batch before (`derive_batch` then derives only the slow targets).
+    Streams are keyed by their index in the batch's dictionary of ids meanwhile (see _WITH_IDS).
     `batch` must carry `annotate`'s columns.
     """
-    con.register("batch", batch)
+    streams = pc.dictionary_encode(batch["stream_id"].combine_chunks())
+    keys = pa.table({"key": pa.array(range(len(streams.dictionary)), pa.int32()),
+                     "stream_id": streams.dictionary})
+    keyed = batch.set_column(batch.schema.get_field_index("stream_id"), "stream_id", streams.indices)
     try:
+        con.register("stream_keys", keys)
+        con.register("batch", keyed)
         con.execute(_AFFECTED)
         con.execute(_FRESH_TARGETS)
         targets, affected = con.execute(
@@ -448,6 +458,7 @@ def derive_fresh(con: duckdb.DuckDBPyConnection, batch: pa.Table) -> Fresh | Non
     finally:
         _drop_temp(con)
         con.unregister("batch")
+        con.unregister("stream_keys")
 
 
 def derive_batch(con: duckdb.DuckDBPyConnection, batch_lo: int, fresh: Fresh | None) -> int:
