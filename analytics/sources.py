@@ -29,6 +29,7 @@ keep it going.
 from __future__ import annotations
 
 import io
+import itertools
 from typing import Protocol
 
 import duckdb
@@ -243,26 +244,46 @@ class SqliteSource:
             return COMMIT_SCHEMA.empty_table()
         columns = list(zip(*rows, strict=True))
         del rows
-        columns[-1] = _payloads_json(columns)
-        return pa.Table.from_arrays(
-            [pa.array(c, type=f.type) for c, f in zip(columns, COMMIT_SCHEMA, strict=True)],
-            schema=COMMIT_SCHEMA)
+        keys = [pa.array(c, type=f.type) for c, f in zip(columns[:-1], list(COMMIT_SCHEMA)[:-1], strict=True)]
+        return pa.Table.from_arrays([*keys, _payloads_array(columns)], schema=COMMIT_SCHEMA)
 
     def close(self) -> None:
         self._unpacker.close()
         self._con.close()
 
 
-def _payloads_json(columns: list[tuple]) -> list:
-    """The payloads' JSON for DuckDB to unpack: SQLite keeps them lz4-compressed. A payload whose
-    compression is damaged is refused here, naming its commit, as `unpack` would."""
-    out = []
+def _payloads_array(columns: list[tuple]) -> pa.Array:
+    """The payloads' JSON as one Arrow string array for DuckDB to unpack: SQLite keeps them
+    lz4-compressed. A payload whose compression is damaged, or whose JSON is not UTF-8, is refused
+    here, naming its commit, as `unpack` would.
+
+    The array is built on one joined buffer, checked as UTF-8 in one pass: `pa.array` over the
+    payloads copied and checked each one, and that extra copy of every batch cost the sync a few
+    percent in page faults.
+    """
+    parts = []
     for position, stream_id, payload in zip(columns[0], columns[1], columns[-1], strict=True):
         try:
-            out.append(payload_json(payload))
+            text = payload_json(payload)
         except lz4.block.LZ4BlockError as exc:
             raise CorruptCommit(stream_id, position, f"LZ4BlockError: {exc}") from None
-    return out
+        parts.append(text if type(text) is bytes else text.encode())
+    ends = list(itertools.accumulate(map(len, parts), initial=0))
+    if ends[-1] >= 2**31:  # past what 32-bit offsets reach: let Arrow split it
+        return pa.array(parts, type=pa.string())
+    array = pa.StringArray.from_buffers(len(parts), pa.array(ends, pa.int32()).buffers()[1],
+                                        pa.py_buffer(b"".join(parts)))
+    try:
+        array.validate(full=True)
+    except pa.ArrowInvalid:
+        for position, stream_id, part in zip(columns[0], columns[1], parts, strict=True):
+            try:
+                part.decode()
+            except UnicodeDecodeError as exc:
+                raise CorruptCommit(stream_id, position, f"its payload is not UTF-8 ({exc.reason} "
+                                    f"at byte {exc.start})") from None
+        raise
+    return array
 
 
 class PostgresSource:

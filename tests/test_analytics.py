@@ -502,6 +502,33 @@ def test_a_commit_whose_compression_is_damaged_is_named_by_the_sync_and_the_stor
         list(store.read_stream(stream))
 
 
+def test_a_commit_whose_json_is_not_utf8_is_named_by_the_sync_and_the_store(tmp_path):
+    """The sync builds each batch's payloads on one buffer: a payload that decompresses to bytes
+    that are not UTF-8 is still named, not handed to DuckDB or taken for another commit's."""
+    import lz4.block
+
+    path = str(tmp_path / "store.db")
+    url = f"sqlite:///{path}"
+    with EventStore.open(url) as store:
+        for ep in synthetic.episodes(10, seed=0):
+            store.append(ep.episode_id, ep.events, None)
+    con = sqlite3.connect(path)
+    try:
+        position, stream, blob = con.execute("SELECT position, stream_id, payload FROM commits "
+                                             "ORDER BY position LIMIT 1 OFFSET 4").fetchone()
+        text = lz4.block.decompress(blob)
+        cut = text.index(b'"type"')
+        con.execute("UPDATE commits SET payload = ? WHERE position = ?",
+                    (lz4.block.compress(text[:cut] + b'"\xff\xfe",' + text[cut:]), position))
+        con.commit()
+    finally:
+        con.close()
+    with pytest.raises(CorruptCommit, match=f"stream '{stream}': the commit at position {position} .*UTF-8"):
+        sync(url, tmp_path / "wh.duckdb")
+    with EventStore.open(url) as store, pytest.raises(CorruptCommit, match=f"position {position} "):
+        list(store.read_stream(stream))
+
+
 _WRONG_SHAPES = {  # valid JSON of the wrong shape, and what the sync says about it
     "schema not a number": (lambda p: {**p, "schema": ["x"] * len(p["schema"])},
                             "its 'schema' list holds \"x\" where a schema version"),
