@@ -478,23 +478,32 @@ def test_a_damaged_commit_is_named_and_nothing_of_its_batch_is_committed(tmp_pat
         sync(url, tmp_path / "other.duckdb")
 
 
-def test_a_commit_whose_compression_is_damaged_is_named_by_the_sync_and_the_store(tmp_path):
-    """SQLite keeps payloads lz4-compressed: a cut blob is a damaged commit, named with its
-    position by the warehouse sync and by the store's own readers, not a crash."""
+def _damage_a_commit(tmp_path, which: str, damage) -> tuple[str, int, str]:
+    """A store of whole episodes (one append each, as `companyos run` writes them) whose commit at
+    `which` (ORDER BY ... LIMIT 1 ...) has its lz4 blob replaced by `damage(blob)`; returns
+    (url, position, stream id)."""
     path = str(tmp_path / "store.db")
     url = f"sqlite:///{path}"
-    with EventStore.open(url) as store:  # whole episodes per append, as `companyos run` writes
+    with EventStore.open(url) as store:
         for ep in synthetic.episodes(10, seed=0):
             store.append(ep.episode_id, ep.events, None)
     con = sqlite3.connect(path)
     try:
-        position, stream, blob = con.execute("SELECT position, stream_id, payload FROM commits "
-                                             "ORDER BY position DESC LIMIT 1").fetchone()
+        position, stream, blob = con.execute(
+            f"SELECT position, stream_id, payload FROM commits ORDER BY {which}").fetchone()
         assert isinstance(blob, bytes)
-        con.execute("UPDATE commits SET payload = ? WHERE position = ?", (blob[:len(blob) // 2], position))
+        con.execute("UPDATE commits SET payload = ? WHERE position = ?", (damage(blob), position))
         con.commit()
     finally:
         con.close()
+    return url, position, stream
+
+
+def test_a_commit_whose_compression_is_damaged_is_named_by_the_sync_and_the_store(tmp_path):
+    """SQLite keeps payloads lz4-compressed: a cut blob is a damaged commit, named with its
+    position by the warehouse sync and by the store's own readers, not a crash."""
+    url, position, stream = _damage_a_commit(tmp_path, "position DESC LIMIT 1",
+                                             lambda blob: blob[:len(blob) // 2])
     named = f"stream '{stream}': the commit at position {position} does not unpack: LZ4BlockError"
     with pytest.raises(CorruptCommit, match=named):
         sync(url, tmp_path / "wh.duckdb")
@@ -507,22 +516,12 @@ def test_a_commit_whose_json_is_not_utf8_is_named_by_the_sync_and_the_store(tmp_
     that are not UTF-8 is still named, not handed to DuckDB or taken for another commit's."""
     import lz4.block
 
-    path = str(tmp_path / "store.db")
-    url = f"sqlite:///{path}"
-    with EventStore.open(url) as store:
-        for ep in synthetic.episodes(10, seed=0):
-            store.append(ep.episode_id, ep.events, None)
-    con = sqlite3.connect(path)
-    try:
-        position, stream, blob = con.execute("SELECT position, stream_id, payload FROM commits "
-                                             "ORDER BY position LIMIT 1 OFFSET 4").fetchone()
+    def not_utf8(blob: bytes) -> bytes:
         text = lz4.block.decompress(blob)
         cut = text.index(b'"type"')
-        con.execute("UPDATE commits SET payload = ? WHERE position = ?",
-                    (lz4.block.compress(text[:cut] + b'"\xff\xfe",' + text[cut:]), position))
-        con.commit()
-    finally:
-        con.close()
+        return lz4.block.compress(text[:cut] + b'"\xff\xfe",' + text[cut:])
+
+    url, position, stream = _damage_a_commit(tmp_path, "position LIMIT 1 OFFSET 4", not_utf8)
     with pytest.raises(CorruptCommit, match=f"stream '{stream}': the commit at position {position} .*UTF-8"):
         sync(url, tmp_path / "wh.duckdb")
     with EventStore.open(url) as store, pytest.raises(CorruptCommit, match=f"position {position} "):
