@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import queue
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 from typing import NamedTuple, TypeVar
 
 import duckdb
@@ -29,6 +29,7 @@ from analytics.warehouse import DERIVE_VERSION, Warehouse
 from eventstore import CorruptCommit, canonical_json
 
 T = TypeVar("T")
+Derived = tuple[pa.Table, Fresh | None]  # a batch, and the rows of the episodes it starts
 AfterBatch = Callable[[int], None]
 Identity = tuple[str, str]  # (the store's label, its first event id): what the warehouse remembers
 
@@ -121,14 +122,14 @@ def _not_json(con: duckdb.DuckDBPyConnection, batch: pa.Table) -> CorruptCommit 
                          f"the {field} of its event at position {position} is not JSON")
 
 
-def _pipeline(source: Source, after: int, head: int, limit: int) -> Iterator[tuple[pa.Table, Fresh | None]]:
+def _pipeline(source: Source, after: int, head: int, limit: int) -> Generator[Derived, None, None]:
     """The store's pages up to `head` in order, each with the rows of the episodes it starts,
     read and derived on two threads ahead of the caller."""
     pages = _on_thread(_pages(source, after, head, limit), "analytics-sync-reader")
     return _on_thread(_derived(pages), "analytics-sync-deriver")
 
 
-def _pages(source: Source, after: int, head: int, limit: int) -> Iterator[pa.Table]:
+def _pages(source: Source, after: int, head: int, limit: int) -> Generator[pa.Table, None, None]:
     position = after
     while position < head:
         page = source.read(position, limit, head)
@@ -138,7 +139,7 @@ def _pages(source: Source, after: int, head: int, limit: int) -> Iterator[pa.Tab
         yield annotate(upcast(page))
 
 
-def _derived(pages: Iterator[pa.Table]) -> Iterator[tuple[pa.Table, Fresh | None]]:
+def _derived(pages: Generator[pa.Table, None, None]) -> Generator[Derived, None, None]:
     """Each page with the rows `derive_fresh` makes of it, on a private in-memory DuckDB."""
     con = duckdb.connect(config={"threads": "1"})
     try:
@@ -153,12 +154,10 @@ def _derived(pages: Iterator[pa.Table]) -> Iterator[tuple[pa.Table, Fresh | None
             yield batch, fresh
     finally:
         con.close()
-        close = getattr(pages, "close", None)
-        if close is not None:
-            close()
+        pages.close()  # stops the reader's thread now, not when the generator is collected
 
 
-def _on_thread(items: Iterator[T], name: str) -> Iterator[T]:
+def _on_thread(items: Generator[T, None, None], name: str) -> Generator[T, None, None]:
     """Iterate `items` on a thread of its own, one item ahead of the caller; an exception it raises
     reaches the caller in its place. Leaving the loop early stops the thread and closes `items`."""
     stop = threading.Event()
@@ -181,9 +180,7 @@ def _on_thread(items: Iterator[T], name: str) -> Iterator[T]:
         except BaseException as exc:  # handed to the caller, which re-raises it
             put(exc)
         finally:
-            close = getattr(items, "close", None)
-            if close is not None:
-                close()
+            items.close()
 
     thread = threading.Thread(target=work, name=name, daemon=True)
     thread.start()
