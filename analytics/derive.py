@@ -69,8 +69,17 @@ def annotate(batch: pa.Table) -> pa.Table:
             .append_column("chaos_hint", hint))
 
 
+# Each stream of the batch, once: derive_fresh computes it and hands it to derive_batch.
+# odd: a run that does not start with an action after the stream's first action (the run rule
+# would leave such rows without their owner), so the stream is derived the slow way.
 _AFFECTED = """
 CREATE OR REPLACE TEMP TABLE t_affected AS
+WITH odd AS (
+    SELECT DISTINCT b.stream_id
+    FROM batch b JOIN (SELECT stream_id, min(version) AS first_action FROM batch
+                       WHERE type = 'ActionTaken' GROUP BY stream_id) a ON a.stream_id = b.stream_id
+    WHERE b.owner IS NULL AND b.version > a.first_action
+)
 SELECT stream_id,
        min(position) AS first_new,
        max(position) AS last_position,
@@ -78,38 +87,27 @@ SELECT stream_id,
        -- readers give the digest at least on each commit's last event, so on each stream's last
        arg_max(digest, version) FILTER (WHERE digest IS NOT NULL) AS digest,
        count(*) AS new_events,
-       bool_or(version = 0 AND type = 'EpisodeStarted') AS starts
+       bool_or(version = 0 AND type = 'EpisodeStarted') AS starts,
+       stream_id IN (SELECT stream_id FROM odd) AS odd
 FROM batch GROUP BY stream_id
-"""
-
-# slow: continuing episodes, and fresh ones with a run that does not start with an action after
-# their first action (the run rule would leave such rows without their owner)
-_ODD = """
-odd AS (
-    SELECT DISTINCT b.stream_id
-    FROM batch b JOIN (SELECT stream_id, min(version) AS first_action FROM batch
-                       WHERE type = 'ActionTaken' GROUP BY stream_id) a ON a.stream_id = b.stream_id
-    WHERE b.owner IS NULL AND b.version > a.first_action
-)"""
-_TARGETS = f"""
-CREATE OR REPLACE TEMP TABLE t_targets AS
-WITH {_ODD}
-SELECT a.stream_id, a.last_position, a.last_version, a.digest,
-       coalesce(e.first_position, a.first_new) AS first_position,
-       coalesce(e.event_count, 0) + a.new_events AS event_count,
-       e.episode_id IS NOT NULL AS known,
-       e.episode_id IS NOT NULL OR a.stream_id IN (SELECT stream_id FROM odd) AS slow
-FROM t_affected a LEFT JOIN episodes e ON e.episode_id = a.stream_id
-WHERE a.starts OR e.episode_id IS NOT NULL
 """
 # The fast targets, found from the batch alone: episodes it starts (so the warehouse holds nothing
 # of them yet: a stream's version 0 lies after the checkpoint) whose steps are whole runs.
-_FRESH_TARGETS = f"""
+_FRESH_TARGETS = """
 CREATE OR REPLACE TEMP TABLE t_targets AS
-WITH {_ODD}
 SELECT stream_id, last_position, last_version, digest, first_new AS first_position,
        new_events AS event_count, false AS known, false AS slow
-FROM t_affected WHERE starts AND stream_id NOT IN (SELECT stream_id FROM odd)
+FROM t_affected WHERE starts AND NOT odd
+"""
+# The slow targets, for the writer: episodes continuing from an earlier batch, and odd new ones.
+_SLOW_TARGETS = """
+CREATE OR REPLACE TEMP TABLE t_targets AS
+SELECT a.stream_id, a.last_position, a.last_version, a.digest,
+       coalesce(e.first_position, a.first_new) AS first_position,
+       coalesce(e.event_count, 0) + a.new_events AS event_count,
+       e.episode_id IS NOT NULL AS known, true AS slow
+FROM batch_streams a LEFT JOIN episodes e ON e.episode_id = a.stream_id
+WHERE (a.starts AND a.odd) OR e.episode_id IS NOT NULL
 """
 
 # One narrow row per fact; x holds the type's fields, c the chaos marker. JSON is parsed once.
@@ -411,57 +409,59 @@ def _rows(columns: str, where: tuple[str, str], fast: bool | None, with_old: boo
 
 
 class Fresh(NamedTuple):
-    """The rows of a batch's fast targets, derived from the batch alone (`derive_fresh`)."""
+    """What `derive_fresh` makes of a batch: its streams (t_affected) and the rows of its fast
+    targets (None when it has none)."""
 
-    steps: pa.Table
-    rewards: pa.Table
-    episodes: pa.Table
+    streams: pa.Table
+    steps: pa.Table | None
+    rewards: pa.Table | None
+    episodes: pa.Table | None
 
 
 # derive_fresh keys each stream by a small integer while it derives (joins and groups on it cost
 # less than on a 36-character id); its rows get their episode ids back on the way out
-_WITH_IDS = ("SELECT t.* REPLACE (k.stream_id AS episode_id) FROM ({}) t "
-             "JOIN stream_keys k ON k.key = t.episode_id")
-_FRESH_OUT = (("steps", _WITH_IDS.format(f"SELECT {_STEP_COLUMNS} FROM t_steps"),
+_WITH_IDS = ("SELECT t.* REPLACE (k.stream_id AS {key}) FROM ({rows}) t "
+             "JOIN stream_keys k ON k.key = t.{key}")
+_STREAMS_OUT = _WITH_IDS.format(key="stream_id", rows="SELECT * FROM t_affected")
+_FRESH_OUT = (("steps", _WITH_IDS.format(key="episode_id", rows=f"SELECT {_STEP_COLUMNS} FROM t_steps"),
                f"INSERT INTO steps ({_STEP_COLUMNS}) SELECT * FROM fresh_steps"),
-              ("rewards", _WITH_IDS.format("SELECT * FROM t_rewards"),
+              ("rewards", _WITH_IDS.format(key="episode_id", rows="SELECT * FROM t_rewards"),
                "INSERT INTO rewards BY NAME SELECT * FROM fresh_rewards"),
-              ("episodes", _WITH_IDS.format("SELECT * FROM t_episodes"),
+              ("episodes", _WITH_IDS.format(key="episode_id", rows="SELECT * FROM t_episodes"),
                "INSERT INTO episodes BY NAME SELECT * FROM fresh_episodes"))
 
 
-def derive_fresh(con: duckdb.DuckDBPyConnection, batch: pa.Table) -> Fresh | None:
+def derive_fresh(con: duckdb.DuckDBPyConnection, batch: pa.Table) -> Fresh:
     """Derive the episodes `batch` starts whose steps are whole runs (the fast targets), from the
-    batch alone, on a DuckDB of the caller's own; None if there are none.
+    batch alone, on a DuckDB of the caller's own; and list the batch's streams for derive_batch.
 
     It needs nothing from the warehouse, so the sync runs it on a thread of its own, overlapping
     the warehouse's writes of the batch before (`derive_batch` then derives only the slow targets).
     Streams are keyed by their index in the batch's dictionary of ids meanwhile (see _WITH_IDS).
     `batch` must carry `annotate`'s columns.
     """
-    streams = pc.dictionary_encode(batch["stream_id"].combine_chunks())
-    keys = pa.table({"key": pa.array(range(len(streams.dictionary)), pa.int32()),
-                     "stream_id": streams.dictionary})
-    keyed = batch.set_column(batch.schema.get_field_index("stream_id"), "stream_id", streams.indices)
+    ids = pc.dictionary_encode(batch["stream_id"].combine_chunks())
+    keys = pa.table({"key": pa.array(range(len(ids.dictionary)), pa.int32()), "stream_id": ids.dictionary})
+    keyed = batch.set_column(batch.schema.get_field_index("stream_id"), "stream_id", ids.indices)
     try:
         con.register("stream_keys", keys)
         con.register("batch", keyed)
         con.execute(_AFFECTED)
         con.execute(_FRESH_TARGETS)
         targets, affected = con.execute(
-            "SELECT count(*), (SELECT count(*) FROM t_affected) FROM t_targets").fetchone()
-        fresh = None
-        if targets:
-            _derive(con, fast=True, every_stream=targets == affected)
-            fresh = Fresh(*(con.sql(sql).to_arrow_table() for _, sql, _ in _FRESH_OUT))
-        return fresh
+            "SELECT count(*), (SELECT count(*) FROM t_affected) FROM t_targets").fetchall()[0]
+        streams = con.sql(_STREAMS_OUT).to_arrow_table()
+        if not targets:
+            return Fresh(streams, None, None, None)
+        _derive(con, fast=True, every_stream=targets == affected)
+        return Fresh(streams, *(con.sql(sql).to_arrow_table() for _, sql, _ in _FRESH_OUT))
     finally:
         _drop_temp(con)
         con.unregister("batch")
         con.unregister("stream_keys")
 
 
-def derive_batch(con: duckdb.DuckDBPyConnection, batch_lo: int, fresh: Fresh | None) -> int:
+def derive_batch(con: duckdb.DuckDBPyConnection, batch_lo: int, fresh: Fresh) -> int:
     """Write episodes, steps and rewards for the episodes touched by the registered `batch`: the
     fast targets' rows `derive_fresh` made of it (`fresh`), and the slow targets derived here.
 
@@ -469,9 +469,11 @@ def derive_batch(con: duckdb.DuckDBPyConnection, batch_lo: int, fresh: Fresh | N
     inserts the batch and moves the checkpoint); `batch_lo` is the batch's first position.
     Returns the number of episodes written.
     """
-    con.execute(_AFFECTED)
-    con.execute(_TARGETS)
-    con.execute("DELETE FROM t_targets WHERE NOT slow")  # the fast ones are derive_fresh's
+    con.register("batch_streams", fresh.streams)
+    try:
+        con.execute(_SLOW_TARGETS)
+    finally:
+        con.unregister("batch_streams")
     written = _insert_fresh(con, fresh)
     slow, old_lo = con.execute("SELECT count(*), min(first_position) FILTER (WHERE known) "
                                "FROM t_targets").fetchone()
@@ -488,11 +490,11 @@ def derive_batch(con: duckdb.DuckDBPyConnection, batch_lo: int, fresh: Fresh | N
     return slow + written
 
 
-def _insert_fresh(con: duckdb.DuckDBPyConnection, fresh: Fresh | None) -> int:
+def _insert_fresh(con: duckdb.DuckDBPyConnection, fresh: Fresh) -> int:
     """Insert the rows `derive_fresh` made; returns how many episodes they hold."""
-    if fresh is None:
+    if fresh.episodes is None:
         return 0
-    for (name, _, sql), table in zip(_FRESH_OUT, fresh, strict=True):
+    for (name, _, sql), table in zip(_FRESH_OUT, fresh[1:], strict=True):
         con.register(f"fresh_{name}", table)
         try:
             con.execute(sql)

@@ -29,7 +29,7 @@ from analytics.warehouse import DERIVE_VERSION, Warehouse
 from eventstore import CorruptCommit, canonical_json
 
 T = TypeVar("T")
-Derived = tuple[pa.Table, Fresh | None]  # a batch, and the rows of the episodes it starts
+Derived = tuple[pa.Table, Fresh]  # a batch, and what derive_fresh made of it
 AfterBatch = Callable[[int], None]
 Identity = tuple[str, str]  # (the store's label, its first event id): what the warehouse remembers
 
