@@ -110,9 +110,9 @@ def run_range(plan: RunPlan, start: int, stop: int, store: EventStore | None = N
                 break
             runtime, info = _play(env, plan, index)
             if group is None:
-                done.append(EpisodeResult(*_fields(plan, index, runtime, info), runtime.digest))
+                done.append(EpisodeResult(*_fields(plan, runtime, info), runtime.digest))
                 continue
-            ended.append(_fields(plan, index, runtime, info))
+            ended.append(_fields(plan, runtime, info))
             if group.full:
                 _write_group(group, ended, done)
         if group is not None:
@@ -160,11 +160,11 @@ def _play(env: CompanyEnv, plan: RunPlan, index: int) -> tuple[EpisodeRuntime, d
     return runtime, info
 
 
-def _fields(plan: RunPlan, index: int, runtime: EpisodeRuntime, info: dict) -> tuple:
-    """An ended episode's EpisodeResult fields, all but its digest."""
+def _fields(plan: RunPlan, runtime: EpisodeRuntime, info: dict) -> tuple:
+    """An ended episode's EpisodeResult fields, all but its digest, as its state holds them."""
     state = runtime.state
     # the return as EpisodeEnded logs it (summed grant by grant), so every view shows one figure
-    return (runtime.episode_id, plan.task_of(index), plan.seed + index, state.chaos, plan.agent,
+    return (runtime.episode_id, state.task, state.seed, state.chaos, plan.agent,
             info["outcome"], info["failure_mode"], state.step, state.total_return)
 
 
