@@ -263,6 +263,7 @@ class CommitGroup:
 
 
 def check_group(durability: str, group: CommitGroup | None) -> None:
+    """Refuse an unknown durability, and a commit group without durability "episode"."""
     if durability not in DURABILITY:
         raise ValueError(f"durability must be one of {DURABILITY}, not {durability!r}")
     if group is not None and durability != "episode":
