@@ -32,6 +32,8 @@ T = TypeVar("T")
 Derived = tuple[pa.Table, Fresh]  # a batch, and what derive_fresh made of it
 AfterBatch = Callable[[int], None]
 Identity = tuple[str, str]  # (the store's label, its first event id): what the warehouse remembers
+INSERT_EVENTS = ("INSERT INTO events SELECT position, stream_id, version, type, schema_version, data, meta "
+                 "FROM batch")
 
 
 class Moved(NamedTuple):
@@ -70,8 +72,7 @@ def _batches(wh: Warehouse, source: Source, identity: Identity, head: int, batch
         con.execute("BEGIN")
         try:
             con.register("batch", batch)
-            con.execute("INSERT INTO events SELECT position, stream_id, version, type, schema_version, "
-                        "data, meta FROM batch")
+            con.execute(INSERT_EVENTS)
             episodes += derive_batch(con, lo, fresh)
             values = {"position": hi, "checkpoint_digest": batch["digest"][-1].as_py() or "",
                       "derive_version": DERIVE_VERSION}
