@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -28,6 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import duckdb  # noqa: E402
+from analytics_scale import fill_with_run  # noqa: E402  (bench/ is the script's directory)
 
 from analytics.derive import annotate, derive_batch, derive_fresh  # noqa: E402
 from analytics.sources import SqliteSource, Unpacker  # noqa: E402
@@ -36,15 +36,6 @@ from analytics.transfer import INSERT_EVENTS, upcast  # noqa: E402
 from analytics.warehouse import Warehouse  # noqa: E402
 
 STAGES = ("read", "unpack", "annotate", "derive_fresh", "insert events", "derive_batch", "commit")
-
-
-def fill(store: Path, episodes: int) -> None:
-    """Half expert, half random-agent episodes at medium chaos, as analytics_scale.py logs them."""
-    half = episodes // 2
-    for extra, n in (([], episodes - half), (["--agent", "random"], half)):
-        subprocess.run([sys.executable, "-m", "companyos", "run", *extra, "--chaos", "medium",
-                        "--episodes", str(n), "--workers", "2", "--durability", "episode",
-                        "--db", f"sqlite:///{store}"], check=True, stdout=subprocess.DEVNULL)
 
 
 def measure(store: Path, warehouse: Path, batch_events: int) -> tuple[Counter, int]:
@@ -97,8 +88,8 @@ def main() -> None:
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="companyos-stages-"))
     store = Path(args.store) if args.store else work / "companyos.db"
-    if not args.store:
-        fill(store, args.episodes)
+    if not args.store:  # half expert, half random-agent episodes, as analytics_scale.py logs them
+        fill_with_run(f"sqlite:///{store}", args.episodes, workers=2)
     try:
         spent, events = measure(store, work / "stages.duckdb", args.batch)
     finally:
