@@ -419,16 +419,20 @@ class Fresh(NamedTuple):
 
 
 # derive_fresh keys each stream by a small integer while it derives (joins and groups on it cost
-# less than on a 36-character id); its rows get their episode ids back on the way out
-_WITH_IDS = ("SELECT t.* REPLACE (k.stream_id AS {key}) FROM ({rows}) t "
-             "JOIN stream_keys k ON k.key = t.{key}")
-_STREAMS_OUT = _WITH_IDS.format(key="stream_id", rows="SELECT * FROM t_affected")
-_FRESH_OUT = (("steps", _WITH_IDS.format(key="episode_id", rows=f"SELECT {_STEP_COLUMNS} FROM t_steps"),
+# less than on a 36-character id); its rows get their episode ids back on the way out, by Arrow's
+# `take` from the batch's dictionary of ids
+_FRESH_OUT = (("steps", f"SELECT {_STEP_COLUMNS} FROM t_steps",
                f"INSERT INTO steps ({_STEP_COLUMNS}) SELECT * FROM fresh_steps"),
-              ("rewards", _WITH_IDS.format(key="episode_id", rows="SELECT * FROM t_rewards"),
+              ("rewards", "SELECT * FROM t_rewards",
                "INSERT INTO rewards BY NAME SELECT * FROM fresh_rewards"),
-              ("episodes", _WITH_IDS.format(key="episode_id", rows="SELECT * FROM t_episodes"),
+              ("episodes", "SELECT * FROM t_episodes",
                "INSERT INTO episodes BY NAME SELECT * FROM fresh_episodes"))
+
+
+def _with_ids(table: pa.Table, key: str, ids: pa.Array) -> pa.Table:
+    """`table` with its integer stream keys in column `key` replaced by the stream ids they index."""
+    where = table.schema.get_field_index(key)
+    return table.set_column(where, key, pc.take(ids, table[key]))
 
 
 def derive_fresh(con: duckdb.DuckDBPyConnection, batch: pa.Table) -> Fresh:
@@ -437,28 +441,26 @@ def derive_fresh(con: duckdb.DuckDBPyConnection, batch: pa.Table) -> Fresh:
 
     It needs nothing from the warehouse, so the sync runs it on a thread of its own, overlapping
     the warehouse's writes of the batch before (`derive_batch` then derives only the slow targets).
-    Streams are keyed by their index in the batch's dictionary of ids meanwhile (see _WITH_IDS).
+    Streams are keyed by their index in the batch's dictionary of ids meanwhile (see _with_ids).
     `batch` must carry `annotate`'s columns.
     """
     ids = pc.dictionary_encode(batch["stream_id"].combine_chunks())
-    keys = pa.table({"key": pa.array(range(len(ids.dictionary)), pa.int32()), "stream_id": ids.dictionary})
     keyed = batch.set_column(batch.schema.get_field_index("stream_id"), "stream_id", ids.indices)
     try:
-        con.register("stream_keys", keys)
         con.register("batch", keyed)
         con.execute(_AFFECTED)
         con.execute(_FRESH_TARGETS)
         targets, affected = con.execute(
             "SELECT count(*), (SELECT count(*) FROM t_affected) FROM t_targets").fetchall()[0]
-        streams = con.sql(_STREAMS_OUT).to_arrow_table()
+        streams = _with_ids(con.sql("SELECT * FROM t_affected").to_arrow_table(), "stream_id", ids.dictionary)
         if not targets:
             return Fresh(streams, None, None, None)
         _derive(con, fast=True, every_stream=targets == affected)
-        return Fresh(streams, *(con.sql(sql).to_arrow_table() for _, sql, _ in _FRESH_OUT))
+        return Fresh(streams, *(_with_ids(con.sql(sql).to_arrow_table(), "episode_id", ids.dictionary)
+                                for _, sql, _ in _FRESH_OUT))
     finally:
         _drop_temp(con)
         con.unregister("batch")
-        con.unregister("stream_keys")
 
 
 def derive_batch(con: duckdb.DuckDBPyConnection, batch_lo: int, fresh: Fresh) -> int:
