@@ -86,11 +86,13 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, default=4_000, help="episodes to log when no --store")
     parser.add_argument("--batch", type=int, default=DEFAULT_BATCH, help="events per sync batch")
     args = parser.parse_args()
+    if args.store and not Path(args.store).is_file():
+        parser.error(f"there is no store file at {args.store}")
     work = Path(tempfile.mkdtemp(prefix="companyos-stages-"))
     store = Path(args.store) if args.store else work / "companyos.db"
-    if not args.store:  # half expert, half random-agent episodes, as analytics_scale.py logs them
-        fill_with_run(f"sqlite:///{store}", args.episodes, workers=2)
     try:
+        if not args.store:  # half expert, half random-agent episodes, as analytics_scale.py logs them
+            fill_with_run(f"sqlite:///{store}", args.episodes, workers=2)
         spent, events = measure(store, work / "stages.duckdb", args.batch)
     finally:
         shutil.rmtree(work)
