@@ -48,8 +48,8 @@ def move(wh: Warehouse, source: Source, identity: Identity, head: int, batch_eve
     """Move the events in (checkpoint, head] from `source` into the warehouse, one transaction a
     batch, deriving the tables each batch touches; an exception leaves the last whole batch."""
     con = wh.con
-    # One DuckDB thread while syncing: the reader thread keeps the other core busy, and DuckDB's
-    # parallel insert costs more CPU than it saves on a two-core machine.
+    # One DuckDB thread while syncing: the reader and deriver threads keep the other core busy,
+    # and DuckDB's parallel insert costs more CPU than it saves on a two-core machine.
     threads = con.execute("SELECT current_setting('threads')").fetchone()[0]
     con.execute("SET threads = 1")
     try:
