@@ -42,7 +42,7 @@ import sqlalchemy as sa
 
 from analytics.stores import POSTGRES_READER, SQLITE_READER, STORE_READER, reader_for
 from eventstore.backends import PG_VISIBLE
-from eventstore.engine import normalise_url
+from eventstore.engine import normalise_url, sqlite_file
 from eventstore.packing import CorruptCommit, payload_json, unpack
 
 COMMIT_COLUMNS = ("position", "stream_id", "first_version", "last_digest", "payload")
@@ -388,7 +388,7 @@ def open_source(url: str, engine: sa.Engine | None = None, prefer: str | None = 
     """The fastest reader for the store at `url` (`prefer="store"` forces the reference reader)."""
     reader = reader_for(url, prefer)
     if reader == SQLITE_READER:
-        return SqliteSource(normalise_url(url).database)
+        return SqliteSource(sqlite_file(normalise_url(url)))
     if reader == POSTGRES_READER:
         return PostgresSource(engine if engine is not None else sa.create_engine(normalise_url(url)))
     from eventstore import EventStore

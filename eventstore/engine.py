@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from urllib.parse import unquote, urlsplit
+
 import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.pool import StaticPool
@@ -30,11 +32,24 @@ def in_memory_sqlite(url: str | sa.URL) -> bool:
 
 
 def sqlite_file(url: str | sa.URL) -> str | None:
-    """The file of a file-backed SQLite URL; None for in-memory SQLite and any other database."""
+    """The file of a file-backed SQLite URL; None for in-memory SQLite and any other database.
+
+    A URI-form URL (`sqlite:///file:x.db?mode=ro&uri=true`) names its file inside the URI: the
+    file is what the writer lock, the warehouse's default path and the readers need, so the two
+    spellings of one store must agree on it.
+    """
     parsed = sa.make_url(url)
     if parsed.get_backend_name() != "sqlite" or in_memory_sqlite(parsed):
         return None
-    return parsed.database
+    database = parsed.database
+    if database and database.startswith("file:") and _truthy(parsed.query.get("uri")):
+        return unquote(urlsplit(database).path)
+    return database
+
+
+def _truthy(value: object) -> bool:
+    """SQLAlchemy's reading of a boolean URL option such as `uri=true`."""
+    return isinstance(value, str) and value.lower() in ("1", "true", "yes", "on")
 
 
 def create_engine(url: str, synchronous: str | None = None) -> sa.Engine:

@@ -250,3 +250,23 @@ def test_text_that_is_not_utf8_is_refused_in_words(cli, db, args):
     url, _ = db
     out = cli(*args, "--db", url)
     assert out.exit_code == 2 and "is not UTF-8 text" in out.output
+
+
+def test_a_store_named_by_a_sqlite_uri_is_the_same_store(cli, db, tmp_path, monkeypatch):
+    """`sqlite:///file:x.db?uri=true` (and `mode=ro`, to look without writing) names the file x.db:
+    the commands that read the log find it, and the writer lock is the plain spelling's."""
+    import shutil
+
+    from eventstore.engine import sqlite_file
+
+    url, ids = db
+    shutil.copy(sa.make_url(url).database, tmp_path / "my store.db")
+    monkeypatch.chdir(tmp_path)
+    for uri in ("sqlite:///file:my%20store.db?uri=true", "sqlite:///file:my%20store.db?mode=ro&uri=true",
+                f"sqlite:///file:{(tmp_path / 'my%20store.db').as_posix()}?mode=ro&uri=true"):
+        assert sqlite_file(uri).endswith("my store.db")
+        out = cli("verify", "--db", uri)
+        assert out.exit_code == 0 and out.stdout.strip().endswith("ok"), (uri, out.output)
+        listed = json.loads(cli("episodes", "--db", uri, "--json").stdout)["episodes"]
+        assert sorted(e["episode_id"] for e in listed) == sorted(ids)
+    assert not list(tmp_path.glob("file:*")), "no lock or store file is made under the URI's text"
