@@ -40,9 +40,11 @@ class RemoteAnalytics:
         return self._wire.call("GET", "/analytics")
 
     def query(self, name: str, **params: Any) -> list[dict[str, Any]]:
-        """The rows answering question `name` with `params` (booleans as true/false)."""
+        """The rows answering question `name` with `params` (booleans as true/false; a parameter
+        given as None is left out, so it takes its default, as if it had not been given)."""
         path = "/analytics/" + quote(name, safe="")
-        sent = {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in params.items()}
+        sent = {k: str(v).lower() if isinstance(v, bool) else str(v)
+                for k, v in params.items() if v is not None}
         deadline = time.monotonic() + self.timeout
         while True:
             wait = max(0, min(int(deadline - time.monotonic()), MAX_SERVER_WAIT_S))

@@ -392,6 +392,8 @@ def test_python_client_answers_named_queries_of_a_server(logged, tmp_path):
         assert "failure_modes" in {q["name"] for q in remote.queries()}
         rows = remote.query("compare_agents")
         assert sum(r["episodes"] for r in rows) == len(reported)
+        # None is "not given" (it was sent as the text "None": chaos level none, agent "None")
+        assert remote.query("compare_agents", agent=None, chaos=None, task=None) == rows
         assert remote.query("failure_modes", agent="random", examples=1) == [
             {**r, "example_episode_ids": r["example_episode_ids"][:1]}
             for r in remote.query("failure_modes", agent="random")]
