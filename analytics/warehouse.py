@@ -233,6 +233,8 @@ class Warehouse:
 
 
 SQLITE_HEADER = b"SQLite format 3\x00"
+DUCKDB_MAGIC = b"DUCK"
+"""Bytes 8-11 of every DuckDB database file."""
 
 
 def _connect(path: Path, read_only: bool, config: dict, wait: float,
@@ -246,9 +248,15 @@ def _connect(path: Path, read_only: bool, config: dict, wait: float,
     if path.is_dir():
         raise WarehousePathError(f"the warehouse {path} is a directory; pass a file, "
                                  f"e.g. {path / 'companyos.duckdb'}")
-    if _starts_with(path, SQLITE_HEADER):
+    head = _head(path)
+    if head is not None and head.startswith(SQLITE_HEADER):
         raise WarehousePathError(f"{path} is a SQLite database (the event store?), not a DuckDB "
                                  "warehouse; pass another --warehouse, e.g. the same name ending in .duckdb")
+    if head and head[8:12] != DUCKDB_MAGIC:  # (an empty file may be one another process is creating)
+        # DuckDB would open a CSV, JSON or Parquet file as an empty in-memory database: a sync
+        # would "succeed" keeping nothing, and every read would fail
+        raise WarehousePathError(f"{path} is not a valid DuckDB database file; pass another "
+                                 "--warehouse (a new file is created), or move this one away")
     deadline = time.monotonic() + wait
     delay = 0.05
     while True:
@@ -289,12 +297,14 @@ def _holder_pid(lock_error: str) -> int | None:
     return int(found.group(1)) if found else None
 
 
-def _starts_with(path: Path, header: bytes) -> bool:
+def _head(path: Path) -> bytes | None:
+    """The first bytes of an existing file, enough to tell DuckDB's and SQLite's apart; None when
+    there is no file to read (DuckDB says what is wrong with an unreadable one when it opens it)."""
     try:
         with path.open("rb") as file:
-            return file.read(len(header)) == header
-    except OSError:  # missing or unreadable: DuckDB says which when it opens the file
-        return False
+            return file.read(len(SQLITE_HEADER))
+    except OSError:
+        return None
 
 
 def _first_line(exc: Exception) -> str:

@@ -246,6 +246,12 @@ def _unfit_warehouse(case: str, tmp: pathlib.Path, store: str) -> pathlib.Path:
     if case == "not-duckdb":
         (tmp / "junk.duckdb").write_text("not a database")
         return tmp / "junk.duckdb"
+    if case == "a-csv-file":  # DuckDB opens a data file as an empty in-memory database
+        (tmp / "export.csv").write_text("a,b\n1,2\n")
+        return tmp / "export.csv"
+    if case == "a-json-file":
+        (tmp / "rows.json").write_text('[{"a": 1}]')
+        return tmp / "rows.json"
     if case == "a-directory":
         (tmp / "adir").mkdir()
         return tmp / "adir"
@@ -259,7 +265,8 @@ def _unfit_warehouse(case: str, tmp: pathlib.Path, store: str) -> pathlib.Path:
 
 @pytest.mark.parametrize("case, words", [
     ("the-sqlite-store", "is a SQLite database"), ("not-duckdb", "not a valid DuckDB"),
-    ("not-duckdb-under-blocks", "not a valid DuckDB"),
+    ("not-duckdb-under-blocks", "not a valid DuckDB"), ("a-csv-file", "not a valid DuckDB"),
+    ("a-json-file", "not a valid DuckDB"),
     ("a-directory", "is a directory"), ("under-a-file", "cannot create the warehouse")])
 def test_a_warehouse_path_that_cannot_hold_one_is_refused_and_left_alone(logged, tmp_path, cli, case, words):
     url, _ = logged
