@@ -681,6 +681,14 @@ def test_tables_print_floats_with_their_magnitude(logged, tmp_path, cli):
     assert "1234567.891" in out.stdout and "-0.1565" in out.stdout and "e+06" not in out.stdout
 
 
+def test_json_keeps_integers_past_64_bits_exact(logged, tmp_path, cli):
+    """`sum` over UBIGINT or hash() gives DuckDB's HUGEINT: a traceback from the JSON writer before."""
+    out = cli("sql", "SELECT (1::HUGEINT << 100) + 7 AS big, 1.5::DOUBLE AS x, 'a' AS s", "--format", "json",
+              "--db", logged[0], "--warehouse", str(tmp_path / "w.duckdb"))
+    assert out.exit_code == 0, out.output
+    assert json.loads(out.stdout) == [{"big": 2**100 + 7, "x": 1.5, "s": "a"}]
+
+
 def test_an_export_of_an_empty_store_reads_back_as_empty_tables(logged, tmp_path, cli):
     """With no partition DuckDB wrote no file, and the documented read-back failed ("No files
     found"); now each table reads back with no rows and the columns of a full export."""

@@ -23,11 +23,22 @@ def fail(message: str, code: int = 2) -> NoReturn:
 
 
 def print_json(value: Any) -> None:
-    """One indented JSON document on stdout (non-string keys and odd values as text)."""
+    """One indented JSON document on stdout (non-string keys and odd values as text).
+
+    An integer past 64 bits (DuckDB's HUGEINT, say `sum` over UBIGINT) stops orjson; JSON itself
+    has no such limit, so the standard library writes that document, numbers exact.
+    """
     import orjson
 
-    sys.stdout.write(orjson.dumps(value, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS,
-                                  default=str).decode() + "\n")
+    try:
+        text = orjson.dumps(value, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS, default=str).decode()
+    except TypeError as exc:
+        if "64-bit" not in str(exc):
+            raise
+        import json
+
+        text = json.dumps(value, indent=2, ensure_ascii=False, default=str)
+    sys.stdout.write(text + "\n")
 
 
 def stdout_console():
