@@ -38,10 +38,13 @@ class SharedProgress:
 
     def __call__(self, done: int, total: int | None) -> None:
         scratch = self.path.with_name(self.path.name + f".{os.getpid()}")
-        with contextlib.suppress(OSError):
+        try:
             scratch.write_bytes(orjson.dumps({"pid": os.getpid(), "done": done, "total": total}))
             os.replace(scratch, self.path)
             self.written = True
+        except OSError:  # a full disk creates the scratch file, then cannot fill it
+            with contextlib.suppress(OSError):
+                scratch.unlink()
         if self.forward is not None:
             self.forward(done, total)
 

@@ -919,3 +919,24 @@ def test_the_report_says_what_it_leaves_out_and_keeps_the_steps_axis_whole(tmp_p
     assert [step for step, row in bars if row] == [2, 3, 9]
     (chart,) = [c for c in report.charts(data) if "Step of the first mistake" in c]
     assert all(f">{step}</text>" in chart for step in range(2, 10))  # empty steps keep their place
+
+
+def test_a_progress_file_that_cannot_be_written_leaves_nothing_beside_the_warehouse(tmp_path, monkeypatch):
+    """A full disk lets the scratch file be created but not filled: empty `.syncing.<pid>` files
+    piled up beside the warehouse, one per failed sync. The forwarded progress still arrives."""
+    import errno
+    from pathlib import Path
+
+    from analytics.sync_progress import SharedProgress
+
+    def full_disk(self, data):
+        self.touch()
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    heard: list = []
+    progress = SharedProgress(tmp_path / "w.duckdb", forward=lambda *figures: heard.append(figures))
+    monkeypatch.setattr(Path, "write_bytes", full_disk)
+    progress(10, 20)
+    monkeypatch.undo()
+    progress.close()
+    assert heard == [(10, 20)] and list(tmp_path.iterdir()) == []
