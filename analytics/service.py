@@ -118,6 +118,7 @@ class BackgroundSync:
         self.db_url, self.warehouse = db_url, warehouse
         self.done = 0
         self.total: int | None = None
+        self.heard = False  # a figure arrived: the warehouse is open, or another process's sync is followed
         self.error: BaseException | None = None
         self._ended: Future[None] = Future()
         self._ended.set_running_or_notify_cancel()  # so a waiter that gives up cannot cancel it
@@ -134,12 +135,20 @@ class BackgroundSync:
 
     def _progress(self, done: int, total: int | None) -> None:
         self.done, self.total = done, total
+        self.heard = True
 
     def described(self) -> str:
-        """How far it got, in words: "1,500 of 3,000 events so far (50.0%)"."""
+        """How far it got, in words: "1,500 of 3,000 events so far (50.0%)"; before any figure,
+        that it is still waiting to open the warehouse (another process may hold the file)."""
+        if not self.heard:
+            return "not begun yet: waiting to open the warehouse, which another process may hold"
         share = f" ({self.done / self.total:.1%})" if self.total else ""
         of = f" of {self.total:,}" if self.total is not None else ""
         return f"{self.done:,}{of} events so far{share}"
+
+    def failed(self) -> bool:
+        """Whether it has ended with an error."""
+        return self._ended.done() and self.error is not None
 
     async def ended_within(self, seconds: float) -> bool:
         """Whether the sync has ended (well or not) within `seconds`, awaited on the event loop: a
@@ -159,13 +168,15 @@ async def sync_in_background(db_url: str, warehouse: str | Path | None,
                              wait_s: float) -> BackgroundSync | None:
     """Start a sync of this store into this warehouse, or join the one running, and wait up to
     `wait_s` for it: None once it has ended well, the job (to ask how far it got) while it runs.
-    An ended sync is handed out once (to whoever sees it end first), and raises its error there.
-    Small backlogs end within the wait, so the caller answers at once. Awaited on the event loop:
-    the sync has its own thread, and the waiting request holds none."""
+    An ended sync is handed out once (to whoever sees it end first), and raises its error there;
+    but a sync that failed before this call began is not this call's answer (the warehouse another
+    process held may be free now), so it starts another. Small backlogs end within the wait, so the
+    caller answers at once. Awaited on the event loop: the sync has its own thread, and the waiting
+    request holds none."""
     key = (db_url, str(warehouse_path(db_url, warehouse)))
     with _JOBS_LOCK:
         job = _JOBS.get(key)
-        if job is None:
+        if job is None or job.failed():
             job = _JOBS[key] = BackgroundSync(db_url, warehouse)
     if not await job.ended_within(wait_s):
         return job

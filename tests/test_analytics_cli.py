@@ -349,6 +349,43 @@ def test_http_route_answers_202_while_a_long_sync_runs(logged, tmp_path, monkeyp
     assert sum(r["episodes"] for r in answered.json()) == len(reported)
 
 
+def test_a_warehouse_held_by_another_process_is_said_and_retried_once_free(logged, tmp_path, monkeypatch):
+    """While another process holds the file, the 202 says the sync is waiting for it (it said
+    "0 events so far"); a sync that gave up waiting is not the answer to a later request, which
+    tries again (it got the old 503 after the file had been freed)."""
+    import time
+
+    from analytics import service, warehouse
+    from api import analytics_routes
+
+    url, reported = logged
+    path = tmp_path / "w.duckdb"
+    Warehouse(path).close()
+    monkeypatch.setattr(analytics_routes, "SYNC_WAIT_S", 0.1)
+    monkeypatch.setattr(warehouse, "BUSY_WAIT_S", 0.5)
+    app = FastAPI()
+    app.include_router(analytics_router(url, str(path)))
+    client = TestClient(app)
+    holder = subprocess.Popen([sys.executable, "-c", "import duckdb, sys; c = duckdb.connect(sys.argv[1]); "
+                               "print('held', flush=True); sys.stdin.read()", str(path)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        waiting = client.get("/analytics/compare_agents")
+        assert waiting.status_code == 202, waiting.text
+        assert "waiting to open the warehouse, which another process may hold" in waiting.json()["detail"]
+        job = next(iter(service._JOBS.values()))
+        deadline = time.monotonic() + 30
+        while not job.failed() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert job.failed()  # it gave up waiting while the file was held
+    finally:
+        holder.communicate("")
+    answered = client.get("/analytics/compare_agents", headers={"Prefer": "wait=30"})
+    assert answered.status_code == 200, answered.text
+    assert sum(r["episodes"] for r in answered.json()) == len(reported)
+
+
 def test_requests_waiting_for_a_sync_hold_no_server_thread(logged, tmp_path, held_sync):
     """`Prefer: wait=N` may keep a request open for minutes: it waits on the event loop, so a
     server with a few dozen worker threads still answers everything else meanwhile."""
