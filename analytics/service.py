@@ -20,7 +20,7 @@ from analytics import adhoc, named
 from analytics.adhoc import SqlRefused
 from analytics.named import QueryError
 from analytics.sync import Progress, open_store, sync, warehouse_path
-from analytics.warehouse import Warehouse, WarehouseError
+from analytics.warehouse import Warehouse, WarehouseError, open_for_sync
 
 _LOCK = threading.Lock()
 
@@ -105,7 +105,7 @@ def synced(db_url: str, warehouse: str | Path | None = None,
     `progress` hears how far it got (then how far this one gets).
     """
     path = warehouse_path(db_url, warehouse)
-    with _LOCK, open_store(db_url) as store, Warehouse(path, follow=progress) as wh:
+    with _LOCK, open_store(db_url) as store, open_for_sync(path, follow=progress) as wh:
         sync(db_url, wh, store=store, progress=progress)
         yield wh
 

@@ -22,7 +22,15 @@ from pathlib import Path
 
 from analytics.stores import check_syncable, reader_for
 from analytics.sync_progress import Progress, SharedProgress
-from analytics.warehouse import DERIVE_VERSION, Warehouse, WarehouseError, default_path, store_label
+from analytics.warehouse import (
+    DERIVE_VERSION,
+    NOT_WRITABLE,
+    Warehouse,
+    WarehouseError,
+    default_path,
+    open_for_sync,
+    store_label,
+)
 from eventstore import EventStore
 from eventstore.packing import unpack
 
@@ -85,7 +93,7 @@ def sync(db_url: str, warehouse: str | Path | Warehouse | None = None, *,
     try:
         if not own:
             return _sync(db_url, store, warehouse, batch_events, shared, prefer, after_batch)
-        with Warehouse(path) as wh:
+        with open_for_sync(path) as wh:
             return _sync(db_url, store, wh, batch_events, shared, prefer, after_batch)
     finally:
         shared.close()
@@ -104,6 +112,10 @@ def _sync(db_url: str, store: EventStore, wh: Warehouse, batch_events: int, shar
         if head <= checkpoint:  # nothing new: no reader to open, nothing to load
             return SyncResult(0, 0, 0, time.perf_counter() - started, checkpoint,
                               reader_for(db_url, prefer))
+        if wh.read_only:
+            raise WarehouseError(f"cannot sync the warehouse {wh.path}: {NOT_WRITABLE}, and the store "
+                                 f"holds events after its checkpoint ({checkpoint}, the store's head "
+                                 f"{head}); pass a --warehouse this process can write")
         from analytics.sources import open_source
         from analytics.transfer import move
 
@@ -131,7 +143,8 @@ def _check_identity(wh: Warehouse, db_url: str, store: EventStore) -> str:
     state = wh.state()
     first_id = _first_event_id(store)
     if state.get("derive_version") not in (None, str(DERIVE_VERSION)):
-        wh.reset()  # derived tables are defined differently now: rebuild from the store
+        wh.reset()  # derived tables are defined differently now: rebuild from the store (refused
+        # in words on a warehouse this process may not write)
         state = {}
     known_first = state.get("store_first_event")
     if known_first and first_id and known_first != first_id:
@@ -141,7 +154,7 @@ def _check_identity(wh: Warehouse, db_url: str, store: EventStore) -> str:
     if known_first and not first_id and int(state.get("position", 0)) > 0:
         raise WarehouseError(f"the store {store_label(db_url)} is empty but the warehouse {wh.path} "
                              "holds events; rebuild it with `companyos analytics sync --rebuild`")
-    if not known_first and first_id and int(state.get("position", 0)) > 0:
+    if not known_first and first_id and int(state.get("position", 0)) > 0 and not wh.read_only:
         wh.set_state(store_first_event=first_id)  # the store was empty when the first sync began
     return first_id
 

@@ -220,6 +220,8 @@ class Warehouse:
 
     def reset(self) -> None:
         """Forget everything: the next sync reads the store from position 0."""
+        if self.read_only:
+            raise WarehouseError(f"cannot rebuild the warehouse {self.path}: {NOT_WRITABLE}")
         with self.writing():
             self.con.execute("BEGIN")
             for table in ("events", "episodes", "steps", "rewards", "sync_state"):
@@ -230,6 +232,18 @@ class Warehouse:
     def counts(self) -> dict[str, int]:
         return {t: self.con.execute(f"SELECT count(*) FROM {t}").fetchone()[0]
                 for t in ("events", "episodes", "steps", "rewards")}
+
+
+def open_for_sync(path: str | os.PathLike, follow: Progress | None = None) -> Warehouse:
+    """The warehouse a sync brings up to date. One this process may not write (a read-only file
+    or file system, another user's file) is opened read-only: it still answers while the store
+    holds nothing newer, and the sync says so in words when it does."""
+    path = Path(path)
+    read_only = path.is_file() and not os.access(path, os.W_OK)
+    return Warehouse(path, read_only=read_only, follow=follow)
+
+
+NOT_WRITABLE = "this process may not write the file (a read-only file or file system)"
 
 
 SQLITE_HEADER = b"SQLite format 3\x00"

@@ -832,3 +832,42 @@ def test_serve_hands_its_workers_an_absolute_warehouse_and_refuses_a_directory(t
     (tmp_path / "d").mkdir()
     out = runner("--port", "0", "--db", "sqlite:///s.db", "--warehouse", "d")
     assert out.exit_code == 2 and "--warehouse d is a directory; name a DuckDB file" in out.output
+
+
+@pytest.fixture
+def unwritable():
+    """Make files this process may not write, even as root (`chattr +i`); undone after the test."""
+    made: list[pathlib.Path] = []
+
+    def make(path: pathlib.Path) -> None:
+        if shutil.which("chattr") is None or subprocess.run(["chattr", "+i", str(path)],
+                                                           capture_output=True).returncode:
+            pytest.skip("this file system cannot make a file immutable (chattr +i)")
+        made.append(path)
+        assert not os.access(path, os.W_OK)
+
+    yield make
+    for path in made:
+        subprocess.run(["chattr", "-i", str(path)], check=True)
+
+
+def test_a_warehouse_this_process_may_not_write_answers_while_it_is_up_to_date(tmp_path, cli, unwritable):
+    """A warehouse on a read-only file system, or another user's: opened for writing, it was refused
+    as "cannot open the warehouse" (exit 2) even when nothing was new. It answers now, and says in
+    words why it cannot sync once the store holds more (exit 1)."""
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    run_plan(RunPlan(url, "expert", "all", "medium", 12, 0, "episode"), workers=1)
+    wh = str(tmp_path / "w.duckdb")
+    before = cli("query", "compare_agents", "--format", "json", "--db", url, "--warehouse", wh)
+    assert before.exit_code == 0, before.output
+    unwritable(tmp_path / "w.duckdb")
+    after = cli("query", "compare_agents", "--format", "json", "--db", url, "--warehouse", wh)
+    assert after.exit_code == 0, after.output
+    assert json.loads(after.stdout) == json.loads(before.stdout)
+    assert cli("sync", "--db", url, "--warehouse", wh).exit_code == 0  # nothing new: nothing to write
+    run_plan(RunPlan(url, "expert", "all", "medium", 1, 50, "episode"), workers=1)
+    stale = cli("query", "compare_agents", "--db", url, "--warehouse", wh)
+    assert stale.exit_code == 1 and "this process may not write the file" in stale.stderr, stale.output
+    assert "events after its checkpoint" in stale.stderr and not stale.stdout
+    rebuild = cli("sync", "--rebuild", "--db", url, "--warehouse", wh)
+    assert rebuild.exit_code == 1 and "cannot rebuild the warehouse" in rebuild.stderr, rebuild.output

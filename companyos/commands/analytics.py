@@ -62,12 +62,12 @@ def _open_synced(db: str | None, warehouse: Path | None, quiet: bool = False) ->
     one way per process, so the synced warehouse is closed and reopened read-only.
     """
     from analytics.sync import sync, warehouse_path
-    from analytics.warehouse import Warehouse, WarehouseError
+    from analytics.warehouse import Warehouse, WarehouseError, open_for_sync
 
     with _store(db) as (url, store):
         path = warehouse_path(url, warehouse)
         try:
-            with _progress_bar(quiet) as progress, Warehouse(path, follow=progress) as wh:
+            with _progress_bar(quiet) as progress, open_for_sync(path, follow=progress) as wh:
                 sync(url, wh, progress=progress, store=store)
             return Warehouse(path, read_only=True)
         except WarehouseError as exc:
@@ -108,12 +108,12 @@ def sync_command(
 ) -> None:
     """Bring the warehouse up to date with the store (incremental, resumable)."""
     from analytics.sync import sync, warehouse_path
-    from analytics.warehouse import Warehouse, WarehouseError
+    from analytics.warehouse import WarehouseError, open_for_sync
 
     with _store(db) as (url, store):
         path = warehouse_path(url, warehouse)
         try:
-            with _progress_bar(as_json) as progress, Warehouse(path, follow=progress) as wh:
+            with _progress_bar(as_json) as progress, open_for_sync(path, follow=progress) as wh:
                 if rebuild:
                     wh.reset()
                 result = sync(url, wh, progress=progress, store=store)
