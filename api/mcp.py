@@ -46,6 +46,7 @@ class McpReply:
     body: dict[str, Any] | None  # None for a notification (HTTP 202, no body)
     session_key: str | None = None  # a new Mcp-Session-Id to announce
     status: int = 200
+    session: Session | None = None  # the episode `initialize` started or bound (a WebSocket binds it)
 
 
 def error(code: int, message: str, request_id: Any = None, data: Any = None) -> dict[str, Any]:
@@ -162,7 +163,7 @@ def _initialize(manager: SessionManager, params: dict, ctx: McpContext,
               "capabilities": {"tools": {"listChanged": False}},
               "serverInfo": {"name": catalog.NAME, "version": catalog.version()},
               "instructions": instructions}
-    return McpReply(_result(request_id, result), session_key=key)
+    return McpReply(_result(request_id, result), session_key=key, session=session)
 
 
 def _goal(session: Session) -> str | None:

@@ -190,5 +190,7 @@ class _Connection:
     async def _mcp(self, message: dict) -> str:
         ctx = mcp.McpContext(bound=self.session)
         reply = await self.server.run(mcp.handle, self.server.sessions, message.get("data"), ctx)
+        if reply.session is not None and reply.session is not self.session:
+            self._bind(reply.session)  # `initialize` started this socket's episode: its tools/call act there
         body = reply.body if reply.body is not None else {"jsonrpc": "2.0", "result": None}
         return _dumps({"type": "mcp", "data": body}).decode()
