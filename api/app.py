@@ -45,6 +45,7 @@ from api.models import (
     StepResponse,
     TasksResponse,
 )
+from api.querystring import STRICT_QUERY
 from api.sessions import ApiError, SessionManager, split_session_key
 from api.ui import ui_router
 from api.ws import websocket_app
@@ -228,13 +229,13 @@ def _register_openenv(app: FastAPI, server: Server) -> None:
         """Liveness; the one route that needs no API key."""
         return JSON({"status": "healthy"})
 
-    @app.get("/metadata", response_model=MetadataResponse, tags=["OpenEnv"],
-             responses=errors(401, 403))
+    @app.get("/metadata", dependencies=STRICT_QUERY, response_model=MetadataResponse, tags=["OpenEnv"],
+             responses=errors(400, 401, 403))
     async def metadata() -> JSON:
         return JSON(catalog.env_metadata())
 
-    @app.get("/schema", response_model=SchemaResponse, tags=["OpenEnv"],
-             responses=errors(401, 403))
+    @app.get("/schema", dependencies=STRICT_QUERY, response_model=SchemaResponse, tags=["OpenEnv"],
+             responses=errors(400, 401, 403))
     async def schema() -> JSON:
         """JSON schemas of action, observation and state."""
         return JSON(catalog.schemas())
@@ -261,7 +262,7 @@ def _register_openenv(app: FastAPI, server: Server) -> None:
             return JSON(action)
         return JSON(sessions.step(session, action))
 
-    @app.get("/state", tags=["OpenEnv"], responses={200: {"model": dict[str, Any]},
+    @app.get("/state", dependencies=STRICT_QUERY, tags=["OpenEnv"], responses={200: {"model": dict[str, Any]},
                                                     **errors(400, 401, 403, 404)})
     def state(episode_id: Annotated[str, Query(max_length=128)],
               episode_token: Annotated[str | None, Query(max_length=200)] = None,
@@ -322,19 +323,19 @@ def _register_log(app: FastAPI, server: Server) -> None:
     log = server.log
     errors = ERROR_RESPONSES
 
-    @app.get("/tasks", response_model=TasksResponse, tags=["Catalogue"],
-             responses=errors(401, 403))
+    @app.get("/tasks", dependencies=STRICT_QUERY, response_model=TasksResponse, tags=["Catalogue"],
+             responses=errors(400, 401, 403))
     async def tasks() -> JSON:
         """Task families, chaos levels, reward profiles and the failure-mode taxonomy."""
         return JSON(catalog.tasks())
 
-    @app.get("/tools", tags=["Catalogue"], responses={200: {"model": list[dict[str, Any]]},
-                                                      **errors(401, 403)})
+    @app.get("/tools", dependencies=STRICT_QUERY, tags=["Catalogue"],
+             responses={200: {"model": list[dict[str, Any]]}, **errors(400, 401, 403)})
     async def tools() -> JSON:
         """The tools in OpenAI function-calling format."""
         return JSON(catalog.openai_tools())
 
-    @app.get("/episodes", response_model=EpisodeList, tags=["Episode log"],
+    @app.get("/episodes", dependencies=STRICT_QUERY, response_model=EpisodeList, tags=["Episode log"],
              responses=errors(400, 401, 403))
     def list_episodes(task: Annotated[TaskFamily | None, Query()] = None,
                       agent: Annotated[str | None, Query(max_length=MAX_AGENT_LABEL)] = None,
@@ -344,28 +345,31 @@ def _register_log(app: FastAPI, server: Server) -> None:
         """Logged episodes, newest first (`outcome=running` for unfinished ones)."""
         return JSON(log.list(task=task, agent=agent, outcome=outcome, limit=limit, offset=offset))
 
-    @app.get("/episodes/{episode_id}", response_model=EpisodeSummary, tags=["Episode log"],
-             responses=errors(401, 403, 404))
+    @app.get("/episodes/{episode_id}", dependencies=STRICT_QUERY, response_model=EpisodeSummary,
+             tags=["Episode log"],
+             responses=errors(400, 401, 403, 404))
     def get_episode(episode_id: EpisodeId) -> JSON:
         return JSON(log.get(episode_id))
 
-    @app.get("/episodes/{episode_id}/events", response_model=EpisodeEvents,
-             tags=["Episode log"], responses=errors(401, 403, 404))
+    @app.get("/episodes/{episode_id}/events", dependencies=STRICT_QUERY, response_model=EpisodeEvents,
+             tags=["Episode log"], responses=errors(400, 401, 403, 404))
     def episode_events(episode_id: EpisodeId,
                        from_version: Annotated[int, Query(ge=0, le=10**9)] = 0,
                        limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> JSON:
         """The episode's events in stream order (secrets removed from their meta)."""
         return JSON(log.events(episode_id, from_version, limit))
 
-    @app.get("/episodes/{episode_id}/rerun", response_model=EpisodeRerun, tags=["Episode log"],
-             responses=errors(401, 403, 404))
+    @app.get("/episodes/{episode_id}/rerun", dependencies=STRICT_QUERY, response_model=EpisodeRerun,
+             tags=["Episode log"],
+             responses=errors(400, 401, 403, 404))
     def episode_rerun(episode_id: EpisodeId) -> JSON:
         """Deterministic replay, checked: the episode re-simulated in memory from its seed, options
         and actions (nothing is written), and whether it gives the stored digest."""
         return JSON(log.rerun(episode_id))
 
-    @app.get("/episodes/{episode_id}/views", response_model=EpisodeViews, tags=["Episode log"],
-             responses=errors(401, 403, 404))
+    @app.get("/episodes/{episode_id}/views", dependencies=STRICT_QUERY, response_model=EpisodeViews,
+             tags=["Episode log"],
+             responses=errors(400, 401, 403, 404))
     def episode_views(episode_id: EpisodeId,
                       step: Annotated[int | None, Query(ge=0, le=10**6)] = None) -> JSON:
         """Time travel: the three apps' views after step K (default: the last), from the log."""

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from fastapi import Depends, Request
+
 
 class RepeatedParameter(ValueError):
     """A name appeared twice in a query string: which value was meant cannot be known."""
@@ -20,3 +22,35 @@ def single_valued(pairs: Iterable[tuple[str, str]]) -> dict[str, str]:
             raise RepeatedParameter(key)
         params[key] = value
     return params
+
+
+def strict_query(request: Request) -> None:
+    """A route dependency: refuse a query parameter the route does not declare, or one given
+    twice. FastAPI ignores the first and keeps the last of the second, so a typo
+    (`/episodes?outcomes=success`) silently answered with the unfiltered list."""
+    from api.sessions import ApiError
+
+    declared = sorted(_declared(getattr(request.scope.get("route"), "dependant", None)))
+    try:
+        given = single_valued(request.query_params.multi_items())
+    except RepeatedParameter as exc:
+        raise ApiError(400, "invalid_query", str(exc)) from None
+    unknown = [name for name in given if name not in declared]
+    if unknown:
+        takes = f"it takes {', '.join(declared)}" if declared else "it takes none"
+        raise ApiError(400, "invalid_query",
+                       f"{request.url.path} has no query parameter {unknown[0][:60]!r}; {takes}")
+
+
+def _declared(dependant) -> set[str]:
+    """The query parameters a route (FastAPI's Dependant of its endpoint) and its dependencies read."""
+    if dependant is None:
+        return set()
+    names = {param.alias for param in dependant.query_params}
+    for sub in dependant.dependencies:
+        names |= _declared(sub)
+    return names
+
+
+STRICT_QUERY = [Depends(strict_query)]
+"""`dependencies=` for a route whose query string is checked by strict_query."""

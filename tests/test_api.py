@@ -527,6 +527,29 @@ def test_mcp_initialize_over_a_websocket_starts_the_episode_its_tool_calls_act_i
     assert [e["episode_id"] for e in running["episodes"]] == [episode_id]
 
 
+def test_a_query_parameter_a_route_does_not_take_is_refused_in_words(sqlite_url):
+    """FastAPI ignores an unknown parameter and keeps the last of a repeated one: a typo in a
+    filter (`outcomes=`) answered with the whole, unfiltered list."""
+    with client(sqlite_url) as c:
+        episode_id, token, _ = reset(c)
+        step(c, episode_id, token, ACTIONS[0])
+        assert c.get("/episodes", params={"outcome": "running"}).json()["total"] == 1
+        for path, query, words in (
+                ("/episodes", "outcomes=success", "/episodes has no query parameter 'outcomes'; "
+                                                  "it takes agent, limit, offset, outcome, task"),
+                ("/episodes", "limit=2&limit=500", "parameter 'limit' is given more than once"),
+                (f"/episodes/{episode_id}/views", "stpe=0", "has no query parameter 'stpe'; it takes step"),
+                (f"/episodes/{episode_id}/events", "from=3", "has no query parameter 'from'"),
+                (f"/episodes/{episode_id}", "step=1", "it takes none"),
+                ("/state", f"episode_id={episode_id}&episode_token={token}&verbose=1", "'verbose'"),
+                ("/tasks", "family=x", "/tasks has no query parameter 'family'")):
+            r = c.get(f"{path}?{query}")
+            assert r.status_code == 400 and r.json()["code"] == "invalid_query", (path, r.text)
+            assert words in r.json()["detail"], r.text
+        assert c.get(f"/state?episode_id={episode_id}&episode_token={token}").status_code == 200
+        assert c.get("/health?probe=1").status_code == 200  # load balancers add what they like
+
+
 def test_websocket_resume_after_restart(sqlite_url, tmp_path):
     with client(sqlite_url) as c, c.websocket_connect("/ws") as ws:
         ws.send_json({"type": "reset", "data": RESET})
