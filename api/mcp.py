@@ -16,7 +16,7 @@ from typing import Any
 
 from api import catalog
 from api.querystring import RepeatedParameter, single_valued
-from api.sessions import ApiError, Session, SessionManager, split_session_key
+from api.sessions import ApiError, Session, SessionManager
 
 PROTOCOL_VERSIONS = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
 LATEST_PROTOCOL = PROTOCOL_VERSIONS[-1]
@@ -116,7 +116,7 @@ def _dispatch(manager: SessionManager, method: str, params: dict, ctx: McpContex
         key = params.get("session_id")
         if not isinstance(key, str):
             return McpReply(error(INVALID_PARAMS, "'session_id' is required", request_id))
-        session = _session_for(manager, key, None)
+        session = manager.get_by_key(key, None)
         manager.forget(session.episode_id)
         return McpReply(_result(request_id, {"session_id": key, "closed": True}))
     return McpReply(error(METHOD_NOT_FOUND, f"Method not found: {method}", request_id))
@@ -171,9 +171,6 @@ def _goal(session: Session) -> str | None:
     return runtime.state.goal if runtime is not None else None
 
 
-def _session_for(manager: SessionManager, key: str, token: str | None) -> Session:
-    episode_id, key_token = split_session_key(key)
-    return manager.get(episode_id, token or key_token)
 
 
 def _call(manager: SessionManager, params: dict, ctx: McpContext) -> dict[str, Any]:
@@ -192,11 +189,11 @@ def _call(manager: SessionManager, params: dict, ctx: McpContext) -> dict[str, A
     if explicit is not None:
         if not isinstance(explicit, str):
             raise ApiError(400, "invalid_params", "episode_id must be a string")
-        session = _session_for(manager, explicit, token)
+        session = manager.get_by_key(explicit, token)
     elif ctx.bound is not None:
         session = ctx.bound
     elif ctx.session_key is not None:
-        session = _session_for(manager, ctx.session_key, token or ctx.episode_token)
+        session = manager.get_by_key(ctx.session_key, token or ctx.episode_token)
     elif ctx.episode_id is not None:
         session = manager.get(ctx.episode_id, token or ctx.episode_token)
     else:

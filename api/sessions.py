@@ -216,6 +216,27 @@ class SessionManager:
         self.check_token(session, token)
         return session
 
+    def get_by_key(self, key: Any, token: str | None) -> Session:
+        """The session a key names: `<episode_id>.<token>`, or an episode id with `token` given
+        apart. An id may itself hold a dot (`run.<32 hex digits>`) and end like a token, so a
+        split whose episode does not exist is retried as the whole id."""
+        if not isinstance(key, str):
+            return self.get(key, token)
+        episode_id, key_token = split_session_key(key)
+        if key_token is None:
+            return self.get(key, token)
+        try:
+            return self.get(episode_id, token or key_token)
+        except ApiError as exc:
+            if exc.code != "episode_not_found":
+                raise
+            try:
+                return self.get(key, token)
+            except ApiError as whole:
+                if whole.code == "episode_not_found":
+                    raise exc from None  # names the id part: the rest may be a token
+                raise
+
     @staticmethod
     def check_token(session: Session, token: str | None) -> None:
         if session.token_hash is None:

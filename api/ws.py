@@ -19,7 +19,7 @@ import orjson
 
 from api import catalog, mcp
 from api.jsonbody import loads
-from api.sessions import ApiError, Session, split_session_key
+from api.sessions import ApiError, Session
 
 INVALID_JSON = "INVALID_JSON"
 UNKNOWN_TYPE = "UNKNOWN_TYPE"
@@ -120,8 +120,7 @@ class _Connection:
             self.session = None
 
     async def resume(self, key: str, token: str | None) -> None:
-        episode_id, key_token = split_session_key(key)
-        session = await self.server.run(self.server.sessions.get, episode_id, token or key_token)
+        session = await self.server.run(self.server.sessions.get_by_key, key, token)
         self._bind(session)
 
     async def handle(self, raw: str | bytes) -> str | None:

@@ -844,3 +844,27 @@ def test_the_action_schema_accepts_exactly_the_calls_without_params_the_environm
             action = {"app": tool.app, "method": tool.method, **extra}
             accepted = not isinstance(parse_action(action), Invalid)
             assert validator.is_valid(action) == accepted, (tool.name, extra)
+
+
+def test_an_episode_id_holding_a_dot_is_named_by_every_route(sqlite_url):
+    """`run.<32 hex digits>` ends like a token, so the MCP params and a WebSocket resume read it as
+    `<episode_id>.<token>` and answered "no episode 'run'"."""
+    episode_id = "run.0123456789abcdef0123456789abcdef"
+    with client(sqlite_url) as c:
+        _, token, _ = reset(c, **RESET, episode_id=episode_id)
+        r = rpc(c, "tools/call", {"name": "ticketdesk_list_tickets", "arguments": {},
+                                  "episode_id": episode_id, "episode_token": token})
+        assert r.json()["result"]["structuredContent"]["metadata"]["step"] == 1, r.text
+        r = rpc(c, "tools/call", {"name": "ticketdesk_list_tickets", "arguments": {},
+                                  "session_id": f"{episode_id}.{token}"})
+        assert r.json()["result"]["structuredContent"]["metadata"]["step"] == 2, r.text
+        with c.websocket_connect(f"/ws?session_id={episode_id}&episode_token={token}") as ws:
+            ws.send_json({"type": "step", "data": ACTIONS[1]})
+            assert ws.receive_json()["data"]["metadata"]["step"] == 3
+        r = rpc(c, "tools/call", {"name": "ticketdesk_list_tickets", "arguments": {},
+                                  "episode_id": "nowhere.0123456789abcdef0123456789abcdef",
+                                  "episode_token": token})
+        assert r.json()["error"]["data"]["code"] == "episode_not_found"
+        r = rpc(c, "tools/call", {"name": "ticketdesk_list_tickets", "arguments": {},
+                                  "episode_id": episode_id})  # the id alone: its token is wanted
+        assert r.json()["error"]["data"]["code"] == "token_required", r.text
