@@ -49,6 +49,31 @@ def test_generic_env_client_with_api_key(sqlite_url):
             env.reset(seed=1)
 
 
+def test_a_websocket_refused_for_its_api_key_is_answered_and_logs_no_error(sqlite_url, caplog):
+    """The refusal is an HTTP 401/403 by design; Uvicorn logged each one as the error "ASGI
+    callable returned without completing handshake", a false alarm for operators."""
+    import logging
+
+    from websockets.exceptions import InvalidStatus
+    from websockets.sync.client import connect
+
+    with live_server(sqlite_url, api_key="k3y") as base:
+        uvicorn_log = logging.getLogger("uvicorn.error")  # configured by the server: no propagation
+        uvicorn_log.addHandler(caplog.handler)
+        try:
+            url = f"{base.replace('http', 'ws')}/ws"
+            for headers, status in (({}, 401), ({"Authorization": "Bearer nope"}, 403)):
+                with pytest.raises(InvalidStatus) as refused:
+                    connect(url, additional_headers=headers, open_timeout=10)
+                assert refused.value.response.status_code == status
+            with connect(url, additional_headers={"Authorization": "Bearer k3y"}, open_timeout=10) as ws:
+                ws.send(orjson.dumps({"type": "reset", "data": {"seed": 1}}).decode())
+                assert orjson.loads(ws.recv())["type"] == "observation"
+        finally:
+            uvicorn_log.removeHandler(caplog.handler)
+    assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+
+
 def test_openenv_validate_passes(sqlite_url):
     from openenv.cli._validation import validate_running_environment
 
