@@ -79,7 +79,7 @@ def validate(plan: RunPlan) -> None:
         raise ValueError(f"episode i uses seed {plan.seed}+i, so the last one would be "
                          f"{last_seed}, past the largest seed {SEED_MAX}")
     if _in_memory(plan.db):
-        raise ValueError(f"--db {plan.db!r} is an in-memory SQLite store: every episode would "
+        raise ValueError(f"the store {plan.db!r} is an in-memory SQLite store: every episode would "
                          "be gone when the run ends; name a file, e.g. sqlite:///companyos.db")
     if plan.durability not in DURABILITY:
         raise ValueError(f"--durability must be one of {', '.join(DURABILITY)}")
