@@ -146,9 +146,9 @@ class BackgroundSync:
         of = f" of {self.total:,}" if self.total is not None else ""
         return f"{self.done:,}{of} events so far{share}"
 
-    def failed(self) -> bool:
-        """Whether it has ended with an error."""
-        return self._ended.done() and self.error is not None
+    def ended(self) -> bool:
+        """Whether it has ended, well or not."""
+        return self._ended.done()
 
     async def ended_within(self, seconds: float) -> bool:
         """Whether the sync has ended (well or not) within `seconds`, awaited on the event loop: a
@@ -169,14 +169,15 @@ async def sync_in_background(db_url: str, warehouse: str | Path | None,
     """Start a sync of this store into this warehouse, or join the one running, and wait up to
     `wait_s` for it: None once it has ended well, the job (to ask how far it got) while it runs.
     An ended sync is handed out once (to whoever sees it end first), and raises its error there;
-    but a sync that failed before this call began is not this call's answer (the warehouse another
-    process held may be free now), so it starts another. Small backlogs end within the wait, so the
+    but a sync that ended before this call began is not this call's answer: another process may
+    have taken the warehouse since it ended well, or freed it since it failed waiting for it, so
+    this call starts another (which finds little or nothing to do). Small backlogs end within the wait, so the
     caller answers at once. Awaited on the event loop: the sync has its own thread, and the waiting
     request holds none."""
     key = (db_url, str(warehouse_path(db_url, warehouse)))
     with _JOBS_LOCK:
         job = _JOBS.get(key)
-        if job is None or job.failed():
+        if job is None or job.ended():
             job = _JOBS[key] = BackgroundSync(db_url, warehouse)
     if not await job.ended_within(wait_s):
         return job

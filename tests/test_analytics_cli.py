@@ -3,6 +3,7 @@ CLI, the report, the Parquet export and the HTTP route work end to end."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pathlib
@@ -11,6 +12,7 @@ import shutil
 import sqlite3
 import subprocess
 import sys
+import time
 
 import duckdb
 import pytest
@@ -349,41 +351,78 @@ def test_http_route_answers_202_while_a_long_sync_runs(logged, tmp_path, monkeyp
     assert sum(r["episodes"] for r in answered.json()) == len(reported)
 
 
-def test_a_warehouse_held_by_another_process_is_said_and_retried_once_free(logged, tmp_path, monkeypatch):
-    """While another process holds the file, the 202 says the sync is waiting for it (it said
-    "0 events so far"); a sync that gave up waiting is not the answer to a later request, which
-    tries again (it got the old 503 after the file had been freed)."""
-    import time
-
-    from analytics import service, warehouse
-    from api import analytics_routes
-
-    url, reported = logged
-    path = tmp_path / "w.duckdb"
-    Warehouse(path).close()
-    monkeypatch.setattr(analytics_routes, "SYNC_WAIT_S", 0.1)
-    monkeypatch.setattr(warehouse, "BUSY_WAIT_S", 0.5)
-    app = FastAPI()
-    app.include_router(analytics_router(url, str(path)))
-    client = TestClient(app)
+@contextlib.contextmanager
+def _held(path: pathlib.Path):
+    """Another process holding the DuckDB file, as a CLI query or a second server would."""
     holder = subprocess.Popen([sys.executable, "-c", "import duckdb, sys; c = duckdb.connect(sys.argv[1]); "
                                "print('held', flush=True); sys.stdin.read()", str(path)],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
+        yield
+    finally:
+        holder.communicate("")
+
+
+def _ended(job, within: float = 30.0) -> None:
+    deadline = time.monotonic() + within
+    while not job.ended() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert job.ended()
+
+
+@pytest.fixture
+def busy_route(logged, tmp_path, monkeypatch):
+    """The analytics route over a fresh warehouse, waiting 0.1 s for a sync and 0.5 s for the file."""
+    from analytics import warehouse
+    from api import analytics_routes
+
+    path = tmp_path / "w.duckdb"
+    Warehouse(path).close()
+    monkeypatch.setattr(analytics_routes, "SYNC_WAIT_S", 0.1)
+    monkeypatch.setattr(warehouse, "BUSY_WAIT_S", 0.5)
+    app = FastAPI()
+    app.include_router(analytics_router(logged[0], str(path)))
+    return TestClient(app), path
+
+
+def test_a_warehouse_held_by_another_process_is_said_and_retried_once_free(logged, busy_route):
+    """While another process holds the file, the 202 says the sync is waiting for it (it said
+    "0 events so far"); a sync that gave up waiting is not the answer to a later request, which
+    tries again (it got the old 503 after the file had been freed)."""
+    from analytics import service
+
+    client, path = busy_route
+    with _held(path):
         waiting = client.get("/analytics/compare_agents")
         assert waiting.status_code == 202, waiting.text
         assert "waiting to open the warehouse, which another process may hold" in waiting.json()["detail"]
         job = next(iter(service._JOBS.values()))
-        deadline = time.monotonic() + 30
-        while not job.failed() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert job.failed()  # it gave up waiting while the file was held
-    finally:
-        holder.communicate("")
+        _ended(job)
+        assert job.error is not None  # it gave up waiting while the file was held
     answered = client.get("/analytics/compare_agents", headers={"Prefer": "wait=30"})
     assert answered.status_code == 200, answered.text
-    assert sum(r["episodes"] for r in answered.json()) == len(reported)
+    assert sum(r["episodes"] for r in answered.json()) == len(logged[1])
+
+
+def test_a_sync_that_ended_unseen_is_not_the_answer_while_the_file_is_held_again(logged, busy_route):
+    """A background sync that ended well with nobody asking after it was handed to the next
+    request, which then waited for a file another process held and answered 503 (the UI's
+    report page hung 30 s) instead of the 202 every other visit gets."""
+    from analytics import service
+
+    client, path = busy_route
+    with _held(path):
+        assert client.get("/analytics/compare_agents").status_code == 202
+        job = next(iter(service._JOBS.values()))
+    _ended(job)
+    assert job.error is None  # it synced once the file was free, and nobody asked again
+    with _held(path):
+        again = client.get("/analytics/compare_agents")
+        assert again.status_code == 202, again.text
+        _ended(next(iter(service._JOBS.values())))
+    answered = client.get("/analytics/compare_agents", headers={"Prefer": "wait=30"})
+    assert answered.status_code == 200 and sum(r["episodes"] for r in answered.json()) == len(logged[1])
 
 
 def test_requests_waiting_for_a_sync_hold_no_server_thread(logged, tmp_path, held_sync):
