@@ -11,6 +11,7 @@ import math
 import time
 from typing import Any
 
+from analytics.named import control_character
 from analytics.service import rows_of, run_named
 from analytics.warehouse import Warehouse
 from domain import CHAOS_LEVELS, task_family
@@ -41,6 +42,9 @@ def check_filters(agent: str | None, task: str | None) -> None:
         task_family(task)
     if agent is not None and not agent.strip():  # the queries strip their parameters
         raise ValueError("--agent is empty: no episode has an empty agent label")
+    if agent is not None and (control := control_character(agent)):
+        raise ValueError(f"no episode has that agent: agent labels hold no control characters "
+                         f"(it holds {control!r})")
 
 
 def build(wh: Warehouse, agent: str | None = None, task: str | None = None) -> dict[str, Any]:

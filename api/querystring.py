@@ -35,11 +35,19 @@ def strict_query(request: Request) -> None:
         given = single_valued(request.query_params.multi_items())
     except RepeatedParameter as exc:
         raise ApiError(400, "invalid_query", str(exc)) from None
-    unknown = [name for name in given if name not in declared]
-    if unknown:
-        takes = f"it takes {', '.join(declared)}" if declared else "it takes none"
-        raise ApiError(400, "invalid_query",
-                       f"{request.url.path} has no query parameter {unknown[0][:60]!r}; {takes}")
+    problem = unknown_parameter(request.url.path, given, declared)
+    if problem:
+        raise ApiError(400, "invalid_query", problem)
+
+
+def unknown_parameter(path: str, given: Iterable[str], takes: Iterable[str]) -> str | None:
+    """What is wrong, in words, when `given` holds a name `path` does not take (None: nothing)."""
+    takes = sorted(takes)
+    unknown = next((name for name in given if name not in takes), None)
+    if unknown is None:
+        return None
+    said = f"it takes {', '.join(takes)}" if takes else "it takes none"
+    return f"{path} has no query parameter {unknown[:60]!r}; {said}"
 
 
 def _declared(dependant) -> set[str]:

@@ -34,7 +34,7 @@ from analytics.stores import UnsyncableStore
 from analytics.warehouse import WarehouseError
 from api.analytics_routes import RETRY_AFTER_S, SYNC_WAIT_S  # as long as the JSON route waits and asks to
 from api.episodes import EpisodeLog
-from api.querystring import RepeatedParameter, single_valued
+from api.querystring import RepeatedParameter, single_valued, unknown_parameter
 from api.sessions import ApiError
 from api.ui_html import ROOT_PATH, UI, error_page, ui_href
 from api.ui_pages import (
@@ -74,7 +74,7 @@ def ui_router(log: EpisodeLog, db: str | Callable[[], str], warehouse: str | Non
     def episodes(request: Request) -> HTMLResponse:
         """The episode list, newest first, filtered and paged like GET /episodes."""
         try:
-            params = _params(request)
+            params = _params(request, "task", "agent", "outcome", "limit", "offset")
             filters = {k: params[k] for k in ("task", "agent", "outcome") if k in params}
             limit = _whole(params, "limit", PAGE_SIZE, 1, MAX_PAGE_SIZE)
             offset = _whole(params, "offset", 0, 0, MAX_OFFSET)
@@ -89,7 +89,7 @@ def ui_router(log: EpisodeLog, db: str | Callable[[], str], warehouse: str | Non
     def episode(episode_id: str, request: Request) -> HTMLResponse:
         """One episode: its summary and a page of its steps (`from`: the first step shown)."""
         try:
-            first = _whole(_params(request), "from", 0, 0, MAX_STEP)
+            first = _whole(_params(request, "from"), "from", 0, 0, MAX_STEP)
             summary, events = log.get_with_events(episode_id)
         except BadParameter as exc:
             return error_page(400, str(exc))
@@ -102,10 +102,13 @@ def ui_router(log: EpisodeLog, db: str | Callable[[], str], warehouse: str | Non
         return episode_page(summary, timeline, first)
 
     @router.get(UI + "/episodes/{episode_id}/rerun", response_class=HTMLResponse)
-    def rerun(episode_id: str) -> HTMLResponse:
+    def rerun(episode_id: str, request: Request) -> HTMLResponse:
         """The episode re-simulated from its seed and actions, compared with the log by digest."""
         try:
+            _params(request)
             result = log.rerun(episode_id)
+        except BadParameter as exc:
+            return error_page(400, str(exc))
         except ApiError as exc:
             return error_page(exc.status, exc.message)
         return rerun_page(result)
@@ -114,8 +117,7 @@ def ui_router(log: EpisodeLog, db: str | Callable[[], str], warehouse: str | Non
     def views(episode_id: str, request: Request) -> HTMLResponse:
         """The three apps after step K (default: the last), as GET /episodes/{id}/views."""
         try:
-            params = _params(request)
-            step = _whole(params, "step", None, 0, MAX_STEP)
+            step = _whole(_params(request, "step"), "step", None, 0, MAX_STEP)
             result = log.views(episode_id, step)
         except BadParameter as exc:
             return error_page(400, str(exc))
@@ -127,7 +129,7 @@ def ui_router(log: EpisodeLog, db: str | Callable[[], str], warehouse: str | Non
     async def analytics(request: Request) -> HTMLResponse:
         """The failure-mode report over the warehouse, synced with the store first."""
         try:
-            params = _params(request)
+            params = _params(request, "agent", "task")
             filters = {k: params[k] for k in ("agent", "task") if k in params}
             report.check_filters(filters.get("agent"), filters.get("task"))
         except ValueError as exc:  # BadParameter included
@@ -168,12 +170,16 @@ def report_data(db_url: str, warehouse: str | None, agent: str | None, task: str
         return report.build(wh, agent=agent, task=task)
 
 
-def _params(request: Request) -> dict[str, str]:
-    """The query's parameters, one value each; empty ones (a form's "any") left out."""
+def _params(request: Request, *takes: str) -> dict[str, str]:
+    """The query's parameters, one value each, each one the page `takes` (a typo would otherwise
+    show believable, unfiltered data); empty ones (a form's "any") left out."""
     try:
         params = single_valued(request.query_params.multi_items())
     except RepeatedParameter as exc:
         raise BadParameter(str(exc)) from None
+    problem = unknown_parameter("this page", params, takes)
+    if problem:
+        raise BadParameter(problem)
     return {k: v for k, v in params.items() if v != ""}
 
 

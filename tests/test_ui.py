@@ -391,11 +391,28 @@ def test_analytics_page_holds_the_report_and_its_charts(ui):
     assert "agent=random-agent" in only and "irreversible_action" not in only
 
 
-@pytest.mark.parametrize(("query", "said"), [({"task": "nope"}, "unknown task"),
-                                             ({"agent": "  "}, "no episode has an empty agent label")])
+@pytest.mark.parametrize(("query", "said"), [
+    ({"task": "nope"}, "unknown task"), ({"agent": "  "}, "no episode has an empty agent label"),
+    ({"agent": "a\x00b"}, "agent labels hold no control characters"),  # was echoed into the page
+    ({"agnet": "random-agent"}, "this page has no query parameter 'agnet'; it takes agent, task")])
 def test_a_bad_analytics_filter_is_a_400_page(ui, query, said):
     c, _, _ = ui
-    assert html.escape(said) in _html_ok(c.get("/ui/analytics", params=query), 400)
+    page = _html_ok(c.get("/ui/analytics", params=query), 400)
+    assert html.escape(said) in page and "\x00" not in page
+
+
+def test_a_query_parameter_a_page_does_not_take_is_a_400_page_naming_it(ui):
+    """A typo in a hand-edited or bookmarked address showed believable, unfiltered data."""
+    c, _, ids = ui
+    episode = ids["success"]
+    for path, query, takes in (
+            ("/ui", "outcom=success", "agent, limit, offset, outcome, task"),
+            (f"/ui/episodes/{episode}", "form=5", "from"),
+            (f"/ui/episodes/{episode}/views", "setp=3", "step"),
+            (f"/ui/episodes/{episode}/rerun", "x=1", "none")):
+        page = _html_ok(c.get(f"{path}?{query}"), 400)
+        name = query.split("=")[0]
+        assert html.escape(f"this page has no query parameter '{name}'; it takes {takes}") in page, path
 
 
 def test_an_unusable_warehouse_is_a_503_page(tmp_path):
