@@ -319,6 +319,8 @@ def test_http_route_answers_named_queries_only(logged, tmp_path):
     assert bad.status_code == 400 and "'examples' must be an integer" in bad.json()["detail"]
     bad = client.get("/analytics/failure_modes", params={"sql": "SELECT 1"})
     assert bad.status_code == 400 and "no parameter 'sql'" in bad.json()["detail"]
+    bad = client.get("/analytics/failure_modes", params={"agent": "a\x00b"})
+    assert bad.status_code == 400 and "text without control characters" in bad.json()["detail"]
 
 def test_http_route_answers_202_while_a_long_sync_runs(logged, tmp_path, monkeypatch, held_sync):
     """A store far ahead of its warehouse: the caller hears how far the sync got and when to ask
