@@ -26,7 +26,7 @@ SELECT count(*) AS episodes,
        count(*) FILTER (WHERE outcome = 'success') AS successes,
        round(count(*) FILTER (WHERE outcome = 'success')
              / nullif(count(*) FILTER (WHERE outcome IS NOT NULL), 0), 4) AS success_rate,
-       round(avg(total_return) FILTER (WHERE outcome IS NOT NULL), 3) AS mean_return,
+       round(avg(total_return::DECIMAL(18, 6)) FILTER (WHERE outcome IS NOT NULL), 3) AS mean_return,
        round(avg(steps) FILTER (WHERE outcome IS NOT NULL), 2) AS mean_steps,
        count(DISTINCT coalesce(agent, '(unknown)')) AS agents,  -- as compare_agents labels them
        count(DISTINCT task) AS tasks

@@ -940,3 +940,26 @@ def test_a_progress_file_that_cannot_be_written_leaves_nothing_beside_the_wareho
     monkeypatch.undo()
     progress.close()
     assert heard == [(10, 20)] and list(tmp_path.iterdir()) == []
+
+
+def test_means_of_returns_do_not_depend_on_the_order_rows_are_summed_in(tmp_path):
+    """Two stores holding the same episodes (PostgreSQL and SQLite, or two worker interleavings)
+    answered -10.443 and -10.442: floating-point sums depend on their order, and a mean whose
+    exact value ends in 5 rounds either way. Returns are summed as decimals now."""
+    import random
+
+    returns = [round(random.Random(i).uniform(-20, 5), 1) + 0.0425 for i in range(40)]
+    answers = set()
+    with Warehouse(tmp_path / "w.duckdb") as wh:
+        for order in range(12):
+            random.Random(order).shuffle(returns)
+            wh.con.execute("DELETE FROM episodes")
+            wh.con.executemany(
+                "INSERT INTO episodes (episode_id, task, chaos, agent, outcome, steps, total_return, "
+                "first_position, last_position, event_count, last_version) "
+                "VALUES (?, 'expense_report', 0.5, 'a', 'failure', 3, ?, ?, ?, 1, 0)",
+                [(f"e{i}", r, i + 1, i + 1) for i, r in enumerate(returns)])
+            answers.add((service.run_named(wh, "success_by_task_and_chaos")[0]["mean_return"],
+                         service.run_named(wh, "compare_agents")[0]["mean_return"]))
+    exact = sum(round(r * 10**6) for r in returns) / len(returns) / 10**6
+    assert len(answers) == 1 and abs(answers.pop()[0] - exact) <= 0.0005

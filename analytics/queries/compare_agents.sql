@@ -17,7 +17,7 @@ top AS (  -- ties: the alphabetically first mode
 SELECT coalesce(e.agent, '(unknown)') AS agent,
        count(*) AS episodes,
        round(count(*) FILTER (WHERE outcome = 'success') / count(*), 4) AS success_rate,
-       round(avg(total_return), 3) AS mean_return,
+       round(avg(total_return::DECIMAL(18, 6)), 3) AS mean_return,
        round(coalesce(stddev_samp(total_return), 0), 3) AS std_return,
        round(avg(steps), 2) AS mean_steps,
        round(avg(first_mistake_step), 2) AS mean_first_mistake_step,

@@ -11,9 +11,9 @@ SELECT r.rule,
        sum(r.grants) AS grants,
        count(*) AS episodes_granted,
        round(count(*) / any_value(n.episodes), 4) AS share_of_episodes,
-       round(sum(r.total), 3) AS total_value,
-       round(sum(r.total) / any_value(n.episodes), 4) AS mean_value_per_episode
+       round(sum(r.total::DECIMAL(18, 6)), 3)::DOUBLE AS total_value,
+       round(sum(r.total::DECIMAL(18, 6)) / any_value(n.episodes), 4) AS mean_value_per_episode
 FROM rewards r SEMI JOIN e ON e.episode_id = r.episode_id
 CROSS JOIN n
 GROUP BY r.rule
-ORDER BY abs(sum(r.total)) DESC, r.rule
+ORDER BY abs(sum(r.total::DECIMAL(18, 6))) DESC, r.rule

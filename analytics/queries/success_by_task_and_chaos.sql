@@ -6,7 +6,7 @@ SELECT task,
        count(*) AS episodes,
        count(*) FILTER (WHERE outcome = 'success') AS successes,
        round(count(*) FILTER (WHERE outcome = 'success') / count(*), 4) AS success_rate,
-       round(avg(total_return), 3) AS mean_return
+       round(avg(total_return::DECIMAL(18, 6)), 3) AS mean_return
 FROM episodes
 WHERE outcome IS NOT NULL
   AND ($agent IS NULL OR agent = $agent)
