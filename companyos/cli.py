@@ -40,7 +40,7 @@ def main() -> None:
     import sys
 
     from companyos.commands.output import OutputFailed, discard_stdout, guard_stdout, say_error
-    from eventstore import CorruptCommit, StoreUnavailable
+    from eventstore import CorruptCommit, StoreUnavailable, StoreUnreachable
 
     _register_commands()
     guard_stdout()
@@ -49,9 +49,9 @@ def main() -> None:
             app()
         finally:
             sys.stdout.flush()  # what the buffer still holds fails here, not at exit
-    except StoreUnavailable as exc:  # a bad --db is the user's input, not a crash
-        say_error(str(exc))
-        raise SystemExit(2) from None
+    except StoreUnavailable as exc:  # a bad --db is the user's input, not a crash; a database
+        say_error(str(exc))  # server that does not answer is the world's fault (exit 1)
+        raise SystemExit(1 if isinstance(exc, StoreUnreachable) else 2) from None
     except CorruptCommit as exc:  # the log was damaged behind the store's back
         say_error(f"{exc}; `companyos verify` names every damaged episode")
         raise SystemExit(1) from None

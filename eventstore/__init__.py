@@ -8,6 +8,7 @@ from eventstore.records import (
     NewEvent,
     RecordedEvent,
     StoreUnavailable,
+    StoreUnreachable,
     StreamHead,
 )
 from eventstore.store import DEFAULT_URL, EventStore, NewStream, shown_url
@@ -15,6 +16,7 @@ from eventstore.upcasting import Upcasters
 
 __all__ = [
     "DEFAULT_URL", "GENESIS_DIGEST", "MAX_EVENT_BYTES", "ConcurrencyError", "CorruptCommit", "EventStore",
-    "NewEvent", "NewStream", "RecordedEvent", "StoreUnavailable", "StreamHead", "Upcasters", "canonical_json",
+    "NewEvent", "NewStream", "RecordedEvent", "StoreUnavailable", "StoreUnreachable",
+    "StreamHead", "Upcasters", "canonical_json",
     "chain_digest", "shown_url",
 ]

@@ -16,6 +16,12 @@ class StoreUnavailable(Exception):
     """The store's URL names nothing we can open, or the database refused the connection."""
 
 
+class StoreUnreachable(StoreUnavailable):
+    """The database server could not be reached or refused the connection (down, nothing
+    listening, no such database or role): the driver tells these apart only in words, and an
+    outage is the common case, so a caller treats it as the world's fault and may try again."""
+
+
 class ConcurrencyError(Exception):
     """A writer appended with a stale expected version: someone else wrote to the stream first."""
 

@@ -29,6 +29,7 @@ from eventstore.records import (
     NewEvent,
     RecordedEvent,
     StoreUnavailable,
+    StoreUnreachable,
     StreamHead,
 )
 from eventstore.upcasting import Upcasters
@@ -100,7 +101,11 @@ class EventStore:
                                    ) from None
         except sa.exc.DBAPIError as exc:
             engine.dispose()
-            raise StoreUnavailable(f"cannot open the store at {shown}: {exc.orig}") from None
+            said = " ".join(str(exc.orig).split())  # one line: psycopg's text spans several
+            # no SQLSTATE: the connection itself failed (psycopg gives none for any of its causes;
+            # SQLite's errors, about the file named, carry no such attribute)
+            refused = StoreUnreachable if getattr(exc.orig, "sqlstate", "") is None else StoreUnavailable
+            raise refused(f"cannot open the store at {shown}: {said}") from None
         except migrate.NewerStore as exc:
             engine.dispose()
             raise StoreUnavailable(f"the store at {shown} is at {exc}") from None

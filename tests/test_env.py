@@ -503,6 +503,12 @@ def test_a_store_the_database_refuses_is_one_error_line(tmp_path):
     assert "Traceback" not in out.stderr
     out = _cli("episodes", "--db", "mysql://a@127.0.0.1:1/x")
     assert out.returncode == 2 and "needs a database driver that is not installed" in out.stderr
+    # a PostgreSQL server that does not answer: an outage (1, worth retrying), said on one line
+    # (it was 2, the wrong-call code, on three lines)
+    out = _cli("episodes", "--db", "postgresql://someone@127.0.0.1:1/nowhere")
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+    assert out.stderr.startswith("error: cannot open the store at postgresql://someone@127.0.0.1:1/nowhere: ")
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
 
 
 def test_serve_says_in_one_line_why_it_cannot_listen(tmp_path):
