@@ -77,8 +77,10 @@ def analytics_router(db: str | Callable[[], str], warehouse: str | None = None) 
                     status_code=202, headers={"Retry-After": str(RETRY_AFTER_S), **applied})
             # synced again, at almost no cost: the job may have ended long before this request
             rows = await run_in_threadpool(service.answer, db_url(), name, params, warehouse)
-        except (WarehouseError, UnsyncableStore, StoreUnavailable) as exc:
+        except WarehouseError as exc:
             return _error(503, "warehouse_unavailable", str(exc))
+        except (UnsyncableStore, StoreUnavailable) as exc:
+            return _error(503, "store_unavailable", str(exc))
         except CorruptCommit as exc:
             return _error(500, "corrupt_store", f"{exc}; `companyos verify` names every damaged episode")
         return JSONResponse(rows, headers=applied)

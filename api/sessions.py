@@ -22,6 +22,8 @@ import time
 from collections import OrderedDict
 from typing import Any
 
+import sqlalchemy as sa
+
 import domain
 from companyos.env import episode_state, spec_from_options
 from companyos.runtime import EpisodeNotFound, EpisodeRuntime, episode_id_problem, new_episode_id
@@ -49,6 +51,22 @@ class ApiError(Exception):
 def log_damaged(exc: CorruptCommit) -> ApiError:
     """A stored commit no longer unpacks: the server's fault, said in words, nothing else lost."""
     return ApiError(500, "log_damaged", f"{exc}; `companyos verify` names every damaged episode")
+
+
+def store_failure(exc: BaseException) -> ApiError | None:
+    """A database error the store let through (a lost PostgreSQL connection, a full disk) as the
+    503 `store_unavailable` a client may retry; None for any other exception. Without this such a
+    request was a bare "Internal Server Error" and a WebSocket dropped with no frame."""
+    import sqlite3
+    import sys
+
+    psycopg = sys.modules.get("psycopg")  # only loaded with a PostgreSQL store
+    if not (isinstance(exc, sa.exc.DBAPIError | sqlite3.Error)
+            or (psycopg is not None and isinstance(exc, psycopg.Error))):
+        return None
+    said = " ".join(str(getattr(exc, "orig", None) or exc).split())[:300]
+    return ApiError(503, "store_unavailable", f"the store failed: {said}; try again once it is back "
+                    "(a step may or may not have been logged: the episode's state says which)")
 
 
 def hash_token(token: str) -> str:

@@ -19,7 +19,7 @@ import orjson
 
 from api import catalog, mcp
 from api.jsonbody import loads
-from api.sessions import ApiError, Session
+from api.sessions import ApiError, Session, store_failure
 
 INVALID_JSON = "INVALID_JSON"
 UNKNOWN_TYPE = "UNKNOWN_TYPE"
@@ -70,10 +70,13 @@ async def websocket_app(server: Any, scope: dict, receive: Any, send: Any) -> No
             token = query.get("episode_token", [None])[0] or _header(headers, b"x-episode-token")
             try:
                 await conn.resume(key, token)
-            except ApiError as exc:
+            except Exception as exc:
+                refused = exc if isinstance(exc, ApiError) else store_failure(exc)
+                if refused is None:
+                    raise
                 await send({"type": "websocket.send", "text": _error(
-                    exc.message, SESSION_ERROR, reason=exc.code, status=exc.status)})
-                await send({"type": "websocket.close", "code": 1008})
+                    refused.message, SESSION_ERROR, reason=refused.code, status=refused.status)})
+                await send({"type": "websocket.close", "code": 1008 if refused.status < 500 else 1011})
                 return
         handle = conn.handle
         while True:
@@ -147,6 +150,11 @@ class _Connection:
                 return await self._mcp(message)
         except ApiError as exc:
             return _api_error(exc)
+        except Exception as exc:  # the database failed (the socket stays open for a retry), or a bug
+            failure = store_failure(exc)
+            if failure is None:
+                raise
+            return _api_error(failure)
         return _error(f"Unknown message type: {kind}", UNKNOWN_TYPE)
 
     async def _reset(self, message: dict) -> str:

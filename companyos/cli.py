@@ -44,6 +44,7 @@ def main() -> None:
 
     _register_commands()
     guard_stdout()
+    quiet_library_logs()
     try:
         try:
             app()
@@ -74,6 +75,18 @@ def main() -> None:
             raise
         say_error(f"the store failed: {getattr(exc, 'orig', None) or exc}")
         raise SystemExit(1) from None
+
+
+def quiet_library_logs() -> None:
+    """Keep libraries' log records off stderr: the command says what failed in one `error:` line.
+
+    SQLAlchemy's pool logs, with a traceback, each connection it fails to reset after a database
+    server went away; with no handler configured, Python printed those records (some 40 lines)
+    above the command's own line.
+    """
+    import logging
+
+    logging.getLogger("sqlalchemy.pool").addHandler(logging.NullHandler())
 
 
 def _ctrl_c(exc: SystemExit) -> bool:

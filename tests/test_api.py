@@ -868,3 +868,41 @@ def test_an_episode_id_holding_a_dot_is_named_by_every_route(sqlite_url):
         r = rpc(c, "tools/call", {"name": "ticketdesk_list_tickets", "arguments": {},
                                   "episode_id": episode_id})  # the id alone: its token is wanted
         assert r.json()["error"]["data"]["code"] == "token_required", r.text
+
+
+def test_a_store_that_fails_mid_episode_is_a_503_in_words_and_the_episode_goes_on(sqlite_url, monkeypatch):
+    """A lost PostgreSQL connection (simulated: the append raises the driver's OperationalError)
+    was a bare "Internal Server Error" over HTTP and a WebSocket closed with no frame."""
+    import sqlalchemy as sa
+
+    from eventstore import EventStore
+
+    real_append = EventStore.append_head
+    failing = {"on": False}
+
+    def append_head(self, *args, **kwargs):
+        if failing["on"]:
+            raise sa.exc.OperationalError("INSERT INTO commits ...", {}, Exception(
+                "server closed the connection unexpectedly\n\tThis probably means ..."))
+        return real_append(self, *args, **kwargs)
+
+    monkeypatch.setattr(EventStore, "append_head", append_head)
+    with client(sqlite_url) as c:
+        episode_id, token, _ = reset(c)
+        failing["on"] = True
+        r = step(c, episode_id, token, ACTIONS[0])
+        assert r.status_code == 503 and r.json()["code"] == "store_unavailable", r.text
+        assert "server closed the connection unexpectedly This probably" in r.json()["detail"]
+        assert r.headers["retry-after"] == "1"
+        failing["on"] = False
+        assert step(c, episode_id, token, ACTIONS[0]).json()["metadata"]["step"] == 1  # not applied
+        with c.websocket_connect("/ws") as ws:
+            ws.send_json({"type": "reset", "data": RESET})
+            ws.receive_json()
+            failing["on"] = True
+            ws.send_json({"type": "step", "data": ACTIONS[0]})
+            refused = ws.receive_json()["data"]
+            assert (refused["reason"], refused["status"]) == ("store_unavailable", 503), refused
+            failing["on"] = False
+            ws.send_json({"type": "step", "data": ACTIONS[0]})  # the same socket goes on
+            assert ws.receive_json()["data"]["metadata"]["step"] == 1

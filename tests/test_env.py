@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import textwrap
 
 import pytest
 import sqlalchemy as sa
@@ -216,6 +217,7 @@ def test_an_unfinished_episode_continues_from_the_log_with_the_same_digest(sqlit
 
 _SCRIPT = """
 import sys
+import textwrap
 from companyos.env import CompanyEnv
 from companyos.agents import make_agent
 env = CompanyEnv(sys.argv[1])
@@ -708,3 +710,22 @@ def test_a_grouped_run_logs_what_a_run_step_by_step_logs_on_each_backend(empty_s
     assert [r.seed for r in grouped] == list(range(7, 47))
     assert [(r.seed, r.outcome, r.steps, r.digest) for r in grouped] == [
         (r.seed, r.outcome, r.steps, r.digest) for r in stepwise]
+
+
+@pytest.mark.parametrize("quiet", [True, False])
+def test_library_log_records_stay_off_a_commands_stderr(quiet):
+    """SQLAlchemy's pool logs a traceback for each connection it cannot reset after PostgreSQL
+    went away; those 40 lines came before the command's one `error:` line."""
+    script = textwrap.dedent(f"""
+        import logging
+        from companyos import cli
+        if {quiet}:
+            cli.quiet_library_logs()
+        try:
+            raise OSError("the connection is lost")
+        except OSError:
+            logging.getLogger("sqlalchemy.pool.impl.QueuePool").error(
+                "Exception during reset or similar", exc_info=True)
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert (out.stderr == "") is quiet, out.stderr  # the control run shows what is kept off
