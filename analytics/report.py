@@ -178,6 +178,17 @@ def _nice_ceiling(value: float) -> float:
     return 1.0
 
 
+_CHAR_PX = 6.5
+"""About the width of one character at the charts' 11 px sans-serif: what a label may take."""
+
+
+def _fit(label: str, px: float) -> str:
+    """`label` cut to what fits in `px` pixels, marked with an ellipsis (the bar's tooltip keeps it
+    whole): long agent names printed over each other, or past the chart's edge."""
+    most = max(3, int(px / _CHAR_PX))
+    return label if len(label) <= most else label[:most - 1] + "\u2026"
+
+
 def bar_chart(labels: list[str], values: list[float], *, title: str, percent: bool = True,
               width: int = 560, color: str = PALETTE[0], notes: list[str] | None = None,
               zoom: bool = False) -> str:
@@ -215,18 +226,19 @@ def bar_chart(labels: list[str], values: list[float], *, title: str, percent: bo
                          f'{_esc(shown)}</text>')
         if labelled or i % max(1, round(28 / slot)) == 0:
             parts.append(f'<text x="{x + bar / 2:.1f}" y="{top + inner_h + 14:.1f}" text-anchor="middle" '
-                         f'fill="#333">{_esc(label)}</text>')
+                         f'fill="#333">{_esc(_fit(label, slot * max(1, round(28 / slot)) - 4))}</text>')
     parts.append("</svg>")
     return "".join(parts)
 
 
 def hbar_chart(labels: list[str], values: list[float], *, title: str, width: int = 560,
-               notes: list[str] | None = None) -> str:
-    """Horizontal bars (fractions), longest first: reads like a ranked list."""
+               notes: list[str] | None = None, full_scale: float | None = None) -> str:
+    """Horizontal bars (fractions), longest first: reads like a ranked list. The longest bar spans
+    the chart, unless `full_scale` says which value does (1.0: rates on an absolute scale)."""
     row, top, label_w = 22, 28, 190
     height = top + row * len(values) + 10
     inner_w = width - label_w - 60
-    peak = max(values + [1e-9])
+    peak = full_scale or max(values + [1e-9])
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" '
              f'aria-label="{_esc(title)}" font-family="sans-serif" font-size="11">',
              f'<text x="0" y="16" font-size="13" font-weight="bold">{_esc(title)}</text>']
@@ -234,7 +246,8 @@ def hbar_chart(labels: list[str], values: list[float], *, title: str, width: int
         y = top + row * i
         w = inner_w * value / peak
         note = f" ({notes[i]})" if notes else ""
-        parts.append(f'<text x="{label_w - 6}" y="{y + 14}" text-anchor="end">{_esc(label)}</text>')
+        shown = _esc(_fit(label, label_w - 8))
+        parts.append(f'<text x="{label_w - 6}" y="{y + 14}" text-anchor="end">{shown}</text>')
         parts.append(f'<rect x="{label_w}" y="{y + 3}" width="{w:.1f}" height="{row - 6}" '
                      f'fill="{PALETTE[i % len(PALETTE)]}"><title>{_esc(label)}: {100 * value:.1f}%'
                      f'{_esc(note)}</title></rect>')
@@ -322,10 +335,11 @@ def charts(data: dict[str, Any]) -> list[str]:
                              color=PALETTE[2], zoom=True,
                              notes=[f"{r['episodes']} episodes, mostly {r['most_common_mode']}" if r
                                     else "0 episodes" for _, r in steps]))
-    agents = data["compare_agents"]
-    if len(agents) > 1:
-        out.append(bar_chart([r["agent"] for r in agents], [r["success_rate"] for r in agents],
-                             title="Success rate by agent", color=PALETTE[4]))
+    agents = sorted(data["compare_agents"], key=lambda r: (-r["success_rate"], r["agent"]))
+    if len(agents) > 1:  # a row per agent: model names are long
+        out.append(hbar_chart([r["agent"] for r in agents], [r["success_rate"] for r in agents],
+                              title="Success rate by agent", full_scale=1.0,
+                              notes=[f"{r['episodes']} episodes" for r in agents]))
     return out
 
 
@@ -342,7 +356,7 @@ REPORT_CSS = """
 body{font-family:system-ui,sans-serif;margin:2rem auto;max-width:980px;color:#222;padding:0 1rem}
 h1{font-size:1.5rem}h2{font-size:1.1rem;margin-top:2rem;border-bottom:1px solid #ddd}
 table{border-collapse:collapse;font-size:.85rem;margin:.5rem 0}
-td,th{border:1px solid #ddd;padding:3px 8px;text-align:left}th{background:#f5f5f5}
+td,th{border:1px solid #ddd;padding:3px 8px;text-align:left;overflow-wrap:anywhere}th{background:#f5f5f5}
 .charts{display:flex;flex-wrap:wrap;gap:1.5rem}
 .summary{font-size:1rem;background:#f7f7f7;padding:.6rem 1rem;border-radius:6px}
 .kpi{display:inline-block;margin-right:2rem}.kpi b{display:block;font-size:1.4rem}

@@ -51,7 +51,8 @@ margin-bottom:1rem}
 nav b{margin-right:1rem}nav a{text-decoration:none}
 h1{font-size:1.4rem}h2{font-size:1.1rem;margin-top:1.6rem;border-bottom:1px solid #ddd}h3{font-size:1rem}
 table{border-collapse:collapse;font-size:.85rem;margin:.5rem 0}
-td,th{border:1px solid #ddd;padding:3px 8px;text-align:left;vertical-align:top}th{background:#f5f5f5}
+td,th{border:1px solid #ddd;padding:3px 8px;text-align:left;vertical-align:top;overflow-wrap:anywhere}
+th{background:#f5f5f5}
 td.num{text-align:right;font-variant-numeric:tabular-nums}
 code,pre{font-family:ui-monospace,monospace;font-size:.8rem}
 pre{background:#f7f7f7;padding:.5rem;overflow-x:auto;white-space:pre-wrap;word-break:break-word}
@@ -62,7 +63,7 @@ form.filters{display:flex;gap:.8rem;flex-wrap:wrap;align-items:end;margin:.5rem 
 form.filters label{display:flex;flex-direction:column;font-size:.8rem}
 .pager{display:flex;gap:1.5rem;margin:.6rem 0}
 .rejected{background:#fff4e0}.mistake{background:#fde8e8}.chaos{color:#8a4b00}
-.ok{color:#1a7f37}.bad{color:#b42318}.muted{color:#777}
+.ok{color:#116329}.bad{color:#b42318}.muted{color:#595959}
 .error{background:#fde8e8;border:1px solid #f3b4b4;padding:.8rem 1rem;border-radius:6px}
 """
 

@@ -963,3 +963,26 @@ def test_means_of_returns_do_not_depend_on_the_order_rows_are_summed_in(tmp_path
                          service.run_named(wh, "compare_agents")[0]["mean_return"]))
     exact = sum(round(r * 10**6) for r in returns) / len(returns) / 10**6
     assert len(answers) == 1 and abs(answers.pop()[0] - exact) <= 0.0005
+
+
+def test_the_agents_chart_keeps_long_model_names_readable():
+    """Model names as agent labels were printed over each other under vertical bars, and a long
+    one ran past the chart's edge; the chart is a row per agent now, each name cut to its room
+    with the whole name in the bar's tooltip."""
+    import re
+
+    from analytics import report
+
+    names = ["gpt-4o-2024-08-06-react-with-reflection-and-tools", "claude-3-5-sonnet-tools",
+             "llama-3.1-70b-instruct", "random"]
+    agents = [{"agent": n, "episodes": 10, "success_rate": rate}
+              for n, rate in zip(names, (0.5, 0.9, 0.2, 0.0), strict=True)]
+    data = {"success_by_chaos": [], "success_by_task_and_chaos": [], "failure_modes": [],
+            "first_mistake_step": [], "compare_agents": agents}
+    (chart,) = report.charts(data)
+    labels = re.findall(r'<text x="184" y="\d+" text-anchor="end">([^<]*)</text>', chart)
+    assert labels == ["claude-3-5-sonnet-tools", "gpt-4o-2024-08-06-react-wit\u2026",
+                      "llama-3.1-70b-instruct", "random"]  # ranked, the long one cut
+    assert all(f"<title>{n}: " in chart for n in names)
+    widths = [float(w) for w in re.findall(r'<rect x="190" y="\d+" width="([\d.]+)"', chart)]
+    assert widths[0] == pytest.approx(0.9 * (560 - 190 - 60), abs=0.1)  # rates on an absolute scale

@@ -550,3 +550,22 @@ def test_serve_root_path_puts_the_pages_links_under_the_prefix(tmp_path):
         refused = subprocess.run([sys.executable, "-m", "companyos", "serve", "--root-path", bad],
                                  capture_output=True, text=True, timeout=60)
         assert refused.returncode == 2 and f"--root-path '{bad}' is not a URL path prefix" in refused.stderr
+
+
+def test_text_colours_meet_wcag_aa_contrast_on_every_row_background():
+    """`.muted` (#777) was 4.48:1 on white and 3.81:1 on a mistake row; AA wants 4.5:1."""
+    from api.ui_html import _CSS
+
+    def colour(selector: str, prop: str) -> str:
+        return re.search(rf"\.{selector}\{{{prop}:(#[0-9a-f]{{6}})\}}", _CSS)[1]
+
+    def luminance(hex_colour: str) -> float:
+        channels = [int(hex_colour[i:i + 2], 16) / 255 for i in (1, 3, 5)]
+        lin = [c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4 for c in channels]
+        return 0.2126 * lin[0] + 0.7152 * lin[1] + 0.0722 * lin[2]
+
+    backgrounds = ["#ffffff", colour("rejected", "background"), colour("mistake", "background")]
+    for text in ("muted", "ok", "bad", "chaos"):
+        for background in backgrounds:
+            light, dark = sorted((luminance(colour(text, "color")), luminance(background)), reverse=True)
+            assert (light + 0.05) / (dark + 0.05) >= 4.5, (text, background)
