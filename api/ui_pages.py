@@ -82,7 +82,11 @@ def _pager(listing: dict[str, Any], filters: dict[str, str]) -> Markup:
     offset, limit = listing["offset"], listing["limit"]
     keep = {**filters, "limit": limit}
     parts = []
-    if offset > 0:
+    total = listing["total"]
+    if offset >= total > 0:  # past the end (an edited address): one step back would still be empty
+        last = (total - 1) // limit * limit
+        parts.append(link(url(ui_href(), {**keep, "offset": last}), "← the oldest episodes"))
+    elif offset > 0:
         parts.append(link(url(ui_href(), {**keep, "offset": max(0, offset - limit)}), "← newer"))
     if listing["next_offset"] is not None:
         parts.append(link(url(ui_href(), {**keep, "offset": listing["next_offset"]}), "older →"))

@@ -148,6 +148,12 @@ def test_list_pages_forward_and_back_keeping_the_filters(ui):
     filtered = _html_ok(c.get("/ui", params={"agent": "random-agent", "limit": 1}))
     link = next(h for h in _links(filtered) if "offset=" in h)
     assert parse_qs(urlsplit(link).query) == {"agent": ["random-agent"], "limit": ["1"], "offset": ["1"]}
+    # past the end, "newer" stepped back one empty page at a time; it leads to the last page now
+    beyond = _html_ok(c.get("/ui", params={"limit": 3, "offset": 1_000_000}))
+    (back,) = [h for h in _links(beyond) if "offset=" in h]
+    total = c.get("/episodes").json()["total"]
+    first_shown = (total - 1) // 3 * 3 + 1
+    assert f"episodes {first_shown}–{total} of {total}" in _html_ok(c.get(back))
 
 
 @pytest.mark.parametrize(("query", "said"), [
