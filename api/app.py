@@ -84,7 +84,22 @@ class CompanyOSApp(FastAPI):
                 return
             await websocket_app(self.server, scope, receive, send)
             return
+        if scope["type"] == "http" and scope["method"] == "HEAD":
+            # HEAD is GET without the body (RFC 9110): link checkers and uptime monitors send it,
+            # and FastAPI's routes answered them 405
+            await super().__call__({**scope, "method": "GET"}, receive, _headers_only(send))
+            return
         await super().__call__(scope, receive, send)
+
+
+def _headers_only(send: Any) -> Any:
+    """`send` for a HEAD request: the GET answer's status and headers, its body left out."""
+    async def send_headers(message: dict) -> None:
+        if message["type"] == "http.response.body":
+            message = {**message, "body": b""}
+        await send(message)
+
+    return send_headers
 
 
 class Server:

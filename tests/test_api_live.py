@@ -173,3 +173,15 @@ def test_256_concurrent_websocket_sessions(sqlite_url):
         listing = httpx.get(f"{base}/episodes", params={"limit": 1}).json()
     assert steps == [2] * sessions
     assert listing["total"] == sessions
+
+
+def test_head_answers_as_get_without_the_body(sqlite_url):
+    """Link checkers and uptime monitors send HEAD; every route answered it 405."""
+    with live_server(sqlite_url) as base, httpx.Client(base_url=base, timeout=10) as http:
+        for path in ("/health", "/ui", "/episodes?limit=5", "/tasks", "/ui/analytics"):
+            got, head = http.get(path), http.head(path)
+            assert head.status_code == got.status_code == 200, (path, head.status_code)
+            assert head.content == b"" and head.headers["content-length"] == str(len(got.content))
+            assert head.headers["content-type"] == got.headers["content-type"]
+        assert http.head("/episodes?limt=5").status_code == 400  # refused as the GET would be
+        assert http.get("/health").json() == {"status": "healthy"}  # the connection still serves
