@@ -25,6 +25,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api import catalog, mcp
 from api.analytics_routes import analytics_router
+from api.apidocs import add_api_docs
 from api.config import ServerConfig
 from api.episodes import EpisodeLog
 from api.guard import BodyTooLarge, Guard, deny_websocket, route_path
@@ -169,13 +170,15 @@ def create_app(config: ServerConfig | None = None, store: EventStore | None = No
                   description=catalog.DESCRIPTION + "\n\nOpenEnv-compatible: `/reset`, `/step`, "
                   "`/state`, `/ws`, `/mcp`. Request bodies are limited to "
                   f"{config.max_body_bytes} bytes (413 above).",
-                  default_response_class=JSON, lifespan=lifespan)
+                  default_response_class=JSON, lifespan=lifespan,
+                  docs_url=None, redoc_url=None)  # /docs from local files (api.apidocs); ReDoc needs a CDN
     app.state.server = server
     app.router.route_class = JsonRoute
     app.add_middleware(Guard, api_key=config.api_key, max_body_bytes=config.max_body_bytes)
     _register_errors(app)
     _register_openenv(app, server)
     _register_log(app, server)
+    add_api_docs(app)
     store_url = store.engine.url.render_as_string(hide_password=False)
     app.include_router(analytics_router(store_url, config.warehouse))
     app.include_router(ui_router(server.log, store_url, config.warehouse))

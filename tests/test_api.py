@@ -906,3 +906,22 @@ def test_a_store_that_fails_mid_episode_is_a_503_in_words_and_the_episode_goes_o
             failing["on"] = False
             ws.send_json({"type": "step", "data": ACTIONS[0]})  # the same socket goes on
             assert ws.receive_json()["data"]["metadata"]["step"] == 1
+
+
+def test_the_api_docs_page_needs_nothing_from_the_internet(sqlite_url):
+    """/docs loaded Swagger UI from a CDN: offline, the UI's "API docs" link opened a blank page.
+    Every script and style it names is served here now (Swagger UI 5, which reads OpenAPI 3.1)."""
+    import re
+
+    with client(sqlite_url) as c:
+        page = c.get("/docs")
+        assert page.status_code == 200
+        assets = re.findall(r'(?:src|href)="([^"]+)"', page.text)
+        assert {a.rsplit(".", 1)[-1] for a in assets} >= {"js", "css"}
+        assert all(a.startswith("/docs/assets/") for a in assets), assets
+        script = c.get(next(a for a in assets if a.endswith(".js")))
+        assert script.status_code == 200 and b"SwaggerUIBundle" in script.content
+        assert re.search(rb'version:"5\.\d+\.\d+"|swagger-ui@5|"5\.\d+\.\d+"', script.content)
+        assert c.get("/openapi.json").json()["openapi"].startswith("3.1")
+    with TestClient(create_app(ServerConfig(db=sqlite_url)), root_path="/prefix") as c:  # behind a proxy
+        assert '<script src="/prefix/docs/assets/swagger-ui-bundle.js">' in c.get("/docs").text

@@ -1,0 +1,41 @@
+"""`/docs`: the interactive API docs (Swagger UI) served from the installed package, not a CDN.
+
+FastAPI's default page loads Swagger UI's script and style from cdn.jsdelivr.net, so on a machine
+without internet (where this product is meant to run) the "API docs" link in every UI page opened
+a blank page. The `fastapi-offline` package ships those files (Swagger UI 5, which reads the
+OpenAPI 3.1 that FastAPI writes); they are served under `/docs/assets/`, behind the same API key
+as the rest.
+"""
+
+from __future__ import annotations
+
+from fastapi import FastAPI, Request
+from fastapi.openapi.docs import get_swagger_ui_html, get_swagger_ui_oauth2_redirect_html
+from fastapi.responses import HTMLResponse
+from fastapi.staticfiles import StaticFiles
+
+DOCS = "/docs"
+ASSETS = DOCS + "/assets"
+
+
+def add_api_docs(app: FastAPI) -> None:
+    """Serve Swagger UI at /docs from local files (create the app with `docs_url=None`)."""
+    from importlib.resources import files
+
+    assets = files("fastapi_offline") / "static"  # the package's data: Swagger UI's files
+    app.mount(ASSETS, StaticFiles(directory=str(assets)), name="swagger-ui-assets")
+    oauth2_redirect = DOCS + "/oauth2-redirect"
+
+    @app.get(DOCS, include_in_schema=False)
+    async def docs(request: Request) -> HTMLResponse:
+        root = request.scope.get("root_path", "").rstrip("/")  # behind a proxy's path prefix
+        return get_swagger_ui_html(
+            openapi_url=root + (app.openapi_url or "/openapi.json"), title=f"{app.title} - API docs",
+            swagger_js_url=f"{root}{ASSETS}/swagger-ui-bundle.js",
+            swagger_css_url=f"{root}{ASSETS}/swagger-ui.css",
+            swagger_favicon_url=f"{root}{ASSETS}/favicon.png",
+            oauth2_redirect_url=root + oauth2_redirect)
+
+    @app.get(oauth2_redirect, include_in_schema=False)
+    async def docs_oauth2_redirect() -> HTMLResponse:
+        return get_swagger_ui_oauth2_redirect_html()
