@@ -8,6 +8,7 @@ serialises calls (the HTTP server runs handlers on threads).
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import threading
 from collections.abc import Iterator
@@ -20,9 +21,10 @@ from analytics import adhoc, named
 from analytics.adhoc import SqlRefused
 from analytics.named import QueryError
 from analytics.sync import Progress, open_store, sync, warehouse_path
-from analytics.warehouse import Warehouse, WarehouseError, open_for_sync
+from analytics.warehouse import Warehouse, WarehouseBusy, WarehouseError, open_for_sync
 
 _LOCK = threading.Lock()
+log = logging.getLogger(__name__)
 
 __all__ = ["BackgroundSync", "QueryError", "SqlRefused", "WarehouseError", "answer", "as_objects",
            "describe", "run_named", "run_sql", "rows_of", "sync_in_background", "synced"]
@@ -128,8 +130,10 @@ class BackgroundSync:
         try:
             with synced(self.db_url, self.warehouse, progress=self._progress):
                 pass
-        except BaseException as exc:  # the page that polls next says it
+        except BaseException as exc:  # the request that polls next says it
             self.error = exc
+            if not isinstance(exc, WarehouseBusy):
+                log.warning("the analytics sync of %s failed", self.db_url, exc_info=exc)
         finally:
             self._ended.set_result(None)
 
@@ -150,6 +154,12 @@ class BackgroundSync:
         """Whether it has ended, well or not."""
         return self._ended.done()
 
+    def stale(self) -> bool:
+        """Ended in a way that says nothing about now: well (another process may have taken the
+        file since), or giving up on a file another process held (it may be free since). Any
+        other failure is still news, for the next request to report."""
+        return self.ended() and (self.error is None or isinstance(self.error, WarehouseBusy))
+
     async def ended_within(self, seconds: float) -> bool:
         """Whether the sync has ended (well or not) within `seconds`, awaited on the event loop: a
         request waiting minutes for it (`Prefer: wait=600`) holds no server thread meanwhile."""
@@ -169,15 +179,15 @@ async def sync_in_background(db_url: str, warehouse: str | Path | None,
     """Start a sync of this store into this warehouse, or join the one running, and wait up to
     `wait_s` for it: None once it has ended well, the job (to ask how far it got) while it runs.
     An ended sync is handed out once (to whoever sees it end first), and raises its error there;
-    but a sync that ended before this call began is not this call's answer: another process may
-    have taken the warehouse since it ended well, or freed it since it failed waiting for it, so
-    this call starts another (which finds little or nothing to do). Small backlogs end within the wait, so the
+    but a sync that ended before this call began well, or waiting for a file another process held,
+    is not this call's answer (the file may have been taken or freed since): this call starts
+    another, which finds little or nothing to do. Small backlogs end within the wait, so the
     caller answers at once. Awaited on the event loop: the sync has its own thread, and the waiting
     request holds none."""
     key = (db_url, str(warehouse_path(db_url, warehouse)))
     with _JOBS_LOCK:
         job = _JOBS.get(key)
-        if job is None or job.ended():
+        if job is None or job.stale():
             job = _JOBS[key] = BackgroundSync(db_url, warehouse)
     if not await job.ended_within(wait_s):
         return job

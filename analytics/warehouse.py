@@ -107,6 +107,11 @@ class WarehouseError(RuntimeError):
     """The warehouse cannot be used as asked (busy, built from another store, ...)."""
 
 
+class WarehouseBusy(WarehouseError):
+    """Another process held the file for longer than the caller would wait: a condition of the
+    moment, not of the warehouse."""
+
+
 class WarehousePathError(WarehouseError):
     """The path given for the warehouse cannot hold one (a directory, the SQLite store, not DuckDB)."""
 
@@ -284,7 +289,7 @@ def _connect(path: Path, read_only: bool, config: dict, wait: float,
                 follow(*running)
                 deadline = max(deadline, time.monotonic() + wait)
             if time.monotonic() >= deadline:
-                raise WarehouseError(
+                raise WarehouseBusy(
                     f"the warehouse {path} is in use by another process (DuckDB allows one writer); "
                     "try again when it is done") from exc
             time.sleep(delay)

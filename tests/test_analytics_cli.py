@@ -427,6 +427,25 @@ def test_a_sync_that_ended_unseen_is_not_the_answer_while_the_file_is_held_again
     assert answered.status_code == 200 and sum(r["episodes"] for r in answered.json()) == len(logged[1])
 
 
+def test_a_sync_that_failed_between_two_polls_is_reported_to_the_next(logged, busy_route, monkeypatch):
+    """Only a sync that ended well, or gave up on a busy file, is restarted unseen: any other
+    failure (a damaged store, another store's warehouse) reaches the next request once."""
+    from analytics import service
+    from analytics.warehouse import WarehouseError
+
+    def failing_sync(*args, **kwargs):
+        time.sleep(0.3)
+        raise WarehouseError("the warehouse w.duckdb was built from another store")
+
+    monkeypatch.setattr(service, "sync", failing_sync)
+    client, _ = busy_route
+    assert client.get("/analytics/compare_agents").status_code == 202
+    _ended(next(iter(service._JOBS.values())))
+    told = client.get("/analytics/compare_agents")
+    assert told.status_code == 503 and "built from another store" in told.json()["detail"], told.text
+    assert not service._JOBS  # handed out once
+
+
 def test_requests_waiting_for_a_sync_hold_no_server_thread(logged, tmp_path, held_sync):
     """`Prefer: wait=N` may keep a request open for minutes: it waits on the event loop, so a
     server with a few dozen worker threads still answers everything else meanwhile."""

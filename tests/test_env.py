@@ -217,7 +217,6 @@ def test_an_unfinished_episode_continues_from_the_log_with_the_same_digest(sqlit
 
 _SCRIPT = """
 import sys
-import textwrap
 from companyos.env import CompanyEnv
 from companyos.agents import make_agent
 env = CompanyEnv(sys.argv[1])
