@@ -47,8 +47,9 @@ from api.models import (
     TasksResponse,
 )
 from api.querystring import STRICT_QUERY
-from api.sessions import ApiError, SessionManager, split_session_key, store_failure
+from api.sessions import ApiError, SessionManager, outage_classes, split_session_key, store_outage
 from api.ui import ui_router
+from api.ui_html import error_page, is_ui_path
 from api.ws import websocket_app
 from companyos.config import resolve_db
 from companyos.lifecycle import end_with
@@ -196,12 +197,18 @@ def _register_errors(app: FastAPI) -> None:
     async def api_error(_: Request, exc: ApiError) -> JSON:
         return _error(exc)
 
-    async def database_error(_: Request, exc: Exception) -> JSON:
-        failure = store_failure(exc) or ApiError(503, "store_unavailable", f"the store failed: {exc}")
-        return JSON(failure.body(), status_code=failure.status, headers={"Retry-After": "1"})
+    async def database_outage(request: Request, exc: Exception) -> Response:
+        failure = store_outage(exc)
+        assert failure is not None  # registered for exactly the classes store_outage takes
+        headers = {"Retry-After": "1"}
+        if is_ui_path(route_path(request.scope)):  # a person's page: said as a page
+            page = error_page(failure.status, failure.message)
+            page.headers.update(headers)
+            return page
+        return JSON(failure.body(), status_code=failure.status, headers=headers)
 
-    for database_errors in _database_error_classes():
-        app.add_exception_handler(database_errors, database_error)
+    for outage in outage_classes():
+        app.add_exception_handler(outage, database_outage)
 
     @app.exception_handler(BodyTooLarge)
     async def too_large(_: Request, exc: BodyTooLarge) -> JSON:
@@ -222,21 +229,6 @@ def _register_errors(app: FastAPI) -> None:
         errors = [{"loc": list(e.get("loc", ())), "msg": _said(e, json_body),
                    "type": str(e.get("type", ""))} for e in exc.errors()]
         return JSON({"detail": errors}, status_code=422)
-
-
-def _database_error_classes() -> tuple[type[Exception], ...]:
-    """What a database failure raises: SQLAlchemy's wrapper, or the drivers' own errors from the
-    store's raw cursors (psycopg is imported here: a server loads it with a PostgreSQL store anyway)."""
-    import sqlite3
-
-    import sqlalchemy as sa
-
-    classes: tuple[type[Exception], ...] = (sa.exc.DBAPIError, sqlite3.Error)
-    try:
-        import psycopg
-    except ImportError:
-        return classes
-    return (*classes, psycopg.Error)
 
 
 def _is_json(content_type: str | None) -> bool:

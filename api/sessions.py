@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import secrets
 import threading
 import time
@@ -33,6 +34,8 @@ from projections.episodes import new_agent_label_problem
 RESET_FIELDS = ("seed", "episode_id", "task", "chaos", "reward_profile", "max_steps", "agent", "text")
 TOKEN_META_KEY = "token_sha256"
 _HIDDEN_META = frozenset({TOKEN_META_KEY})
+
+log = logging.getLogger("uvicorn.error")  # where the server's operators read errors
 
 
 class ApiError(Exception):
@@ -53,20 +56,32 @@ def log_damaged(exc: CorruptCommit) -> ApiError:
     return ApiError(500, "log_damaged", f"{exc}; `companyos verify` names every damaged episode")
 
 
-def store_failure(exc: BaseException) -> ApiError | None:
-    """A database error the store let through (a lost PostgreSQL connection, a full disk) as the
-    503 `store_unavailable` a client may retry; None for any other exception. Without this such a
-    request was a bare "Internal Server Error" and a WebSocket dropped with no frame."""
+def outage_classes() -> tuple[type[Exception], ...]:
+    """What a database outage raises (a lost PostgreSQL connection, a full disk, a locked
+    file): SQLAlchemy's wrappers, or the drivers' own from the store's raw cursors. Errors of
+    other kinds (a constraint, bad SQL) are bugs and stay 500s."""
     import sqlite3
-    import sys
 
-    psycopg = sys.modules.get("psycopg")  # only loaded with a PostgreSQL store
-    if not (isinstance(exc, sa.exc.DBAPIError | sqlite3.Error)
-            or (psycopg is not None and isinstance(exc, psycopg.Error))):
+    classes: tuple[type[Exception], ...] = (sa.exc.OperationalError, sa.exc.InterfaceError,
+                                            sqlite3.OperationalError, sqlite3.InterfaceError)
+    try:
+        import psycopg  # a dependency; loaded anyway when the store is PostgreSQL
+    except ImportError:
+        return classes
+    return (*classes, psycopg.OperationalError, psycopg.InterfaceError)
+
+
+def store_outage(exc: BaseException) -> ApiError | None:
+    """A database outage as the 503 `store_unavailable` a client may retry, logged here with the
+    driver's words (they can name hosts and tables, so the client gets only the kind); None for
+    any other exception. Without it such a request was a bare "Internal Server Error", and a
+    WebSocket dropped with no frame."""
+    if not isinstance(exc, outage_classes()):
         return None
-    said = " ".join(str(getattr(exc, "orig", None) or exc).split())[:300]
-    return ApiError(503, "store_unavailable", f"the store failed: {said}; try again once it is back "
-                    "(a step may or may not have been logged: the episode's state says which)")
+    orig = getattr(exc, "orig", None) or exc
+    log.warning("the store's database failed under a request", exc_info=exc)
+    return ApiError(503, "store_unavailable", f"the store's database failed ({type(orig).__name__}); "
+                    "try again once it is back")
 
 
 def hash_token(token: str) -> str:

@@ -19,7 +19,7 @@ import orjson
 
 from api import catalog, mcp
 from api.jsonbody import loads
-from api.sessions import ApiError, Session, store_failure
+from api.sessions import ApiError, Session, store_outage
 
 INVALID_JSON = "INVALID_JSON"
 UNKNOWN_TYPE = "UNKNOWN_TYPE"
@@ -71,7 +71,7 @@ async def websocket_app(server: Any, scope: dict, receive: Any, send: Any) -> No
             try:
                 await conn.resume(key, token)
             except Exception as exc:
-                refused = exc if isinstance(exc, ApiError) else store_failure(exc)
+                refused = exc if isinstance(exc, ApiError) else store_outage(exc)
                 if refused is None:
                     raise
                 await send({"type": "websocket.send", "text": _error(
@@ -151,7 +151,7 @@ class _Connection:
         except ApiError as exc:
             return _api_error(exc)
         except Exception as exc:  # the database failed (the socket stays open for a retry), or a bug
-            failure = store_failure(exc)
+            failure = store_outage(exc)
             if failure is None:
                 raise
             return _api_error(failure)

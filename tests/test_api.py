@@ -4,6 +4,7 @@ that live in the log (restart, any worker, 409), access rules, bad inputs, the e
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -870,7 +871,8 @@ def test_an_episode_id_holding_a_dot_is_named_by_every_route(sqlite_url):
         assert r.json()["error"]["data"]["code"] == "token_required", r.text
 
 
-def test_a_store_that_fails_mid_episode_is_a_503_in_words_and_the_episode_goes_on(sqlite_url, monkeypatch):
+def test_a_store_that_fails_mid_episode_is_a_503_in_words_and_the_episode_goes_on(sqlite_url, monkeypatch,
+                                                                                    caplog):
     """A lost PostgreSQL connection (simulated: the append raises the driver's OperationalError)
     was a bare "Internal Server Error" over HTTP and a WebSocket closed with no frame."""
     import sqlalchemy as sa
@@ -890,10 +892,12 @@ def test_a_store_that_fails_mid_episode_is_a_503_in_words_and_the_episode_goes_o
     with client(sqlite_url) as c:
         episode_id, token, _ = reset(c)
         failing["on"] = True
-        r = step(c, episode_id, token, ACTIONS[0])
+        with caplog.at_level(logging.WARNING, logger="uvicorn.error"):
+            r = step(c, episode_id, token, ACTIONS[0])
         assert r.status_code == 503 and r.json()["code"] == "store_unavailable", r.text
-        assert "server closed the connection unexpectedly This probably" in r.json()["detail"]
-        assert r.headers["retry-after"] == "1"
+        assert r.json()["detail"].startswith("the store's database failed") and r.headers["retry-after"] == "1"
+        assert "server closed the connection" not in r.text  # the driver's words are the log's
+        assert "server closed the connection" in caplog.text
         failing["on"] = False
         assert step(c, episode_id, token, ACTIONS[0]).json()["metadata"]["step"] == 1  # not applied
         with c.websocket_connect("/ws") as ws:
@@ -906,6 +910,29 @@ def test_a_store_that_fails_mid_episode_is_a_503_in_words_and_the_episode_goes_o
             failing["on"] = False
             ws.send_json({"type": "step", "data": ACTIONS[0]})  # the same socket goes on
             assert ws.receive_json()["data"]["metadata"]["step"] == 1
+
+
+def test_only_an_outage_is_a_503_and_a_page_asks_as_a_page(sqlite_url, monkeypatch):
+    """A constraint or bad SQL is a bug: a 500, not a "try again" a client would retry forever;
+    the UI answers an outage with its HTML error page, not JSON."""
+    import sqlalchemy as sa
+
+    from api.episodes import EpisodeLog
+
+    def broken(error):
+        def listing(self, **kwargs):
+            raise error("SELECT ...", {}, Exception("no such column: bogus"))
+        return listing
+
+    monkeypatch.setattr(EpisodeLog, "list", broken(sa.exc.OperationalError))
+    with TestClient(create_app(ServerConfig(db=sqlite_url))) as c:
+        page = c.get("/ui")
+        assert page.status_code == 503 and page.headers["content-type"].startswith("text/html")
+        assert "database failed" in page.text
+        assert c.get("/episodes").json()["code"] == "store_unavailable"
+    monkeypatch.setattr(EpisodeLog, "list", broken(sa.exc.ProgrammingError))
+    with TestClient(create_app(ServerConfig(db=sqlite_url)), raise_server_exceptions=False) as c:
+        assert c.get("/episodes").status_code == 500
 
 
 def test_the_api_docs_page_needs_nothing_from_the_internet(sqlite_url):
