@@ -875,9 +875,6 @@ def test_a_store_that_fails_mid_episode_is_a_503_in_words_and_the_episode_goes_o
                                                                                     caplog):
     """A lost PostgreSQL connection (simulated: the append raises the driver's OperationalError)
     was a bare "Internal Server Error" over HTTP and a WebSocket closed with no frame."""
-    import sqlalchemy as sa
-
-    from eventstore import EventStore
 
     real_append = EventStore.append_head
     failing = {"on": False}
@@ -895,7 +892,8 @@ def test_a_store_that_fails_mid_episode_is_a_503_in_words_and_the_episode_goes_o
         with caplog.at_level(logging.WARNING, logger="uvicorn.error"):
             r = step(c, episode_id, token, ACTIONS[0])
         assert r.status_code == 503 and r.json()["code"] == "store_unavailable", r.text
-        assert r.json()["detail"].startswith("the store's database failed") and r.headers["retry-after"] == "1"
+        assert r.json()["detail"].startswith("the store's database failed")
+        assert r.headers["retry-after"] == "1"
         assert "server closed the connection" not in r.text  # the driver's words are the log's
         assert "server closed the connection" in caplog.text
         failing["on"] = False
@@ -915,8 +913,6 @@ def test_a_store_that_fails_mid_episode_is_a_503_in_words_and_the_episode_goes_o
 def test_only_an_outage_is_a_503_and_a_page_asks_as_a_page(sqlite_url, monkeypatch):
     """A constraint or bad SQL is a bug: a 500, not a "try again" a client would retry forever;
     the UI answers an outage with its HTML error page, not JSON."""
-    import sqlalchemy as sa
-
     from api.episodes import EpisodeLog
 
     def broken(error):
