@@ -251,24 +251,36 @@ class SessionManager:
 
     def get_by_key(self, key: Any, token: str | None) -> Session:
         """The session a key names: `<episode_id>.<token>`, or an episode id with `token` given
-        apart. An id may itself hold a dot (`run.<32 hex digits>`) and end like a token, so a
-        split whose episode does not exist is retried as the whole id."""
+        apart. An id may itself hold a dot and end like a token (`run.<32 hex digits>`), so:
+        with a token given apart, the whole key is tried as the id first (the key's tail would
+        not be the token used anyway); without one, a split that names no episode, or one whose
+        token is not the tail (a `run` episode beside `run.<hex>`), is retried as the whole id,
+        which then asks for its token."""
         if not isinstance(key, str):
             return self.get(key, token)
         episode_id, key_token = split_session_key(key)
         if key_token is None:
             return self.get(key, token)
+        whole_is_an_id = episode_id_problem(key) is None
+        if token is not None and whole_is_an_id:
+            try:
+                return self.get(key, token)
+            except ApiError as exc:
+                if exc.code != "episode_not_found":
+                    raise
+            return self.get(episode_id, token)
         try:
             return self.get(episode_id, token or key_token)
         except ApiError as exc:
-            if exc.code != "episode_not_found":
+            if exc.code not in ("episode_not_found", "wrong_token") or not whole_is_an_id:
                 raise
             try:
-                return self.get(key, token)
+                self.get(key, None)
             except ApiError as whole:
                 if whole.code == "episode_not_found":
                     raise exc from None  # names the id part: the rest may be a token
-                raise
+                raise whole from None  # the dotted id exists: it wants its token
+            raise  # unreachable: get() without a token always refuses
 
     @staticmethod
     def check_token(session: Session, token: str | None) -> None:

@@ -869,6 +869,19 @@ def test_an_episode_id_holding_a_dot_is_named_by_every_route(sqlite_url):
         r = rpc(c, "tools/call", {"name": "ticketdesk_list_tickets", "arguments": {},
                                   "episode_id": episode_id})  # the id alone: its token is wanted
         assert r.json()["error"]["data"]["code"] == "token_required", r.text
+        # an episode named like the id's first part does not stand in the way of the dotted one
+        reset(c, **RESET, episode_id="run")
+        r = rpc(c, "tools/call", {"name": "ticketdesk_list_tickets", "arguments": {},
+                                  "episode_id": episode_id, "episode_token": token})
+        assert r.json()["result"]["structuredContent"]["metadata"]["step"] == 4, r.text
+        r = rpc(c, "tools/call", {"name": "ticketdesk_list_tickets", "arguments": {},
+                                  "episode_id": episode_id})
+        assert r.json()["error"]["data"]["code"] == "token_required", r.text
+        # a session id too long to be an id is still an unknown session (404: initialize again)
+        unknown = rpc(c, "tools/list", headers={"Mcp-Session-Id": "x" * 100 + "." + "A" * 32})
+        called = rpc(c, "tools/call", {"name": "ticketdesk_list_tickets", "arguments": {}},
+                     headers={"Mcp-Session-Id": "x" * 100 + "." + "A" * 32})
+        assert unknown.status_code == 200 and called.status_code == 404, called.text
 
 
 def test_a_store_that_fails_mid_episode_is_a_503_in_words_and_the_episode_goes_on(sqlite_url, monkeypatch,
