@@ -780,10 +780,18 @@ def test_tables_print_floats_with_their_magnitude(logged, tmp_path, cli):
 
 def test_json_keeps_integers_past_64_bits_exact(logged, tmp_path, cli):
     """`sum` over UBIGINT or hash() gives DuckDB's HUGEINT: a traceback from the JSON writer before."""
-    out = cli("sql", "SELECT (1::HUGEINT << 100) + 7 AS big, 1.5::DOUBLE AS x, 'a' AS s", "--format", "json",
-              "--db", logged[0], "--warehouse", str(tmp_path / "w.duckdb"))
+    others = ("1.5::DOUBLE AS x, 'a' AS s, 'nan'::DOUBLE AS n, TIMESTAMP '2024-01-01 12:00:00' AS t, "
+              "[1, 2] AS l")
+    wh = str(tmp_path / "w.duckdb")
+    out = cli("sql", f"SELECT (1::HUGEINT << 100) + 7 AS big, {others}", "--format", "json",
+              "--db", logged[0], "--warehouse", wh)
     assert out.exit_code == 0, out.output
-    assert json.loads(out.stdout) == [{"big": 2**100 + 7, "x": 1.5, "s": "a"}]
+    row = json.loads(out.stdout)[0]
+    assert row.pop("big") == 2**100 + 7
+    # everything else as it is written without a big integer in the document
+    usual = json.loads(cli("sql", f"SELECT {others}", "--format", "json", "--db", logged[0],
+                           "--warehouse", wh).stdout)[0]
+    assert row == usual == {"x": 1.5, "s": "a", "n": None, "t": "2024-01-01T12:00:00", "l": [1, 2]}
 
 
 def test_an_export_of_an_empty_store_reads_back_as_empty_tables(logged, tmp_path, cli):

@@ -37,8 +37,28 @@ def print_json(value: Any) -> None:
             raise
         import json
 
-        text = json.dumps(value, indent=2, ensure_ascii=False, default=str)
+        text = json.dumps(_as_orjson_would(value), indent=2, ensure_ascii=False, allow_nan=False)
     sys.stdout.write(text + "\n")
+
+
+def _as_orjson_would(value: Any) -> Any:
+    """`value` in the JSON types, written as orjson writes it (NaN and infinities as null, dates
+    in ISO form, other odd values as text), integers of any size kept: the standard library's
+    writer then gives the same document orjson would, had it taken big integers."""
+    import datetime
+    import math
+
+    if value is None or isinstance(value, bool | int | str):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k if isinstance(k, str) else str(k): _as_orjson_would(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_as_orjson_would(v) for v in value]
+    if isinstance(value, datetime.date | datetime.time):
+        return value.isoformat()
+    return str(value)
 
 
 def stdout_console():
