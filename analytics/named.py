@@ -14,6 +14,8 @@ from functools import cache
 from importlib.resources import files
 from typing import Any
 
+from domain.labels import control_character
+
 _PARAM = re.compile(r"^param\s+(?P<name>[a-z_][a-z0-9_]*)\s+(?P<type>[A-Z]+)"
                     r"(?:\[(?P<lo>-?\d+)?\.\.(?P<hi>-?\d+)?\])?"
                     r"(?:\s*=\s*(?P<default>'[^']*'|[^:]+?))?\s*:\s*(?P<doc>.*)$")
@@ -79,12 +81,6 @@ class NamedQuery:
 
     def signature(self) -> str:
         return ", ".join(p.describe() for p in self.params) or "no parameters"
-
-
-def control_character(text: str) -> str | None:
-    """The first control character in `text` (C0, DEL or C1), if any: no label the store takes
-    holds one (projections.episodes.agent_label_problem), so a filter holding one matches nothing."""
-    return next((c for c in text if c < " " or "\x7f" <= c <= "\x9f"), None)
 
 
 def convert(query: str, p: Param, value: Any) -> Any:

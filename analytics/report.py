@@ -11,10 +11,10 @@ import math
 import time
 from typing import Any
 
-from analytics.named import control_character
 from analytics.service import rows_of, run_named
 from analytics.warehouse import Warehouse
 from domain import CHAOS_LEVELS, task_family
+from domain.labels import control_character
 
 PALETTE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7",
            "#9c755f", "#bab0ac")

@@ -14,6 +14,7 @@ import orjson
 import sqlalchemy as sa
 
 from domain import sim_time, task_family
+from domain.labels import control_character
 from eventstore import EventStore, RecordedEvent
 from projections.runner import Projection, fold_records, read_rows
 from projections.schema import episodes
@@ -134,7 +135,7 @@ def agent_label_problem(agent: object) -> str | None:
     and other control characters break the tables that show it."""
     if not isinstance(agent, str) or not 0 < len(agent) <= MAX_AGENT_LABEL:
         return f"agent must be a string of 1-{MAX_AGENT_LABEL} characters"
-    control = next((c for c in agent if c < " " or "\x7f" <= c <= "\x9f"), None)
+    control = control_character(agent)
     if control is not None:
         return f"agent must not hold control characters (it holds {control!r})"
     return None
