@@ -1,4 +1,4 @@
-"""`/docs`: the interactive API docs (Swagger UI) served from the installed package, not a CDN.
+"""`/docs` and `/redoc`: the API docs (Swagger UI, ReDoc) served from an installed package, not a CDN.
 
 FastAPI's default page loads Swagger UI's script and style from cdn.jsdelivr.net, so on a machine
 without internet (where this product is meant to run) the "API docs" link in every UI page opened
@@ -10,7 +10,7 @@ as the rest.
 from __future__ import annotations
 
 from fastapi import FastAPI, Request
-from fastapi.openapi.docs import get_swagger_ui_html, get_swagger_ui_oauth2_redirect_html
+from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html, get_swagger_ui_oauth2_redirect_html
 from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
 
@@ -19,7 +19,8 @@ ASSETS = DOCS + "/assets"
 
 
 def add_api_docs(app: FastAPI) -> None:
-    """Serve Swagger UI at /docs from local files (create the app with `docs_url=None`)."""
+    """Serve Swagger UI at /docs and ReDoc at /redoc from local files (create the app with
+    `docs_url=None, redoc_url=None`)."""
     from importlib.resources import files
 
     assets = files("fastapi_offline") / "static"  # the package's data: Swagger UI's files
@@ -39,3 +40,12 @@ def add_api_docs(app: FastAPI) -> None:
     @app.get(oauth2_redirect, include_in_schema=False)
     async def docs_oauth2_redirect() -> HTMLResponse:
         return get_swagger_ui_oauth2_redirect_html()
+
+    @app.get("/redoc", include_in_schema=False)
+    async def redoc(request: Request) -> HTMLResponse:
+        """The same reference as ReDoc renders it (the package ships its script too)."""
+        root = request.scope.get("root_path", "").rstrip("/")
+        return get_redoc_html(openapi_url=root + (app.openapi_url or "/openapi.json"),
+                              title=f"{app.title} - API reference", with_google_fonts=False,
+                              redoc_js_url=f"{root}{ASSETS}/redoc.standalone.js",
+                              redoc_favicon_url=f"{root}{ASSETS}/favicon.png")

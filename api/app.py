@@ -172,7 +172,7 @@ def create_app(config: ServerConfig | None = None, store: EventStore | None = No
                   "`/state`, `/ws`, `/mcp`. Request bodies are limited to "
                   f"{config.max_body_bytes} bytes (413 above).",
                   default_response_class=JSON, lifespan=lifespan,
-                  docs_url=None, redoc_url=None)  # /docs from local files (api.apidocs); ReDoc needs a CDN
+                  docs_url=None, redoc_url=None)  # both from local files: api.apidocs
     app.state.server = server
     app.router.route_class = JsonRoute
     app.add_middleware(Guard, api_key=config.api_key, max_body_bytes=config.max_body_bytes)

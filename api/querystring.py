@@ -24,10 +24,11 @@ def single_valued(pairs: Iterable[tuple[str, str]]) -> dict[str, str]:
     return params
 
 
-def strict_query(request: Request) -> None:
-    """A route dependency: refuse a query parameter the route does not declare, or one given
-    twice. FastAPI ignores the first and keeps the last of the second, so a typo
-    (`/episodes?outcomes=success`) silently answered with the unfiltered list."""
+async def strict_query(request: Request) -> None:
+    """A route dependency (async: no thread hop for the async routes): refuse a query parameter
+    the route does not declare, or one given twice. FastAPI ignores the first and keeps the
+    last of the second, so a typo (`/episodes?outcomes=success`) silently answered with the
+    unfiltered list."""
     from api.sessions import ApiError
 
     declared = sorted(_declared(getattr(request.scope.get("route"), "dependant", None)))

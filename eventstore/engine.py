@@ -7,6 +7,7 @@ from urllib.parse import unquote, urlsplit
 import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.pool import StaticPool
+from sqlalchemy.util import asbool
 
 SQLITE_SYNCHRONOUS = ("normal", "full")
 
@@ -42,14 +43,9 @@ def sqlite_file(url: str | sa.URL) -> str | None:
     if parsed.get_backend_name() != "sqlite" or in_memory_sqlite(parsed):
         return None
     database = parsed.database
-    if database and database.startswith("file:") and _truthy(parsed.query.get("uri")):
-        return unquote(urlsplit(database).path)
+    if database and database[:5].lower() == "file:" and asbool(parsed.query.get("uri", False)):
+        return unquote(urlsplit(database).path) or None  # `file:` alone: SQLite's temporary file
     return database
-
-
-def _truthy(value: object) -> bool:
-    """SQLAlchemy's reading of a boolean URL option such as `uri=true`."""
-    return isinstance(value, str) and value.lower() in ("1", "true", "yes", "on")
 
 
 def create_engine(url: str, synchronous: str | None = None) -> sa.Engine:

@@ -959,5 +959,9 @@ def test_the_api_docs_page_needs_nothing_from_the_internet(sqlite_url):
         assert script.status_code == 200 and b"SwaggerUIBundle" in script.content
         assert re.search(rb'version:"5\.\d+\.\d+"|swagger-ui@5|"5\.\d+\.\d+"', script.content)
         assert c.get("/openapi.json").json()["openapi"].startswith("3.1")
+        redoc = c.get("/redoc").text
+        (script,) = re.findall(r'<script src="([^"]+)">', redoc)
+        assert script.startswith("/docs/assets/") and c.get(script).status_code == 200
+        assert "fonts.googleapis" not in redoc
     with TestClient(create_app(ServerConfig(db=sqlite_url)), root_path="/prefix") as c:  # behind a proxy
         assert '<script src="/prefix/docs/assets/swagger-ui-bundle.js">' in c.get("/docs").text
