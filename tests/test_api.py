@@ -902,8 +902,12 @@ def test_a_store_that_fails_mid_episode_is_a_503_in_words_and_the_episode_goes_o
     with client(sqlite_url) as c:
         episode_id, token, _ = reset(c)
         failing["on"] = True
-        with caplog.at_level(logging.WARNING, logger="uvicorn.error"):
+        server_log = logging.getLogger("uvicorn.error")  # a live server earlier may have stopped
+        server_log.addHandler(caplog.handler)  # its propagation to the root: listen on it directly
+        try:
             r = step(c, episode_id, token, ACTIONS[0])
+        finally:
+            server_log.removeHandler(caplog.handler)
         assert r.status_code == 503 and r.json()["code"] == "store_unavailable", r.text
         assert r.json()["detail"].startswith("the store's database failed")
         assert r.headers["retry-after"] == "1"
