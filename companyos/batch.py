@@ -200,6 +200,15 @@ class RunInterrupted(KeyboardInterrupt):
         self.forced = forced
 
 
+class RunFailed(Exception):
+    """The run stopped on an error (its cause, e.g. a lost database) after these episodes had
+    finished and been logged; with several processes, some others may have finished too."""
+
+    def __init__(self, results: list[EpisodeResult]) -> None:
+        super().__init__(f"the run stopped after {len(results)} episode(s)")
+        self.results = results
+
+
 def _work(args: tuple[RunPlan, int, int]) -> list[EpisodeResult]:
     plan, start, stop = args
     return run_range(plan, start, stop, _worker_store, _worker_halt)
@@ -233,6 +242,8 @@ def run(plan: RunPlan, workers: int = 1,
         # Ctrl-C in the middle of a commit surfaces as the driver's failure to roll back
         if isinstance(exc, KeyboardInterrupt) or isinstance(exc.__context__, KeyboardInterrupt):
             raise RunInterrupted(results, forced=True) from None
+        if isinstance(exc, Exception) and results:  # what finished is still worth reporting
+            raise RunFailed(results) from exc
         raise
     if halt.is_set():
         raise RunInterrupted(results)

@@ -153,3 +153,31 @@ def test_a_one_process_run_killed_outright_leaves_nothing_to_clean_up(tmp_path):
     _, err = run.communicate(timeout=60)  # until every holder of stderr (a tracker too) is gone
     assert run.returncode == -signal.SIGKILL
     assert "leaked" not in err and "resource_tracker" not in err, err
+
+
+def test_a_run_the_store_fails_under_reports_the_episodes_that_finished(tmp_path, monkeypatch, capsys):
+    """A lost database mid-run ended with `error: the store failed` and nothing else: the results
+    of the episodes already logged were thrown away (Ctrl-C kept them)."""
+    import sqlalchemy as sa
+
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    play = batch._play
+
+    def database_gone_at_the_sixth(env, plan, index):
+        if index == 5:
+            raise sa.exc.OperationalError("INSERT INTO commits ...", {}, Exception("the connection is lost"))
+        return play(env, plan, index)
+
+    monkeypatch.setattr(batch, "_play", database_gone_at_the_sixth)
+    monkeypatch.setattr("sys.argv", ["companyos", "run", "--episodes", "20", "--seed", "100",
+                                     "--db", url, "--json"])
+    with pytest.raises(SystemExit) as stopped:
+        cli.main()
+    assert stopped.value.code == 1
+    out = capsys.readouterr()
+    monkeypatch.undo()
+    assert out.err.strip().splitlines() == ["error: the store failed: the connection is lost"]
+    report = json.loads(out.out)
+    assert report["failed"] is True and report["summary"]["episodes"] == 5
+    assert {(e["seed"], e["digest"]) for e in report["episodes"]} == {
+        (e["seed"], e["digest"]) for e in _logged(url)}

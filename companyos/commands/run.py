@@ -35,7 +35,7 @@ def run(
     as_json: bool = JsonOption,
 ) -> None:
     """Run a baseline agent for N logged episodes and summarise how it did."""
-    from companyos.batch import RunInterrupted, RunPlan, validate
+    from companyos.batch import RunFailed, RunInterrupted, RunPlan, validate
     from companyos.batch import run as run_plan
 
     plan = RunPlan(resolve_db(db), agent, task, chaos, episodes, seed, durability,
@@ -56,7 +56,7 @@ def run(
     except RunInterrupted as stop:
         # what finished is reported as a whole run's would be (JSON marked "interrupted"), so a
         # caller piping --json keeps those episodes' results; the exit code says the run was cut
-        _report(plan, stop.results, as_json, interrupted=True)
+        _report(plan, stop.results, as_json, cut_short="interrupted")
         done = sorted(r.seed for r in stop.results)
         fail(f"interrupted: {len(done)} episode(s) finished, logged and reported"
              + (f" (seeds {seed_ranges(done)})" if done else "")
@@ -65,18 +65,24 @@ def run(
                 + ") and, with --workers, some finished ones may be unreported; `companyos "
                 "episodes` lists all the log holds" if stop.forced else
                 "; no other episode was begun or left half-logged"), code=130)
+    except RunFailed as failed:
+        # the episodes that finished before the error (a lost database, say) are reported, marked
+        # "failed"; the error itself is then said as every command says it (exit 1 for a store)
+        _report(plan, failed.results, as_json, cut_short="failed")
+        raise failed.__cause__ from None
     _report(plan, results, as_json)
 
 
-def _report(plan, results: list, as_json: bool, interrupted: bool = False) -> None:
-    """The run's summary and, with --json, every episode's result, on stdout."""
+def _report(plan, results: list, as_json: bool, cut_short: str | None = None) -> None:
+    """The run's summary and, with --json, every episode's result, on stdout; a run cut short is
+    marked `"interrupted": true` (Ctrl-C) or `"failed": true` (an error)."""
     from companyos.batch import summarise
 
     summary = summarise(results)
     if as_json:
         document = {"summary": summary, "episodes": [r.to_json() for r in results]}
-        if interrupted:
-            document["interrupted"] = True
+        if cut_short:
+            document[cut_short] = True
         sys.stdout.buffer.write(orjson.dumps(document) + b"\n")
         sys.stdout.flush()
         return
