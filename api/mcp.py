@@ -171,8 +171,6 @@ def _goal(session: Session) -> str | None:
     return runtime.state.goal if runtime is not None else None
 
 
-
-
 def _call(manager: SessionManager, params: dict, ctx: McpContext) -> dict[str, Any]:
     name = params.get("name")
     if not isinstance(name, str) or not name:

@@ -21,6 +21,7 @@ import secrets
 import threading
 import time
 from collections import OrderedDict
+from functools import cache
 from typing import Any
 
 import sqlalchemy as sa
@@ -56,6 +57,7 @@ def log_damaged(exc: CorruptCommit) -> ApiError:
     return ApiError(500, "log_damaged", f"{exc}; `companyos verify` names every damaged episode")
 
 
+@cache
 def outage_classes() -> tuple[type[Exception], ...]:
     """What a database outage raises (a lost PostgreSQL connection, a full disk, a locked
     file): SQLAlchemy's wrappers, or the drivers' own from the store's raw cursors. Errors of
@@ -82,6 +84,12 @@ def store_outage(exc: BaseException) -> ApiError | None:
     log.warning("the store's database failed under a request", exc_info=exc)
     return ApiError(503, "store_unavailable", f"the store's database failed ({type(orig).__name__}); "
                     "try again once it is back")
+
+
+def refusal(exc: BaseException) -> ApiError | None:
+    """What to tell the client of an exception: an ApiError as it is, a database outage as
+    `store_outage` says it; None for anything else (a bug: let it propagate)."""
+    return exc if isinstance(exc, ApiError) else store_outage(exc)
 
 
 def hash_token(token: str) -> str:
@@ -275,12 +283,9 @@ class SessionManager:
             if exc.code not in ("episode_not_found", "wrong_token") or not whole_is_an_id:
                 raise
             try:
-                self.get(key, None)
-            except ApiError as whole:
-                if whole.code == "episode_not_found":
-                    raise exc from None  # names the id part: the rest may be a token
-                raise whole from None  # the dotted id exists: it wants its token
-            raise  # unreachable: get() without a token always refuses
+                return self.get(key, token)  # token is None here: a dotted id asks for its token
+            except ApiError as whole:  # no such id either: the split's answer names the id part
+                raise (exc if whole.code == "episode_not_found" else whole) from None
 
     @staticmethod
     def check_token(session: Session, token: str | None) -> None:

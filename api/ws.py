@@ -19,7 +19,7 @@ import orjson
 
 from api import catalog, mcp
 from api.jsonbody import loads
-from api.sessions import ApiError, Session, store_outage
+from api.sessions import ApiError, Session, refusal
 
 INVALID_JSON = "INVALID_JSON"
 UNKNOWN_TYPE = "UNKNOWN_TYPE"
@@ -71,7 +71,7 @@ async def websocket_app(server: Any, scope: dict, receive: Any, send: Any) -> No
             try:
                 await conn.resume(key, token)
             except Exception as exc:
-                refused = exc if isinstance(exc, ApiError) else store_outage(exc)
+                refused = refusal(exc)
                 if refused is None:
                     raise
                 await send({"type": "websocket.send", "text": _error(
@@ -148,13 +148,11 @@ class _Connection:
                 return None
             if kind == "mcp":
                 return await self._mcp(message)
-        except ApiError as exc:
-            return _api_error(exc)
-        except Exception as exc:  # the database failed (the socket stays open for a retry), or a bug
-            failure = store_outage(exc)
-            if failure is None:
+        except Exception as exc:  # the caller's mistake, or the database failed (the socket stays
+            refused = refusal(exc)  # open for a retry); anything else is a bug
+            if refused is None:
                 raise
-            return _api_error(failure)
+            return _api_error(refused)
         return _error(f"Unknown message type: {kind}", UNKNOWN_TYPE)
 
     async def _reset(self, message: dict) -> str:
