@@ -29,6 +29,26 @@ def _logged(url: str) -> list[dict]:
             return list_episodes(conn, limit=None)
 
 
+def _run_json(monkeypatch, capsys, url: str, index: int, before) -> tuple[int, str, str]:
+    """`companyos run --episodes 20 --seed 100 --json` in this process, with `before()` called as
+    episode `index` begins; (exit code, stdout, stderr), the test's patches undone after."""
+    play = batch._play
+
+    def play_with(env, plan, i):
+        if i == index:
+            before()
+        return play(env, plan, i)
+
+    monkeypatch.setattr(batch, "_play", play_with)
+    monkeypatch.setattr("sys.argv", ["companyos", "run", "--episodes", "20", "--seed", "100",
+                                     "--db", url, "--json"])
+    with pytest.raises(SystemExit) as stopped:
+        cli.main()
+    out = capsys.readouterr()
+    monkeypatch.undo()
+    return stopped.value.code, out.out, out.err
+
+
 @pytest.mark.parametrize("presses", [1, 2], ids=["ctrl-c", "ctrl-c-twice"])
 def test_ctrl_c_finishes_the_episode_under_way_and_says_which_finished(
         tmp_path, monkeypatch, capsys, presses):
@@ -36,38 +56,29 @@ def test_ctrl_c_finishes_the_episode_under_way_and_says_which_finished(
     (a user resuming from the seed after the reported ones ran those instances twice). The first
     Ctrl-C now lets the episode under way finish; a second one stops at once."""
     url = f"sqlite:///{tmp_path / 'store.db'}"
-    play = batch._play
 
-    def ctrl_c_during_the_tenth(env, plan, index):
-        if index == 9:
-            for _ in range(presses):
-                os.kill(os.getpid(), signal.SIGINT)
-        return play(env, plan, index)
+    def ctrl_c():
+        for _ in range(presses):
+            os.kill(os.getpid(), signal.SIGINT)
 
-    monkeypatch.setattr(batch, "_play", ctrl_c_during_the_tenth)
     monkeypatch.setattr(batch, "CHUNK", 4)
-    monkeypatch.setattr("sys.argv", ["companyos", "run", "--episodes", "20", "--seed", "100",
-                                     "--db", url, "--json"])
-    with pytest.raises(SystemExit) as stopped:
-        cli.main()
-    assert stopped.value.code == 130
-    out = capsys.readouterr()
-    monkeypatch.undo()
+    code, stdout, stderr = _run_json(monkeypatch, capsys, url, 9, ctrl_c)  # during the tenth
+    assert code == 130
     logged = _logged(url)
     # the finished episodes' results still reach a caller piping --json, marked as cut short
-    report = json.loads(out.out)
+    report = json.loads(stdout)
     assert report["interrupted"] is True
     assert report["summary"]["episodes"] == len(report["episodes"]) == 10 - (presses - 1)
     assert {(e["seed"], e["digest"]) for e in report["episodes"]} == {
         (e["seed"], e["digest"]) for e in logged if e["outcome"]}
     if presses == 1:
-        assert out.err.strip().splitlines() == [
+        assert stderr.strip().splitlines() == [
             "error: interrupted: 10 episode(s) finished, logged and reported (seeds 100..109); "
             "no other episode was begun or left half-logged"]
         assert sorted(e["seed"] for e in logged) == list(range(100, 110))
         assert all(e["outcome"] is not None for e in logged)
     else:
-        assert out.err.strip().splitlines() == [
+        assert stderr.strip().splitlines() == [
             "error: interrupted: 9 episode(s) finished, logged and reported (seeds 100..108); a "
             "second Ctrl-C stopped it at once: the episodes under way were cut short (each left "
             "running in the log) and, with --workers, some finished ones may be unreported; "
@@ -161,23 +172,14 @@ def test_a_run_the_store_fails_under_reports_the_episodes_that_finished(tmp_path
     import sqlalchemy as sa
 
     url = f"sqlite:///{tmp_path / 'store.db'}"
-    play = batch._play
 
-    def database_gone_at_the_sixth(env, plan, index):
-        if index == 5:
-            raise sa.exc.OperationalError("INSERT INTO commits ...", {}, Exception("the connection is lost"))
-        return play(env, plan, index)
+    def database_gone():
+        raise sa.exc.OperationalError("INSERT INTO commits ...", {}, Exception("the connection is lost"))
 
-    monkeypatch.setattr(batch, "_play", database_gone_at_the_sixth)
-    monkeypatch.setattr("sys.argv", ["companyos", "run", "--episodes", "20", "--seed", "100",
-                                     "--db", url, "--json"])
-    with pytest.raises(SystemExit) as stopped:
-        cli.main()
-    assert stopped.value.code == 1
-    out = capsys.readouterr()
-    monkeypatch.undo()
-    assert out.err.strip().splitlines() == ["error: the store failed: the connection is lost"]
-    report = json.loads(out.out)
+    code, stdout, stderr = _run_json(monkeypatch, capsys, url, 5, database_gone)  # at the sixth
+    assert code == 1
+    assert stderr.strip().splitlines() == ["error: the store failed: the connection is lost"]
+    report = json.loads(stdout)
     assert report["failed"] is True and report["summary"]["episodes"] == 5
     assert {(e["seed"], e["digest"]) for e in report["episodes"]} == {
         (e["seed"], e["digest"]) for e in _logged(url)}
