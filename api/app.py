@@ -40,6 +40,7 @@ from api.models import (
     ErrorBody,
     HealthResponse,
     MetadataResponse,
+    ReadyResponse,
     ResetRequest,
     SchemaResponse,
     StepRequest,
@@ -258,8 +259,15 @@ def _register_openenv(app: FastAPI, server: Server) -> None:
 
     @app.get("/health", response_model=HealthResponse, tags=["OpenEnv"])
     async def health() -> JSON:
-        """Liveness; the one route that needs no API key."""
+        """Liveness: the process answers. Needs no API key."""
         return JSON({"status": "healthy"})
+
+    @app.get("/ready", response_model=ReadyResponse, tags=["Operations"], responses=errors(503))
+    def ready() -> JSON:
+        """Readiness: the store's database answers a query, so steps can be logged. 503
+        `store_unavailable` while it does not (a load balancer stops sending agents here; `/health`
+        still says the process lives). Needs no API key."""
+        return JSON({"status": "ready", "position": server.store.last_position()})
 
     @app.get("/metadata", dependencies=STRICT_QUERY, response_model=MetadataResponse, tags=["OpenEnv"],
              responses=errors(400, 401, 403))

@@ -13,7 +13,7 @@ import orjson
 
 from api.ui_html import HEADERS, ROOT_PATH, error_document, is_ui_path
 
-OPEN_PATHS = frozenset({"/health"})
+OPEN_PATHS = frozenset({"/health", "/ready"})  # probes carry no key
 
 
 def route_path(scope: dict) -> str:

@@ -25,6 +25,7 @@ _ERROR_TEXT = {
     404: "No such episode (or step)",
     409: "Another step on this episode is running, the episode has finished, or the id exists",
     413: "Request body over the size limit",
+    503: "The store's database does not answer: try again after `Retry-After` seconds",
 }
 
 
@@ -92,6 +93,11 @@ class StepResponse(BaseModel):
 
 class HealthResponse(BaseModel):
     status: str = "healthy"
+
+
+class ReadyResponse(BaseModel):
+    status: str = "ready"
+    position: int = Field(description="the store's last position: it moves while episodes are logged")
 
 
 class MetadataResponse(BaseModel):

@@ -927,6 +927,34 @@ def test_a_store_that_fails_mid_episode_is_a_503_in_words_and_the_episode_goes_o
             assert ws.receive_json()["data"]["metadata"]["step"] == 1
 
 
+def test_ready_says_whether_the_store_answers_while_health_says_the_process_lives(sqlite_url,
+                                                                                 monkeypatch):
+    """A load balancer takes a server out of rotation on /ready's 503 and back on its 200; both
+    probes come without the API key."""
+    real = EventStore.last_position
+    down = {"on": False}
+
+    def last_position(self):
+        if down["on"]:
+            raise sa.exc.OperationalError("SELECT max(position) ...", {}, Exception("connection refused"))
+        return real(self)
+
+    monkeypatch.setattr(EventStore, "last_position", last_position)
+    with client(sqlite_url, api_key="sekret") as c:
+        before = c.get("/ready")
+        assert before.status_code == 200 and before.json()["status"] == "ready", before.text
+        auth = {"Authorization": "Bearer sekret"}
+        assert c.post("/reset", json=RESET, headers=auth).status_code == 200
+        assert c.get("/ready?probe=1").json()["position"] > before.json()["position"]
+        down["on"] = True
+        r = c.get("/ready")
+        assert r.status_code == 503 and r.json()["code"] == "store_unavailable", r.text
+        assert r.headers["retry-after"] == "1" and "connection refused" not in r.text
+        assert c.get("/health").json() == {"status": "healthy"}
+        down["on"] = False
+        assert c.get("/ready").status_code == 200
+
+
 def test_only_an_outage_is_a_503_and_a_page_asks_as_a_page(sqlite_url, monkeypatch):
     """A constraint or bad SQL is a bug: a 500, not a "try again" a client would retry forever;
     the UI answers an outage with its HTML error page, not JSON."""
