@@ -794,6 +794,24 @@ def test_json_keeps_integers_past_64_bits_exact(logged, tmp_path, cli):
     assert row == usual == {"x": 1.5, "s": "a", "n": None, "t": "2024-01-01T12:00:00", "l": [1, 2]}
 
 
+def test_json_writes_decimals_as_exact_numbers(logged, tmp_path, cli):
+    """DuckDB's DECIMAL (a literal, `sum` over one) came out as text ("1.50"): a JSON reader
+    got strings where it sums numbers. Now numbers, every digit kept, beside a big integer too."""
+    from decimal import Decimal
+
+    query = ("SELECT 1.50::DECIMAL(10, 2) AS d, 12345678901234567.123456789::DECIMAL(38, 9) AS p, "
+             "sum(x) AS s FROM (VALUES (0.1::DECIMAL(4, 1)), (0.2::DECIMAL(4, 1))) v(x)")
+    wh = str(tmp_path / "w.duckdb")
+    for extra in ("", ", (1::HUGEINT << 100) AS big"):
+        out = cli("sql", query.replace(" FROM", f"{extra} FROM", 1), "--format", "json",
+                  "--db", logged[0], "--warehouse", wh)
+        assert out.exit_code == 0, out.output
+        row = json.loads(out.stdout, parse_float=Decimal)[0]
+        assert row.pop("big", 2**100) == 2**100
+        assert row == {"d": Decimal("1.50"), "p": Decimal("12345678901234567.123456789"),
+                       "s": Decimal("0.3")}, out.stdout
+
+
 def test_an_export_of_an_empty_store_reads_back_as_empty_tables(logged, tmp_path, cli):
     """With no partition DuckDB wrote no file, and the documented read-back failed ("No files
     found"); now each table reads back with no rows and the columns of a full export."""

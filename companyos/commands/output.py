@@ -23,42 +23,45 @@ def fail(message: str, code: int = 2) -> NoReturn:
 
 
 def print_json(value: Any) -> None:
-    """One indented JSON document on stdout (non-string keys and odd values as text).
-
-    An integer past 64 bits (DuckDB's HUGEINT, say `sum` over UBIGINT) stops orjson; JSON itself
-    has no such limit, so the standard library writes that document, numbers exact.
-    """
+    """One indented JSON document on stdout: decimals (DuckDB's DECIMAL, `avg` over one) and
+    integers past 64 bits (its HUGEINT, `sum` over UBIGINT) as exact numbers, other values JSON
+    lacks (dates, UUIDs) as text."""
     import orjson
 
+    option = orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS
     try:
-        text = orjson.dumps(value, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS, default=str).decode()
-    except TypeError as exc:
+        text = orjson.dumps(value, option=option, default=_json_default)
+    except TypeError as exc:  # orjson stops at 64 bits; JSON itself has no limit
         if "64-bit" not in str(exc):
             raise
-        import json
-
-        text = json.dumps(_as_orjson_would(value), indent=2, ensure_ascii=False, allow_nan=False)
-    sys.stdout.write(text + "\n")
+        text = orjson.dumps(_big_ints_as_numbers(value), option=option, default=_json_default)
+    sys.stdout.write(text.decode() + "\n")
 
 
-def _as_orjson_would(value: Any) -> Any:
-    """`value` in the JSON types, written as orjson writes it (NaN and infinities as null, dates
-    in ISO form, other odd values as text), integers of any size kept: the standard library's
-    writer then gives the same document orjson would, had it taken big integers."""
-    import datetime
-    import math
+def _json_default(value: Any) -> Any:
+    """What orjson cannot write itself: a finite Decimal as the number it is (not a float's
+    rounding of it, nor text), a NaN or infinite one as null (as orjson writes such floats)."""
+    import decimal
 
-    if value is None or isinstance(value, bool | int | str):
-        return value
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k if isinstance(k, str) else str(k): _as_orjson_would(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_as_orjson_would(v) for v in value]
-    if isinstance(value, datetime.date | datetime.time):
-        return value.isoformat()
+    import orjson
+
+    if isinstance(value, decimal.Decimal):
+        return orjson.Fragment(str(value)) if value.is_finite() else None
     return str(value)
+
+
+def _big_ints_as_numbers(value: Any) -> Any:
+    """`value` with every integer outside 64 bits as a raw JSON number: the rest stays as it is,
+    so orjson writes the document exactly as it would have, big integers included."""
+    import orjson
+
+    if isinstance(value, int) and not isinstance(value, bool) and not -2**63 <= value < 2**64:
+        return orjson.Fragment(str(value))
+    if isinstance(value, dict):
+        return {k: _big_ints_as_numbers(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_big_ints_as_numbers(v) for v in value]
+    return value
 
 
 def stdout_console():
