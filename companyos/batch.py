@@ -40,10 +40,13 @@ class RunPlan:
     reward_profile: str = "default"
 
     def task_of(self, index: int) -> str:
+        """Episode `index`'s task. With "all", the family its seed picks, as CompanyEnv's reset
+        picks it: seed s is the same episode in any run, so a run resumed from its seed ranges
+        plays what the whole run would have."""
         if self.task != "all":
             return self.task
         families = list(domain.TASK_FAMILIES)
-        return families[index % len(families)]
+        return families[(self.seed + index) % len(families)]
 
 
 @dataclass(frozen=True, slots=True)
