@@ -56,9 +56,11 @@ def spec_from_options(seed: int | None, options: dict[str, Any] | None) -> domai
     if profile not in domain.REWARD_PROFILES:
         raise ValueError(f"unknown reward_profile {profile!r}; known: {', '.join(domain.REWARD_PROFILES)}")
     max_steps = options.get("max_steps")
-    if max_steps is not None and (not isinstance(max_steps, int) or isinstance(max_steps, bool)
-                                  or not 1 <= max_steps <= 10_000):
-        raise ValueError("max_steps must be an integer from 1 to 10000")
+    if max_steps is not None:  # NumPy's integers too (rng.integers gives them), as a remote reset takes
+        if not isinstance(max_steps, numbers.Integral) or isinstance(max_steps, bool) \
+                or not 1 <= max_steps <= 10_000:
+            raise ValueError("max_steps must be an integer from 1 to 10000")
+        max_steps = int(max_steps)
     return domain.EpisodeSpec(task=task, seed=seed, chaos=chaos, reward_profile=profile,
                               max_steps=max_steps)
 

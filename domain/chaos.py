@@ -10,6 +10,7 @@ only adds traps to those a lower level would set (coupled draws).
 from __future__ import annotations
 
 import math
+import numbers
 from functools import lru_cache
 
 from domain.events import (
@@ -75,7 +76,7 @@ def parse_chaos(value) -> float:
             raise ValueError(
                 f"unknown chaos level {value!r}: use one of {', '.join(CHAOS_LEVELS)} or a "
                 "number in [0, 1]") from None
-    elif isinstance(value, (int, float)):
+    elif isinstance(value, numbers.Real):  # NumPy's numbers too, as a remote reset takes them
         number = float(value)
     else:
         raise ValueError(f"chaos must be a level name or a number in [0, 1], not {value!r}")

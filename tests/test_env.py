@@ -480,6 +480,48 @@ def test_seeds_follow_one_rule_in_process_in_run_and_over_the_network(sqlite_url
             assert words in ws.receive_json()["data"]["message"]
 
 
+def test_a_seed_is_the_same_episode_whichever_seed_its_run_starts_from(tmp_path):
+    """`--task all` gave episode i the family i % 5 of its own run: seed 3 was license_renewal
+    from `--seed 0` but vendor_onboarding from `--seed 3`, so a run resumed from the seed ranges
+    an interrupted one reports played other episodes than the whole run would have."""
+    from companyos.batch import RunPlan
+    from companyos.batch import run as run_plan
+
+    def played(db: str, seed: int, episodes: int) -> dict[int, tuple[str, str]]:
+        plan = RunPlan(f"sqlite:///{tmp_path / db}", "expert", "all", "medium", episodes, seed)
+        return {r.seed: (r.task, r.digest) for r in run_plan(plan, workers=1)}
+
+    whole, resumed = played("whole.db", 0, 8), played("resumed.db", 3, 5)
+    assert resumed == {seed: whole[seed] for seed in range(3, 8)}
+    assert len({task for task, _ in whole.values()}) == len(FAMILIES)  # still every family in turn
+    with CompanyEnv(f"sqlite:///{tmp_path / 'env.db'}") as env:
+        for seed in (3, 4):
+            env.reset(seed=seed)
+            assert env.state["task"] == whole[seed][0]
+
+
+def test_numpy_chaos_and_max_steps_play_as_the_python_numbers_they_are(sqlite_url):
+    """`max_steps=np.int64(9)` was refused as "must be an integer", and a NumPy chaos level as not a
+    number, in process, while a remote reset took both (they arrive as JSON numbers)."""
+    import numpy as np
+
+    digests = []
+    for max_steps, chaos in ((9, 0.5), (np.int64(9), np.float32(0.5)), (np.uint8(9), np.float64(0.5))):
+        with CompanyEnv(sqlite_url) as env:
+            env.reset(seed=3, options={"task": FAMILIES[1], "chaos": chaos, "max_steps": max_steps})
+            assert (env.state["max_steps"], env.state["chaos"]) == (9, 0.5)
+            assert type(env.state["max_steps"]) is int and type(env.state["chaos"]) is float
+            digests.append(env.store.stream_digest(env.state["episode_id"]))
+    assert len(set(digests)) == 1
+    with CompanyEnv(sqlite_url) as env:
+        for options, said in (({"max_steps": np.int64(0)}, "from 1 to 10000"),
+                              ({"max_steps": np.float64(9)}, "must be an integer"),
+                              ({"chaos": np.float64(1.5)}, "outside"),
+                              ({"chaos": np.bool_(True)}, "level name or a number")):
+            with pytest.raises(ValueError, match=said):
+                env.reset(seed=3, options=options)
+
+
 def test_run_refuses_an_in_memory_store_and_outsized_counts(tmp_path):
     memory_uri = "sqlite:///file:memdb1?mode=memory&cache=shared&uri=true"  # its episodes vanished
     assert "in-memory SQLite store" in _unboxed(_cli("run", "--db", memory_uri).stderr)
