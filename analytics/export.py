@@ -1,8 +1,9 @@
 """Parquet export of the warehouse, partitioned by task family, for Spark, Trino or another DuckDB.
 
-Layout: DIR/<table>/task=<family>/data_0.parquet (Hive partitioning), plus DIR/_companyos_export.json
-describing what was exported up to which store position. A re-export replaces the tables it
-wrote before; it refuses to touch a directory it did not create.
+Layout: DIR/<table>/task_family=<family>/data_0.parquet (Hive partitioning), plus
+DIR/_companyos_export.json describing what was exported up to which store position. A re-export
+replaces the tables it wrote before; it refuses a directory holding such tables that it did not
+export (other files in DIR are left alone).
 """
 
 from __future__ import annotations
