@@ -14,6 +14,7 @@ from typing import Any
 
 import gymnasium
 from gymnasium import spaces
+from gymnasium.vector.utils import create_shared_memory
 
 from companyos.env import CompanyEnv
 from companyos.observation import Observation
@@ -176,6 +177,19 @@ class CompanyOSGym(gymnasium.Env):
         out["observation"] = observation
         out["seed"] = self.episode_seed
         return out
+
+
+@create_shared_memory.register(UnicodeText)
+def _create_unicode_text_shared_memory(space: UnicodeText, n: int = 1, ctx: Any = None) -> Any:
+    """Shared memory holds `max_length` characters per env: a bounded space gets Text's, the
+    observation space (no bound) a refusal in words. Gymnasium tried to allocate 2**62 characters
+    and failed with "cannot fit 'int' into an index-sized integer"."""
+    if space.max_length < MAX_OBSERVATION_CHARS:
+        text_memory = create_shared_memory.dispatch(spaces.Text)
+        return text_memory(space, n) if ctx is None else text_memory(space, n, ctx)
+    raise TypeError("CompanyOS observations have no length bound (tool results echo what the agent "
+                    "wrote), so they cannot live in shared memory: make the async vector env with "
+                    "vector_kwargs={'shared_memory': False}, as Gymnasium asks for spaces of dynamic shape")
 
 
 if ENV_ID not in gymnasium.registry:

@@ -104,6 +104,27 @@ def test_a_remote_env_works_inside_the_adapter(sqlite_url):
         assert local.store.stream_digest(env.unwrapped.episode_id) == digest
 
 
+def test_async_vector_envs_refuse_shared_memory_in_words_and_run_without_it(sqlite_url):
+    """`make_vec(..., vectorization_mode="async")` died on "cannot fit 'int' into an index-sized
+    integer": Gymnasium sized shared memory by the observation space's 2**62 characters."""
+    kwargs = {"db": sqlite_url, "task": "expense_report", "chaos": "low"}
+    with pytest.raises(TypeError, match=r"vector_kwargs=\{'shared_memory': False\}"):
+        gymnasium.make_vec(ENV_ID, num_envs=2, vectorization_mode="async", **kwargs)
+    envs = gymnasium.make_vec(ENV_ID, num_envs=2, vectorization_mode="async",
+                              vector_kwargs={"shared_memory": False}, **kwargs)
+    try:
+        observations, infos = envs.reset(seed=[4, 5])
+        assert list(infos["seed"]) == [4, 5]
+        for text, seed in zip(observations, (4, 5), strict=True):  # the episodes of those seeds
+            single = CompanyOSGym(**kwargs)
+            assert text == single.reset(seed=seed)[0]
+            single.close()
+        _, rewards, _, _, _ = envs.step([LIST_TICKETS, LIST_TICKETS])
+        assert len(rewards) == 2
+    finally:
+        envs.close()
+
+
 def episodes(env: CompanyOSGym) -> list:
     """reset(seed=7), then reset() three times: each episode's seed and first observation."""
     runs = [env.reset(seed=7)]
