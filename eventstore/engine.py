@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import weakref
 from urllib.parse import unquote, urlsplit
 
 import sqlalchemy as sa
@@ -51,12 +53,40 @@ def sqlite_file(url: str | sa.URL) -> str | None:
 def create_engine(url: str, synchronous: str | None = None) -> sa.Engine:
     parsed = normalise_url(url)
     if parsed.get_backend_name() == "sqlite":
-        return _sqlite_engine(parsed, synchronous or "normal")
+        engine = _sqlite_engine(parsed, synchronous or "normal")
+        if in_memory_sqlite(parsed):  # one connection, the database itself: a child has its copy
+            return engine
+        return _pooled_per_process(engine)
     if synchronous is not None:
         raise ValueError("synchronous= applies to SQLite only; PostgreSQL durability is the server's")
     # pre-ping: a connection the server dropped (a restart, a failover, a terminated backend) is
     # replaced when it is checked out, instead of failing the step or request that drew it
-    return sa.create_engine(parsed, pool_size=8, max_overflow=32, pool_pre_ping=True)
+    return _pooled_per_process(sa.create_engine(parsed, pool_size=8, max_overflow=32,
+                                                pool_pre_ping=True))
+
+
+_PER_PROCESS: weakref.WeakSet[sa.Engine] = weakref.WeakSet()
+
+
+def _pooled_per_process(engine: sa.Engine) -> sa.Engine:
+    """A pooled connection opened before a fork stays the parent's: the child opens its own.
+
+    Without this a forked child (multiprocessing's default start method on Linux) drew the
+    parent's PostgreSQL sockets from the pool, and both processes read each other's results.
+    The child replaces each engine's pool without closing what it holds (`dispose(close=False)`,
+    SQLAlchemy's answer to os.fork(): closing would end the parent's sessions too). This runs at
+    the fork, before any pre-ping could talk on an inherited socket.
+    """
+    _PER_PROCESS.add(engine)
+    return engine
+
+
+def _forget_the_parents_connections() -> None:
+    for engine in list(_PER_PROCESS):
+        engine.dispose(close=False)
+
+
+os.register_at_fork(after_in_child=_forget_the_parents_connections)
 
 
 def _sqlite_engine(url: sa.URL, synchronous: str) -> sa.Engine:

@@ -465,3 +465,52 @@ def test_a_full_disk_is_said_as_such_not_hidden_by_a_failed_rollback(tmp_path):
             store.append(f"s{i}", [NewEvent("E", {"x": os.urandom(10000).hex()})], None)  # incompressible
     assert [e.data for e in store.read_stream("kept")] == [{"x": 1}]
     store.close()
+
+
+_FORKED_STORE: EventStore | None = None  # the parent's store, inherited by forked children
+
+
+def _append_and_read_back(prefix: str, count: int) -> list[str]:
+    """What went wrong in this process, appending and reading back `count` new streams."""
+    problems = []
+    for i in range(count):
+        stream = f"{prefix}-{i}"
+        try:
+            _FORKED_STORE.append(stream, [NewEvent("Forked", {"i": i})], None)
+            if [e.data["i"] for e in _FORKED_STORE.read_stream(stream)] != [i]:
+                problems.append(f"{stream}: read back wrong")
+        except Exception as exc:  # noqa: BLE001 - every failure is the finding
+            problems.append(f"{stream}: {type(exc).__name__}: {exc}")
+    return problems
+
+
+def _forked_child(prefix: str, queue) -> None:
+    queue.put(_append_and_read_back(prefix, 30))
+
+
+def test_a_store_used_before_a_fork_keeps_working_in_parent_and_children(store_url):
+    """multiprocessing forks on Linux: a child drew the parent's pooled PostgreSQL connections, and
+    both processes read each other's results ("the last operation didn't produce records", "can't
+    change 'autocommit' now"), or hung. Each process now opens its own."""
+    global _FORKED_STORE
+    _FORKED_STORE = store = EventStore.open(store_url)
+    try:
+        prefix = unique_stream()
+        assert _append_and_read_back(f"{prefix}-before", 3) == []  # the pool holds connections now
+        ctx = mp.get_context("fork")
+        queue = ctx.Queue()
+        children = [ctx.Process(target=_forked_child, args=(f"{prefix}-c{k}", queue)) for k in range(2)]
+        for child in children:
+            child.start()
+        parent = _append_and_read_back(f"{prefix}-p", 30)
+        found = [queue.get(timeout=60) for _ in children]
+        for child in children:
+            child.join(timeout=60)
+        assert parent == [] and found == [[], []], (parent, found)
+        assert [child.exitcode for child in children] == [0, 0]
+        names = [f"{prefix}-before-{i}" for i in range(3)] + [
+            f"{prefix}-{who}-{i}" for who in ("p", "c0", "c1") for i in range(30)]
+        assert [store.stream_version(name) for name in names] == [0] * len(names)  # none lost
+    finally:
+        _FORKED_STORE = None
+        store.close()

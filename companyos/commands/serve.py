@@ -59,7 +59,8 @@ def serve(
 ) -> None:
     """Serve environments to agents (OpenEnv HTTP/WebSocket, MCP), the episode log, and a web UI at /ui.
 
-    Set COMPANYOS_API_KEY to require `Authorization: Bearer <key>` on every route but the probes /health and /ready.
+    Set COMPANYOS_API_KEY to require `Authorization: Bearer <key>` on every route but the probes
+    /health and /ready.
     """
     import uvicorn
     from uvicorn.config import LOG_LEVELS
