@@ -570,6 +570,9 @@ def test_serve_says_in_one_line_why_it_cannot_listen(tmp_path):
     assert out.returncode == 2 and out.stderr.startswith("error: cannot listen on 'no-such-host")
     out = _cli("serve", "--log-level", "loud", "--db", url)
     assert out.returncode == 2 and "--log-level must be one of critical" in out.stderr
+    for memory in ("sqlite://", "sqlite:///file:m?mode=memory&cache=shared&uri=true"):
+        out = _cli("serve", "--db", memory)
+        assert out.returncode == 2 and "is an in-memory SQLite store" in _unboxed(out.stderr), out.stderr
 
 
 @pytest.mark.parametrize("episode_id", ["a\x00b", "épisode-1", "ends-in-newline\n", "", "x" * 129, 7])
