@@ -7,6 +7,7 @@ from eventstore.records import (
     ConcurrencyError,
     NewEvent,
     RecordedEvent,
+    StoreClosed,
     StoreUnavailable,
     StoreUnreachable,
     StreamHead,
@@ -16,7 +17,7 @@ from eventstore.upcasting import Upcasters
 
 __all__ = [
     "DEFAULT_URL", "GENESIS_DIGEST", "MAX_EVENT_BYTES", "ConcurrencyError", "CorruptCommit", "EventStore",
-    "NewEvent", "NewStream", "RecordedEvent", "StoreUnavailable", "StoreUnreachable",
+    "NewEvent", "NewStream", "RecordedEvent", "StoreClosed", "StoreUnavailable", "StoreUnreachable",
     "StreamHead", "Upcasters", "canonical_json",
     "chain_digest", "shown_url",
 ]

@@ -14,6 +14,10 @@ from sqlalchemy.util import asbool
 SQLITE_SYNCHRONOUS = ("normal", "full")
 
 
+class BadSynchronous(ValueError):
+    """A `synchronous=` the store cannot apply: a value it does not know, or any for PostgreSQL."""
+
+
 def normalise_url(url: str) -> sa.URL:
     """Accept plain `postgresql://` URLs and route them to psycopg 3, the driver we test against."""
     parsed = sa.make_url(url)
@@ -58,7 +62,7 @@ def create_engine(url: str, synchronous: str | None = None) -> sa.Engine:
             return engine
         return _pooled_per_process(engine)
     if synchronous is not None:
-        raise ValueError("synchronous= applies to SQLite only; PostgreSQL durability is the server's")
+        raise BadSynchronous("synchronous= applies to SQLite only; PostgreSQL durability is the server's")
     # pre-ping: a connection the server dropped (a restart, a failover, a terminated backend) is
     # replaced when it is checked out, instead of failing the step or request that drew it
     return _pooled_per_process(sa.create_engine(parsed, pool_size=8, max_overflow=32,
@@ -91,7 +95,7 @@ os.register_at_fork(after_in_child=_forget_the_parents_connections)
 
 def _sqlite_engine(url: sa.URL, synchronous: str) -> sa.Engine:
     if synchronous not in SQLITE_SYNCHRONOUS:
-        raise ValueError(f"synchronous must be one of {SQLITE_SYNCHRONOUS}, not {synchronous!r}")
+        raise BadSynchronous(f"synchronous must be one of {SQLITE_SYNCHRONOUS}, not {synchronous!r}")
     in_memory = in_memory_sqlite(url)
     kwargs: dict = {}
     if in_memory:

@@ -16,6 +16,10 @@ class StoreUnavailable(Exception):
     """The store's URL names nothing we can open, or the database refused the connection."""
 
 
+class StoreClosed(ValueError):
+    """A store used after `close()`, as a closed file refuses I/O."""
+
+
 class StoreUnreachable(StoreUnavailable):
     """The database server could not be reached or refused the connection (down, nothing
     listening, no such database or role): the driver tells these apart only in words, and an

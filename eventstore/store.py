@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import numbers
 from collections.abc import Iterator, Sequence
 from itertools import chain, islice
 from typing import Any, NamedTuple
@@ -18,7 +19,7 @@ from eventstore.backends import (
     backend_for,
 )
 from eventstore.encoding import GENESIS_DIGEST, canonical_json, chain_digests, decode_json
-from eventstore.engine import create_engine, normalise_url, sqlite_file
+from eventstore.engine import BadSynchronous, create_engine, normalise_url, sqlite_file
 from eventstore.ids import new_event_id, new_event_ids
 from eventstore.packing import Commit, make_commit, unpack
 from eventstore.records import (
@@ -28,6 +29,7 @@ from eventstore.records import (
     ConcurrencyError,
     NewEvent,
     RecordedEvent,
+    StoreClosed,
     StoreUnavailable,
     StoreUnreachable,
     StreamHead,
@@ -85,6 +87,8 @@ class EventStore:
             _refuse_a_sqlite_file_without_a_store(url, shown)
         try:
             engine = create_engine(url, synchronous)
+        except BadSynchronous:
+            raise  # the URL is fine: the message says what is wrong
         except ImportError as exc:
             raise StoreUnavailable(f"{shown} needs a database driver that is not installed "
                                    f"({exc}); the store runs on SQLite and PostgreSQL") from None
@@ -112,8 +116,13 @@ class EventStore:
         return cls(engine, upcasters)
 
     def close(self) -> None:
+        """Release the connections; using the store afterwards raises StoreClosed (it used to
+        reconnect quietly, re-opening a writer and its lock file that nothing closed again)."""
+        if self._backend is _CLOSED:
+            return
         self._backend.close()
         self.engine.dispose()
+        self._backend = self.engine = _CLOSED
 
     def __enter__(self) -> EventStore:
         return self
@@ -131,8 +140,12 @@ class EventStore:
         Raises ConcurrencyError when the stream moved on; re-sending already stored event ids
         returns the stored records instead of writing duplicates.
         """
-        if not events:
+        if not events:  # nothing to write, but a stale expected version is still a conflict
             _check_stream_id(stream_id)
+            expected = _checked_expected_version(expected_version)
+            actual = self.stream_version(stream_id)
+            if (-1 if actual is None else actual) != (-1 if expected is None else expected):
+                raise ConcurrencyError(stream_id, expected, actual)
             return []
         written = self._write(stream_id, events, expected_version)
         return written if isinstance(written, list) else written[1].records(written[0])
@@ -240,6 +253,7 @@ class EventStore:
                ) -> tuple[int, Commit] | list[RecordedEvent]:
         """The commit written and its position, or the stored records when `events` repeat an
         append that already committed."""
+        expected_version = _checked_expected_version(expected_version)
         supplied_ids, build = self._commit_builder(stream_id, events, expected_version)
         try:
             position, commit = self._backend.append(stream_id, build, expected_version,
@@ -459,10 +473,44 @@ def shown_url(url: str) -> str:
 
 
 def _check_stream_id(stream_id: Any) -> None:
+    """A stream id a writer may use, on every database alike (PostgreSQL's text holds no NUL,
+    and UTF-8 no lone surrogate: their drivers failed in their own words)."""
     if not isinstance(stream_id, str) or not stream_id:
         raise ValueError("stream_id must be a non-empty string")
     if len(stream_id) > MAX_STREAM_ID_LENGTH:
         raise ValueError(f"stream_id is longer than {MAX_STREAM_ID_LENGTH} characters")
+    if "\x00" in stream_id or not (stream_id.isascii() or _utf8(stream_id)):
+        raise ValueError(f"stream_id {stream_id!r} holds a NUL or a lone surrogate, which no "
+                         "database of the store can hold")
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _checked_expected_version(expected_version: Any) -> int | None:
+    """None or a version (NumPy's integers too); "0" or True used to be compared as they were,
+    and a string made a ConcurrencyError that contradicted itself."""
+    if expected_version is None or type(expected_version) is int:
+        return expected_version
+    if isinstance(expected_version, numbers.Integral) and not isinstance(expected_version, bool):
+        return int(expected_version)
+    raise ValueError("expected_version must be an integer version, or None for a new stream; "
+                     f"not {type(expected_version).__name__}")
+
+
+class _Closed:
+    """What a closed store holds in place of its engine and backend: any use says so."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise StoreClosed("the event store is closed")
+
+
+_CLOSED: Any = _Closed()
 
 
 def _encode(events: Sequence[NewEvent]) -> tuple[list, list, list, list, list]:
@@ -513,7 +561,9 @@ def _prepare(event: NewEvent) -> tuple[str, int, str, str | None, dict]:
     if type(type_) is not str or not 0 < len(type_) <= MAX_TYPE_LENGTH:
         if not isinstance(type_, str) or not type_:
             raise ValueError("event type must be a non-empty string")
-        raise ValueError(f"event type is longer than {MAX_TYPE_LENGTH} characters")
+        if len(type_) > MAX_TYPE_LENGTH:
+            raise ValueError(f"event type is longer than {MAX_TYPE_LENGTH} characters")
+        type_ = str.__str__(type_)  # a str subclass (a StrEnum member) is stored as its text
     if type(data) is not dict:
         raise ValueError(f"{type_}: data must be a JSON object (dict), got {type(data).__name__}")
     if type(sv) is not int or sv < 1:

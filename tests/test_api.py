@@ -511,21 +511,22 @@ def test_a_value_that_is_no_action_is_the_agents_mistake_on_every_transport(sqli
 def test_mcp_initialize_over_a_websocket_starts_the_episode_its_tool_calls_act_in(sqlite_url):
     """`initialize` on an unbound socket logged an episode it did not bind: the next tools/call
     said "call initialize first", and every try left an episode running that nobody could reach."""
-    with client(sqlite_url) as c, c.websocket_connect("/ws") as ws:
-        ws.send_json({"type": "mcp", "data": {"jsonrpc": "2.0", "id": 1, "method": "initialize",
-                                              "params": {"protocolVersion": "2025-03-26"}}})
-        assert "Goal: " in ws.receive_json()["data"]["result"]["instructions"]
-        ws.send_json({"type": "state"})
-        episode_id = ws.receive_json()["data"]["episode_id"]
-        assert episode_id
-        ws.send_json({"type": "mcp", "data": {"jsonrpc": "2.0", "id": 2, "method": "initialize"}})
-        ws.receive_json()  # the socket's episode again, not another one
-        ws.send_json({"type": "mcp", "data": {"jsonrpc": "2.0", "id": 3, "method": "tools/call",
-                                              "params": {"name": "datahub_list_metrics"}}})
-        content = ws.receive_json()["data"]["result"]["structuredContent"]
-        assert content["metadata"]["episode_id"] == episode_id and content["metadata"]["step"] == 1
-    running = c.get("/episodes", params={"outcome": "running"}).json()
-    assert [e["episode_id"] for e in running["episodes"]] == [episode_id]
+    with client(sqlite_url) as c:
+        with c.websocket_connect("/ws") as ws:
+            ws.send_json({"type": "mcp", "data": {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+                                                  "params": {"protocolVersion": "2025-03-26"}}})
+            assert "Goal: " in ws.receive_json()["data"]["result"]["instructions"]
+            ws.send_json({"type": "state"})
+            episode_id = ws.receive_json()["data"]["episode_id"]
+            assert episode_id
+            ws.send_json({"type": "mcp", "data": {"jsonrpc": "2.0", "id": 2, "method": "initialize"}})
+            ws.receive_json()  # the socket's episode again, not another one
+            ws.send_json({"type": "mcp", "data": {"jsonrpc": "2.0", "id": 3, "method": "tools/call",
+                                                  "params": {"name": "datahub_list_metrics"}}})
+            content = ws.receive_json()["data"]["result"]["structuredContent"]
+            assert content["metadata"]["episode_id"] == episode_id and content["metadata"]["step"] == 1
+        running = c.get("/episodes", params={"outcome": "running"}).json()
+        assert [e["episode_id"] for e in running["episodes"]] == [episode_id]
 
 
 def test_a_query_parameter_a_route_does_not_take_is_refused_in_words(sqlite_url):

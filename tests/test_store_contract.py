@@ -514,3 +514,64 @@ def test_a_store_used_before_a_fork_keeps_working_in_parent_and_children(store_u
     finally:
         _FORKED_STORE = None
         store.close()
+
+
+def test_the_append_api_refuses_wrong_types_in_words_and_takes_what_python_code_passes(store):
+    """expected_version "0" made "expected version 0, but the stream is at version 0", and True
+    counted as 1; a StrEnum event type was refused as "longer than 200 characters"; a NUL or a
+    lone surrogate in a stream id failed inside PostgreSQL's driver (and was stored on SQLite)."""
+    import enum
+
+    import numpy as np
+
+    class Kind(enum.StrEnum):
+        OPENED = "Opened"
+
+    stream = unique_stream()
+    store.append(stream, [NewEvent(Kind.OPENED, {})], None)
+    for bad in ("0", True, 0.0):
+        with pytest.raises(ValueError, match="expected_version must be an integer"):
+            store.append(stream, [NewEvent("Noted", {})], bad)
+    recorded = store.append(stream, [NewEvent("Noted", {})], np.int64(0))
+    assert [type(e.type) for e in store.read_stream(stream)] == [str, str]
+    assert [e.type for e in store.read_stream(stream)] == ["Opened", "Noted"]
+    assert recorded[0].version == 1
+    for name in ("a\x00b", "lone \ud800 surrogate"):
+        with pytest.raises(ValueError, match="NUL or a lone surrogate"):
+            store.append(name, [NewEvent("Opened", {})], None)
+
+
+def test_an_empty_append_still_checks_the_expected_version(store):
+    stream = unique_stream()
+    store.append(stream, [NewEvent("Opened", {})], None)
+    assert store.append(stream, [], 0) == []
+    for stale in (None, 3):
+        with pytest.raises(ConcurrencyError):
+            store.append(stream, [], stale)
+    assert store.append(unique_stream(), [], None) == []  # a new stream, as expected
+    with pytest.raises(ConcurrencyError):
+        store.append(unique_stream(), [], 0)
+
+
+def test_a_closed_store_refuses_to_be_used(store_url):
+    """It reconnected quietly (on SQLite re-opening a writer and its lock file that nothing closed)."""
+    from eventstore import StoreClosed
+
+    store = EventStore.open(store_url)
+    stream = unique_stream()
+    store.append(stream, [NewEvent("Opened", {})], None)
+    store.close()
+    store.close()  # closing twice is harmless
+    for use in (lambda: store.append(stream, [NewEvent("Noted", {})], 0),
+                lambda: list(store.read_stream(stream)), lambda: list(store.read_all()),
+                lambda: store.stream_version(stream)):
+        with pytest.raises(StoreClosed, match="the event store is closed"):
+            use()
+    with EventStore.open(store_url) as reopened:
+        assert reopened.stream_version(stream) == 0
+
+
+def test_a_bad_synchronous_is_named_not_blamed_on_the_url(tmp_path):
+    with pytest.raises(ValueError, match="synchronous must be one of") as refused:
+        EventStore.open(f"sqlite:///{tmp_path / 's.db'}", synchronous="fsync")
+    assert "not a database URL" not in str(refused.value)
