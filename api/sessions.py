@@ -64,8 +64,11 @@ def outage_classes() -> tuple[type[Exception], ...]:
     other kinds (a constraint, bad SQL) are bugs and stay 500s."""
     import sqlite3
 
+    # sa.exc.TimeoutError: every pooled connection busy for pool_timeout (a database that hangs
+    # or holds a lock): as much an outage as a refused connection, and as retryable
     classes: tuple[type[Exception], ...] = (sa.exc.OperationalError, sa.exc.InterfaceError,
-                                            sqlite3.OperationalError, sqlite3.InterfaceError)
+                                            sa.exc.TimeoutError, sqlite3.OperationalError,
+                                            sqlite3.InterfaceError)
     try:
         import psycopg  # a dependency; loaded anyway when the store is PostgreSQL
     except ImportError:

@@ -12,6 +12,7 @@ from sqlalchemy.pool import StaticPool
 from sqlalchemy.util import asbool
 
 SQLITE_SYNCHRONOUS = ("normal", "full")
+PG_CONNECT_TIMEOUT_S = 10
 
 
 class BadSynchronous(ValueError):
@@ -64,9 +65,12 @@ def create_engine(url: str, synchronous: str | None = None) -> sa.Engine:
     if synchronous is not None:
         raise BadSynchronous("synchronous= applies to SQLite only; PostgreSQL durability is the server's")
     # pre-ping: a connection the server dropped (a restart, a failover, a terminated backend) is
-    # replaced when it is checked out, instead of failing the step or request that drew it
+    # replaced when it is checked out, instead of failing the step or request that drew it.
+    # connect_timeout: a server that does not answer (a partition, a hung host) fails a connect
+    # in seconds rather than the kernel's minutes; a URL's own ?connect_timeout= wins.
+    connect_args = {} if "connect_timeout" in parsed.query else {"connect_timeout": PG_CONNECT_TIMEOUT_S}
     return _pooled_per_process(sa.create_engine(parsed, pool_size=8, max_overflow=32,
-                                                pool_pre_ping=True))
+                                                pool_pre_ping=True, connect_args=connect_args))
 
 
 _PER_PROCESS: weakref.WeakSet[sa.Engine] = weakref.WeakSet()

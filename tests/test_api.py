@@ -956,6 +956,52 @@ def test_ready_says_whether_the_store_answers_while_health_says_the_process_live
         assert c.get("/ready").status_code == 200
 
 
+def test_ready_answers_503_in_bounded_time_while_the_database_hangs(sqlite_url, monkeypatch):
+    """A hung database (a partition, a lock held) kept /ready waiting as long as it did, or made
+    it a 500 once the pool gave up; probes then piled up a thread each."""
+    import time
+
+    import api.app
+
+    monkeypatch.setattr(api.app, "READY_TIMEOUT_S", 0.2)
+    real = EventStore.last_position
+    calls, returned, release = [], [], threading.Event()
+
+    def hung(self):
+        calls.append(1)
+        release.wait(30)
+        returned.append(1)
+        return real(self)
+
+    monkeypatch.setattr(EventStore, "last_position", hung)
+    with client(sqlite_url) as c:
+        for _ in range(3):
+            r = c.get("/ready")
+            assert r.status_code == 503 and r.json()["code"] == "store_unavailable", r.text
+            assert r.headers["retry-after"] == "1"
+        assert returned == [] and len(calls) == 1  # answered while the one check still hangs
+        release.set()
+        for _ in range(50):  # the hung check returns; the next probe starts a fresh one
+            if c.get("/ready").status_code == 200:
+                break
+            time.sleep(0.05)
+        assert c.get("/ready").json()["status"] == "ready"
+
+
+def test_a_pool_that_gives_up_waiting_is_an_outage_not_a_bug(sqlite_url, monkeypatch):
+    """Every pooled PostgreSQL connection busy past pool_timeout (sqlalchemy's TimeoutError) was
+    a 500 that trainers read as a server bug; it is a 503 they retry."""
+    from api.episodes import EpisodeLog
+
+    def exhausted(self, **kwargs):
+        raise sa.exc.TimeoutError("QueuePool limit of size 8 overflow 32 reached")
+
+    monkeypatch.setattr(EpisodeLog, "list", exhausted)
+    with client(sqlite_url) as c:
+        r = c.get("/episodes")
+        assert r.status_code == 503 and r.json()["code"] == "store_unavailable", r.text
+
+
 def test_only_an_outage_is_a_503_and_a_page_asks_as_a_page(sqlite_url, monkeypatch):
     """A constraint or bad SQL is a bug: a 500, not a "try again" a client would retry forever;
     the UI answers an outage with its HTML error page, not JSON."""

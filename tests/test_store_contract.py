@@ -575,3 +575,21 @@ def test_a_bad_synchronous_is_named_not_blamed_on_the_url(tmp_path):
     with pytest.raises(ValueError, match="synchronous must be one of") as refused:
         EventStore.open(f"sqlite:///{tmp_path / 's.db'}", synchronous="fsync")
     assert "not a database URL" not in str(refused.value)
+
+
+def test_a_postgresql_server_that_never_answers_fails_to_open_in_seconds(monkeypatch):
+    """A partitioned or hung server (the TCP handshake done by the kernel, then silence) kept a
+    connect waiting as long as the kernel would: a server start, a step or /ready hung with it."""
+    import socket
+
+    from eventstore import StoreUnreachable, engine
+
+    monkeypatch.setattr(engine, "PG_CONNECT_TIMEOUT_S", 1)
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        port = silent.getsockname()[1]
+        for url in (f"postgresql://x@127.0.0.1:{port}/db",  # the store's default timeout
+                    f"postgresql://x@127.0.0.1:{port}/db?connect_timeout=1"):  # the URL's own
+            with pytest.raises(StoreUnreachable, match="cannot open the store"):
+                EventStore.open(url)
