@@ -56,7 +56,8 @@ from api.ws import websocket_app
 from companyos.config import resolve_db
 from companyos.lifecycle import end_with
 from domain import TASK_FAMILIES
-from eventstore import EventStore
+from eventstore import EventStore, WriterBusy
+from eventstore.backends import WAIT_FOR_WRITERS
 from projections.episodes import MAX_AGENT_LABEL, OUTCOMES
 
 T = TypeVar("T")
@@ -127,9 +128,18 @@ class Server:
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         """Store work for a WebSocket message. Inline on SQLite: a step is ~0.15 ms of CPU and
         SQLite takes one writer at a time, so a thread hop would only add GIL and lock hand-offs
-        (measured: slower). In a thread for PostgreSQL, where appends wait on the network."""
+        (measured: slower). But never waiting for a lock there: a write that finds another
+        writer holding the file stops before writing anything (WriterBusy) and runs again on a
+        thread, or one waiting step froze the worker's every socket and /health. In a thread
+        for PostgreSQL, where appends wait on the network."""
         if self.inline:
-            return fn(*args)
+            waits = WAIT_FOR_WRITERS.set(False)
+            try:
+                return fn(*args)
+            except WriterBusy:
+                pass  # another writer holds the file: wait for it on a thread, not on the loop
+            finally:
+                WAIT_FOR_WRITERS.reset(waits)
         return await self.in_thread(fn, *args)
 
     async def in_thread(self, fn: Callable[..., T], *args: Any) -> T:

@@ -11,6 +11,7 @@ from eventstore.records import (
     StoreUnavailable,
     StoreUnreachable,
     StreamHead,
+    WriterBusy,
 )
 from eventstore.store import DEFAULT_URL, EventStore, NewStream, shown_url
 from eventstore.upcasting import Upcasters
@@ -18,6 +19,6 @@ from eventstore.upcasting import Upcasters
 __all__ = [
     "DEFAULT_URL", "GENESIS_DIGEST", "MAX_EVENT_BYTES", "ConcurrencyError", "CorruptCommit", "EventStore",
     "NewEvent", "NewStream", "RecordedEvent", "StoreClosed", "StoreUnavailable", "StoreUnreachable",
-    "StreamHead", "Upcasters", "canonical_json",
+    "StreamHead", "Upcasters", "WriterBusy", "canonical_json",
     "chain_digest", "shown_url",
 ]

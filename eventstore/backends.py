@@ -16,16 +16,23 @@ from __future__ import annotations
 
 import fcntl
 import os
+import sqlite3
 import threading
 from collections.abc import Callable, Sequence
+from contextvars import ContextVar
 from typing import Any, NoReturn
 
 import sqlalchemy as sa
 
 from eventstore import ids
-from eventstore.engine import sqlite_file
+from eventstore.engine import SQLITE_BUSY_TIMEOUT_MS, sqlite_file
 from eventstore.packing import COMMIT_COLUMNS, READ_COLUMNS, Commit, PayloadEncoder, as_text, compress
+from eventstore.records import WriterBusy
 
+WAIT_FOR_WRITERS: ContextVar[bool] = ContextVar("companyos_wait_for_writers", default=True)
+"""False: an SQLite append that would wait for another writer (a thread or process holding the
+file) raises WriterBusy at once instead. The server's event loop tries a step so, and only then
+hands it to a thread: waiting on the loop froze every socket of the worker, and /health."""
 PG_INDEX_BITS = 20
 MAX_EVENTS_PER_APPEND = 1 << PG_INDEX_BITS
 PG_VISIBLE = ("position < (pg_snapshot_xmin(pg_current_snapshot())::text::bigint "
@@ -127,6 +134,7 @@ class SqliteBackend(Backend):
         self._lock = threading.Lock()
         self._writer = None
         self._writer_generation = -1
+        self._writer_waits = True
         database = sqlite_file(engine.url)
         self._lock_path = None if database is None else f"{os.path.abspath(database)}-writer.lock"
         self._lock_fd: int | None = None
@@ -147,11 +155,17 @@ class SqliteBackend(Backend):
             self._lock_fd_generation = ids.fork_generation
         return self._lock_fd
 
-    def _write_connection(self):
+    def _write_connection(self, wait: bool = True):
+        """The writer's connection, its busy timeout set as `wait` says (switched only when it
+        changes: a statement per append would cost a step-sized append ~2%)."""
         # A connection inherited through fork belongs to the parent: open our own.
         if self._writer is None or self._writer_generation != ids.fork_generation:
             self._writer = self.engine.raw_connection()
             self._writer_generation = ids.fork_generation
+            self._writer_waits = True
+        if wait is not self._writer_waits:
+            self._writer.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS if wait else 0}")
+            self._writer_waits = wait
         return self._writer
 
     def close(self) -> None:
@@ -170,20 +184,28 @@ class SqliteBackend(Backend):
         A new stream's commit is built before the lock is taken: it depends on no stored head.
         """
         commit = build(None) if expected_version is None else None
-        with self._lock:
-            lock_fd = self._lock_file()
+        wait = WAIT_FOR_WRITERS.get()
+        if not self._lock.acquire(blocking=wait):
+            raise WriterBusy("another thread of this process is writing")
+        try:
+            lock_fd = self._lock_file(wait)
             try:
-                return self._insert(stream_id, build, commit, expected_version, cached_head)
+                return self._insert(stream_id, build, commit, expected_version, cached_head, wait)
             finally:
                 if lock_fd is not None:
                     fcntl.flock(lock_fd, fcntl.LOCK_UN)
+        finally:
+            self._lock.release()
 
-    def _lock_file(self) -> int | None:
+    def _lock_file(self, wait: bool = True) -> int | None:
         """Queue behind the file's other writer processes (the caller holds the thread lock);
         the descriptor to unlock, None when there is no lock file."""
         lock_fd = self._process_lock_fd()
         if lock_fd is not None:
-            fcntl.flock(lock_fd, fcntl.LOCK_EX)
+            try:
+                fcntl.flock(lock_fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise WriterBusy("another process is writing") from None
         return lock_fd
 
     def insert_new(self, commits: Sequence[Commit]) -> None:
@@ -209,10 +231,18 @@ class SqliteBackend(Backend):
                     fcntl.flock(lock_fd, fcntl.LOCK_UN)
 
     def _insert(self, stream_id: str, build: BuildCommit, commit: Commit | None,
-                expected_version: int | None, cached_head: Head | None) -> tuple[int, Commit]:
-        """One write transaction; the caller holds both write locks."""
-        cur = self._write_connection().cursor()
-        cur.execute("BEGIN IMMEDIATE")
+                expected_version: int | None, cached_head: Head | None,
+                wait: bool = True) -> tuple[int, Commit]:
+        """One write transaction; the caller holds both write locks (a writer that does not
+        take them, such as the sqlite3 shell, still makes BEGIN IMMEDIATE wait, or fail at once)."""
+        cur = self._write_connection(wait).cursor()
+        try:
+            cur.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as exc:
+            cur.close()
+            if not wait and exc.sqlite_errorcode == sqlite3.SQLITE_BUSY:
+                raise WriterBusy("another connection holds the database's write lock") from None
+            raise
         try:
             if commit is None:
                 head = cached_head

@@ -13,6 +13,8 @@ from sqlalchemy.util import asbool
 
 SQLITE_SYNCHRONOUS = ("normal", "full")
 PG_CONNECT_TIMEOUT_S = 10
+SQLITE_BUSY_TIMEOUT_MS = 60_000
+"""How long a waiting SQLite writer (or a reader during recovery) waits for the file's lock."""
 
 
 class BadSynchronous(ValueError):
@@ -114,7 +116,7 @@ def _sqlite_engine(url: sa.URL, synchronous: str) -> sa.Engine:
         if not in_memory:
             cursor.execute("PRAGMA journal_mode=WAL")
         cursor.execute(f"PRAGMA synchronous={synchronous.upper()}")
-        cursor.execute("PRAGMA busy_timeout=60000")
+        cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
         cursor.execute("PRAGMA cache_size=-65536")
         cursor.execute("PRAGMA wal_autocheckpoint=16384")
         cursor.execute("PRAGMA mmap_size=1073741824")

@@ -16,6 +16,11 @@ class StoreUnavailable(Exception):
     """The store's URL names nothing we can open, or the database refused the connection."""
 
 
+class WriterBusy(Exception):
+    """Another writer holds the SQLite store and this append was told not to wait for it
+    (`eventstore.backends.WAIT_FOR_WRITERS`); nothing was written."""
+
+
 class StoreClosed(ValueError):
     """A store used after `close()`, as a closed file refuses I/O."""
 

@@ -17,6 +17,7 @@ from api.app import create_app
 from api.config import ServerConfig
 from companyos.env import CompanyEnv
 from eventstore import EventStore
+from eventstore.backends import SqliteBackend
 from tests import tamper
 
 ACTIONS = [
@@ -1000,6 +1001,58 @@ def test_a_pool_that_gives_up_waiting_is_an_outage_not_a_bug(sqlite_url, monkeyp
     with client(sqlite_url) as c:
         r = c.get("/episodes")
         assert r.status_code == 503 and r.json()["code"] == "store_unavailable", r.text
+
+
+@pytest.mark.parametrize("holder", ["another companyos process", "a plain sqlite3 writer"])
+def test_a_websocket_step_waiting_for_the_sqlite_write_lock_does_not_freeze_the_worker(
+        sqlite_url, tmp_path, holder):
+    """SQLite steps run inline on the event loop: one that waited for another writer (up to the
+    60 s busy timeout) froze every socket of the worker, /health included."""
+    import fcntl
+    import sqlite3
+
+    path = str(tmp_path / "store.db")
+    with client(sqlite_url) as c, c.websocket_connect("/ws") as ws:
+        ws.send_json({"type": "reset", "data": RESET})
+        ws.receive_json()
+        if holder == "another companyos process":  # it queues on the writers' lock file
+            held = open(f"{path}-writer.lock", "a+")  # noqa: SIM115 - released below
+            fcntl.flock(held.fileno(), fcntl.LOCK_EX)
+            release = lambda: fcntl.flock(held.fileno(), fcntl.LOCK_UN)  # noqa: E731
+        else:  # the sqlite3 shell, say: it takes SQLite's own write lock only
+            held = sqlite3.connect(path, isolation_level=None)
+            held.execute("BEGIN IMMEDIATE")
+            release = lambda: held.execute("ROLLBACK")  # noqa: E731
+        released, entered, answers = threading.Event(), threading.Event(), []
+        real_append = SqliteBackend.append
+
+        def append(self, *args, **kwargs):
+            entered.set()
+            return real_append(self, *args, **kwargs)
+
+        def let_go() -> None:
+            if not released.is_set():
+                released.set()
+                release()
+
+        stepping = threading.Thread(target=lambda: (ws.send_json({"type": "step", "data": ACTIONS[0]}),
+                                                    answers.append(ws.receive_json())))
+        safety_net = threading.Timer(10, let_go)  # the old code waited until the lock was let go
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(SqliteBackend, "append", append)
+            safety_net.start()
+            stepping.start()
+            try:
+                assert entered.wait(10)  # the step is waiting for the lock now
+                for _ in range(3):
+                    assert c.get("/health").status_code == 200
+                assert not released.is_set() and answers == []  # answered while the step waits
+            finally:
+                safety_net.cancel()
+                let_go()
+                stepping.join(30)
+                held.close()
+        assert answers and answers[0]["data"]["metadata"]["step"] == 1, answers  # then it is logged
 
 
 def test_only_an_outage_is_a_503_and_a_page_asks_as_a_page(sqlite_url, monkeypatch):
