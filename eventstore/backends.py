@@ -43,6 +43,9 @@ PG_BEGUN = ("position < (pg_snapshot_xmax(pg_current_snapshot())::text::bigint "
             f"<< {PG_INDEX_BITS})")
 """Positions of transactions PostgreSQL has begun: a visible commit row past this bound was not
 written there by any transaction (its position was altered behind the store's back)."""
+STREAM_PAGE_COMMITS = 256
+"""Commit rows per page of `read_stream`: an episode's whole stream in one, and a long stream of
+big events (up to 1 MiB each) in bounded memory rather than all at once."""
 READ_PAGE_COMMITS = 1000
 """Commit rows per page of a bulk read: thousands of events of four-event steps, and a bounded
 amount of memory (a few hundred MB) even for 1,000-event batches."""
@@ -73,9 +76,10 @@ class Backend:
                 "ORDER BY first_version DESC LIMIT 1")
 
     def stream_sql(self) -> str:
+        """A page of a stream's commit rows from a version on, in version order."""
         m = self.mark
         return (f"SELECT {READ_COLUMNS} FROM commits WHERE stream_id = {m} "
-                f"AND last_version >= {m} ORDER BY first_version")
+                f"AND last_version >= {m} ORDER BY first_version LIMIT {m}")
 
     def page_sql(self, upto: bool = False) -> str:
         """Commit rows after a position (and, with `upto`, at most another), in position order."""

@@ -14,6 +14,7 @@ from eventstore import migrate
 from eventstore.backends import (
     MAX_EVENTS_PER_APPEND,
     READ_PAGE_COMMITS,
+    STREAM_PAGE_COMMITS,
     BuildCommit,
     UniqueViolation,
     backend_for,
@@ -298,13 +299,20 @@ class EventStore:
     # -- reading -------------------------------------------------------------------------------
 
     def read_stream(self, stream_id: str, from_version: int = 0) -> Iterator[RecordedEvent]:
-        """The stream's events in version order (upcast to the current schema)."""
-        rows = self._backend.fetch(self._backend.stream_sql(), (stream_id, from_version))
+        """The stream's events in version order (upcast to the current schema), read a page of
+        commits at a time (STREAM_PAGE_COMMITS)."""
         apply = self.upcasters.apply if self.upcasters.types else None
-        for row in rows:
-            for record in unpack(row):
-                if record.version >= from_version:
-                    yield record if apply is None else apply(record)
+        sql, backend = self._backend.stream_sql(), self._backend
+        while True:
+            rows = backend.fetch(sql, (stream_id, from_version, STREAM_PAGE_COMMITS))
+            record = None
+            for row in rows:
+                for record in unpack(row):
+                    if record.version >= from_version:
+                        yield record if apply is None else apply(record)
+            if len(rows) < STREAM_PAGE_COMMITS or record is None:
+                return
+            from_version = record.version + 1
 
     def read_all(self, after_position: int = 0, limit: int | None = None) -> Iterator[RecordedEvent]:
         """Every event after `after_position` in commit order, read in pages so memory stays flat.

@@ -593,3 +593,31 @@ def test_a_postgresql_server_that_never_answers_fails_to_open_in_seconds(monkeyp
                     f"postgresql://x@127.0.0.1:{port}/db?connect_timeout=1"):  # the URL's own
             with pytest.raises(StoreUnreachable, match="cannot open the store"):
                 EventStore.open(url)
+
+
+def test_read_stream_pages_through_a_long_stream(store, monkeypatch):
+    """It fetched a stream's every commit at once: a long stream of big events was all in memory
+    before its first event was handed out."""
+    from eventstore import backends, store as store_module
+
+    monkeypatch.setattr(store_module, "STREAM_PAGE_COMMITS", 3)
+    stream = unique_stream()
+    version = None
+    for i in range(10):  # ten commits of two events
+        version = store.append(stream, [NewEvent("A", {"i": i, "k": 0}), NewEvent("A", {"i": i, "k": 1})],
+                               version)[-1].version
+    fetched = []
+    real_fetch = backends.Backend.fetch
+
+    def fetch(self, sql, params):
+        rows = real_fetch(self, sql, params)
+        fetched.append(len(rows))
+        return rows
+
+    monkeypatch.setattr(backends.Backend, "fetch", fetch)
+    everything = list(store.read_stream(stream))
+    assert [e.version for e in everything] == list(range(20))
+    assert max(fetched) == 3 and sum(fetched) == 10  # pages of three commits, each read once
+    fetched.clear()
+    assert [e.version for e in store.read_stream(stream, from_version=7)] == list(range(7, 20))
+    assert [e.data for e in store.read_stream(stream, from_version=19)] == [{"i": 9, "k": 1}]
