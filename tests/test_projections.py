@@ -325,6 +325,21 @@ def test_verify_catches_two_swapped_events(damaged, how, workers):
     assert victim in report.problems and len(report.problems) == 1, report.problems
 
 
+def test_verify_in_log_order_names_the_versions_a_reordered_stream_swapped(damaged):
+    """With a stream's first and last commits swapped, the log-order pass said "version 0 is
+    stored before version -1" and blamed the head columns, which were never touched."""
+    store, played = damaged
+    victim = played[7]["episode_id"]
+    commits = tamper.stream_commits(store.engine, victim)
+    tamper.swap_commit_positions(store.engine, commits[0][0], commits[-1][0])
+    problems = verify(store, workers=1).problems
+    assert set(problems) == {victim}
+    said = problems[victim]
+    assert not any("head columns" in p for p in said), said
+    assert not any("before version -1" in p for p in said), said
+    assert any("events out of order" in p for p in said), said
+
+
 def test_verify_checks_episode_shape_and_known_types(damaged, workers):
     store, played = damaged
     ended = played[0]["episode_id"]
