@@ -773,3 +773,18 @@ def test_library_log_records_stay_off_a_commands_stderr(quiet):
     """)
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     assert (out.stderr == "") is quiet, out.stderr  # the control run shows what is kept off
+
+
+def test_an_environment_closed_with_its_own_store_refuses_further_use(sqlite_url):
+    """It reconnected quietly, re-opening a writer connection and a lock file nothing closed."""
+    from eventstore import StoreClosed
+
+    env = CompanyEnv(sqlite_url)
+    env.reset(seed=1, options={"task": FAMILIES[0]})
+    env.close()
+    with pytest.raises(StoreClosed):
+        env.step({"app": "ticketdesk", "method": "list_tickets", "params": {}})
+    with pytest.raises(StoreClosed):
+        env.reset(seed=2)
+    with EventStore.open(sqlite_url) as store:  # the file itself is fine: the reset is logged
+        assert store.stream_version(env.state["episode_id"]) is not None
