@@ -781,10 +781,11 @@ def test_an_environment_closed_with_its_own_store_refuses_further_use(sqlite_url
 
     env = CompanyEnv(sqlite_url)
     env.reset(seed=1, options={"task": FAMILIES[0]})
+    first = env.state["episode_id"]
     env.close()
     with pytest.raises(StoreClosed):
         env.step({"app": "ticketdesk", "method": "list_tickets", "params": {}})
     with pytest.raises(StoreClosed):
         env.reset(seed=2)
     with EventStore.open(sqlite_url) as store:  # the file itself is fine: the reset is logged
-        assert store.stream_version(env.state["episode_id"]) is not None
+        assert store.stream_version(first) is not None
