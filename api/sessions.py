@@ -29,7 +29,7 @@ import sqlalchemy as sa
 import domain
 from companyos.env import episode_state, spec_from_options
 from companyos.runtime import EpisodeNotFound, EpisodeRuntime, episode_id_problem, new_episode_id
-from eventstore import ConcurrencyError, CorruptCommit, EventStore
+from eventstore import ConcurrencyError, CorruptCommit, EventStore, WriterBusy
 from projections.episodes import new_agent_label_problem
 
 RESET_FIELDS = ("seed", "episode_id", "task", "chaos", "reward_profile", "max_steps", "agent", "text")
@@ -325,6 +325,8 @@ class SessionManager:
                                "(by another process); this action was not applied") from None
             except ValueError as exc:  # too big for the log (a body limit over 1 MiB lets it in)
                 raise ApiError(413, "action_too_large", f"{exc}; this action was not applied") from None
+            except WriterBusy:  # nothing written and nothing applied: the copy is as good as before,
+                raise  # and a step another process logs meanwhile stays a conflict, not built upon
             except BaseException:
                 session.runtime = None
                 raise

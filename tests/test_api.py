@@ -1055,6 +1055,36 @@ def test_a_websocket_step_waiting_for_the_sqlite_write_lock_does_not_freeze_the_
         assert answers and answers[0]["data"]["metadata"]["step"] == 1, answers  # then it is logged
 
 
+def test_a_step_retried_off_the_loop_is_still_a_conflict_if_another_worker_stepped_meanwhile(
+        sqlite_url):
+    """A WebSocket step that found the write lock held dropped its cached episode, and its retry
+    reloaded the log: a step another worker logged in between was silently built upon."""
+    from eventstore import WriterBusy
+    from eventstore.backends import WAIT_FOR_WRITERS
+
+    a, b = create_app(ServerConfig(db=sqlite_url)), create_app(ServerConfig(db=sqlite_url))
+    with TestClient(a) as ca, TestClient(b) as cb, ca.websocket_connect("/ws") as ws:
+        ws.send_json({"type": "reset", "data": RESET})
+        meta = ws.receive_json()["data"]["metadata"]
+        episode_id, token = meta["episode_id"], meta["episode_token"]
+        real_append, other = SqliteBackend.append, []
+
+        def append(self, *args, **kwargs):
+            if not WAIT_FOR_WRITERS.get() and not other and self is a.server.store._backend:
+                other.append(step(cb, episode_id, token, ACTIONS[1]))  # worker B, in between
+                raise WriterBusy("another process is writing")
+            return real_append(self, *args, **kwargs)
+
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(SqliteBackend, "append", append)
+            ws.send_json({"type": "step", "data": ACTIONS[0]})
+            answer = ws.receive_json()["data"]
+        assert other[0].status_code == 200 and other[0].json()["metadata"]["step"] == 1
+        assert answer.get("reason") == "conflict" and answer.get("status") == 409, answer
+        events = cb.get(f"/episodes/{episode_id}/events").json()["events"]
+        assert sum(e["type"] == "ActionTaken" for e in events) == 1  # worker B's step alone
+
+
 def test_only_an_outage_is_a_503_and_a_page_asks_as_a_page(sqlite_url, monkeypatch):
     """A constraint or bad SQL is a bug: a 500, not a "try again" a client would retry forever;
     the UI answers an outage with its HTML error page, not JSON."""
