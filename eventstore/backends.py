@@ -18,6 +18,7 @@ import fcntl
 import os
 import sqlite3
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 from contextvars import ContextVar
 from typing import Any, NoReturn
@@ -122,6 +123,25 @@ _INSERT_IDS = "INSERT INTO event_ids (event_id, stream_id, version) VALUES ({m},
 # with the unique (stream_id, first_version) key when the stream already exists.
 
 
+_SQLITE_BACKENDS: weakref.WeakSet[SqliteBackend] = weakref.WeakSet()
+_INHERITED_WRITERS: list = []
+"""Writer connections a forked child inherited: the parent's. Kept here, never used, reset or
+checked in (dropping one would roll back on the parent's connection from the child)."""
+
+
+def _own_writers_after_fork() -> None:
+    """In a forked child: a new thread lock for each SQLite backend (one held by another thread
+    at the fork stays held forever in the child) and no writer connection (it opens its own)."""
+    for backend in list(_SQLITE_BACKENDS):
+        backend._lock = threading.Lock()
+        if backend._writer is not None:
+            _INHERITED_WRITERS.append(backend._writer)
+            backend._writer = None
+
+
+os.register_at_fork(after_in_child=_own_writers_after_fork)
+
+
 class SqliteBackend(Backend):
     """SQLite takes one writer at a time, so each store keeps one write connection behind a lock.
 
@@ -143,6 +163,7 @@ class SqliteBackend(Backend):
         self._lock_path = None if database is None else f"{os.path.abspath(database)}-writer.lock"
         self._lock_fd: int | None = None
         self._lock_fd_generation = -1
+        _SQLITE_BACKENDS.add(self)
 
     def _process_lock_fd(self) -> int | None:
         """This process's descriptor of the lock file (None for an in-memory database)."""
@@ -244,7 +265,7 @@ class SqliteBackend(Backend):
             cur.execute("BEGIN IMMEDIATE")
         except sqlite3.OperationalError as exc:
             cur.close()
-            if not wait and exc.sqlite_errorcode == sqlite3.SQLITE_BUSY:
+            if not wait and exc.sqlite_errorcode & 0xFF == sqlite3.SQLITE_BUSY:  # BUSY_RECOVERY too
                 raise WriterBusy("another connection holds the database's write lock") from None
             raise
         try:

@@ -93,7 +93,10 @@ def _pooled_per_process(engine: sa.Engine) -> sa.Engine:
 
 def _forget_the_parents_connections() -> None:
     for engine in list(_PER_PROCESS):
-        engine.dispose(close=False)
+        try:
+            engine.dispose(close=False)
+        except Exception:  # noqa: BLE001, S112 - one engine's failure must not leave the others
+            continue
 
 
 os.register_at_fork(after_in_child=_forget_the_parents_connections)

@@ -8,6 +8,7 @@ import re
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 import uuid
 
@@ -499,13 +500,18 @@ def test_a_store_used_before_a_fork_keeps_working_in_parent_and_children(store_u
         assert _append_and_read_back(f"{prefix}-before", 3) == []  # the pool holds connections now
         ctx = mp.get_context("fork")
         queue = ctx.Queue()
-        children = [ctx.Process(target=_forked_child, args=(f"{prefix}-c{k}", queue)) for k in range(2)]
+        children = [ctx.Process(target=_forked_child, args=(f"{prefix}-c{k}", queue), daemon=True)
+                    for k in range(2)]
         for child in children:
             child.start()
-        parent = _append_and_read_back(f"{prefix}-p", 30)
-        found = [queue.get(timeout=60) for _ in children]
-        for child in children:
-            child.join(timeout=60)
+        try:
+            parent = _append_and_read_back(f"{prefix}-p", 30)
+            found = [queue.get(timeout=60) for _ in children]
+            for child in children:
+                child.join(timeout=60)
+        finally:
+            for child in children:  # a hung child (the bug's symptom) fails the test, not the run
+                child.terminate()
         assert parent == [] and found == [[], []], (parent, found)
         assert [child.exitcode for child in children] == [0, 0]
         names = [f"{prefix}-before-{i}" for i in range(3)] + [
@@ -591,14 +597,24 @@ def test_a_postgresql_server_that_never_answers_fails_to_open_in_seconds(monkeyp
         port = silent.getsockname()[1]
         for url in (f"postgresql://x@127.0.0.1:{port}/db",  # the store's default timeout
                     f"postgresql://x@127.0.0.1:{port}/db?connect_timeout=1"):  # the URL's own
-            with pytest.raises(StoreUnreachable, match="cannot open the store"):
-                EventStore.open(url)
+            refused = []
+
+            def opening(url: str = url, refused: list = refused) -> None:
+                with pytest.raises(StoreUnreachable, match="cannot open the store") as caught:
+                    EventStore.open(url)
+                refused.append(caught.value)
+
+            attempt = threading.Thread(target=opening, daemon=True)
+            attempt.start()
+            attempt.join(60)  # a guard, not a measurement: without a timeout it never returns
+            assert refused, f"opening {url} still waits for a server that never answers"
 
 
 def test_read_stream_pages_through_a_long_stream(store, monkeypatch):
     """It fetched a stream's every commit at once: a long stream of big events was all in memory
     before its first event was handed out."""
-    from eventstore import backends, store as store_module
+    from eventstore import backends
+    from eventstore import store as store_module
 
     monkeypatch.setattr(store_module, "STREAM_PAGE_COMMITS", 3)
     stream = unique_stream()
@@ -621,3 +637,35 @@ def test_read_stream_pages_through_a_long_stream(store, monkeypatch):
     fetched.clear()
     assert [e.version for e in store.read_stream(stream, from_version=7)] == list(range(7, 20))
     assert [e.data for e in store.read_stream(stream, from_version=19)] == [{"i": 9, "k": 1}]
+
+
+def _append_one(url_and_stream: tuple) -> None:
+    _FORKED_STORE.append(url_and_stream[1], [NewEvent("Forked", {})], None)
+
+
+def test_a_child_forked_while_another_thread_writes_can_write(tmp_path):
+    """The SQLite writer's thread lock, held by another thread at the fork, stayed held forever
+    in the child, whose first append hung; and its inherited writer connection was rolled back
+    from the child. The child now has its own lock and connection."""
+    global _FORKED_STORE
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    _FORKED_STORE = store = EventStore.open(url)
+    try:
+        store.append("warm", [NewEvent("Opened", {})], None)  # the writer connection exists
+        backend = store._backend
+        backend._lock.acquire()  # as an append on another thread would hold it at the fork
+        try:
+            child = mp.get_context("fork").Process(target=_append_one, args=((url, "child"),),
+                                                   daemon=True)
+            child.start()
+            child.join(timeout=30)
+            if child.is_alive():
+                child.terminate()
+        finally:
+            backend._lock.release()
+        assert child.exitcode == 0
+        assert store.stream_version("child") == 0
+        store.append("parent", [NewEvent("Opened", {})], None)  # the parent's writer still works
+    finally:
+        _FORKED_STORE = None
+        store.close()
