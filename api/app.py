@@ -18,7 +18,6 @@ from http import HTTPStatus
 from typing import Annotated, Any, Literal, TypeVar
 
 import orjson
-import sqlalchemy as sa
 from fastapi import Body, FastAPI, Header, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
@@ -49,6 +48,7 @@ from api.models import (
     TasksResponse,
 )
 from api.querystring import STRICT_QUERY
+from api.readiness import Readiness
 from api.sessions import ApiError, SessionManager, outage_classes, split_session_key, store_outage
 from api.ui import ui_router
 from api.ui_html import error_page, is_ui_path
@@ -65,8 +65,6 @@ EpisodeId = Annotated[str, Path(max_length=200)]
 Outcome = Literal[OUTCOMES]  # the episode listing's own list: one list for every reader
 TaskFamily = Literal[tuple(TASK_FAMILIES)]  # a misspelt task is a 422, not an empty list
 IDLE_SWEEP_MIN_S = 1.0
-READY_TIMEOUT_S = 5.0
-"""How long /ready waits for the store's database before it answers 503."""
 
 
 class JSON(JSONResponse):
@@ -123,7 +121,7 @@ class Server:
             inline = store.engine.dialect.name == "sqlite"
         self.inline = inline
         self.executor = ThreadPoolExecutor(max_workers=16, thread_name_prefix="companyos-step")
-        self._ready_check: asyncio.Future[int] | None = None
+        self.readiness = Readiness(store)
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         """Store work for a WebSocket message. Inline on SQLite: a step is ~0.15 ms of CPU and
@@ -140,25 +138,12 @@ class Server:
                 pass  # another writer holds the file: wait for it on a thread, not on the loop
             finally:
                 WAIT_FOR_WRITERS.reset(waits)
+            return await self.in_thread(_waiting_for_writers, fn, *args)
         return await self.in_thread(fn, *args)
 
     async def in_thread(self, fn: Callable[..., T], *args: Any) -> T:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self.executor, partial(fn, *args))
-
-    async def store_position(self) -> int:
-        """The store's last position, for /ready, within READY_TIMEOUT_S: a database that hangs
-        makes the probe a 503 in seconds instead of a request that hangs with it. One check runs
-        at a time, so probes during a hang wait on it rather than pile up threads."""
-        check = self._ready_check
-        if check is None or check.done():
-            check = self._ready_check = asyncio.ensure_future(self.in_thread(self.store.last_position))
-            check.add_done_callback(lambda done: done.cancelled() or done.exception())  # seen
-        try:
-            return await asyncio.wait_for(asyncio.shield(check), READY_TIMEOUT_S)
-        except TimeoutError:
-            raise sa.exc.TimeoutError(f"the store's database did not answer within "
-                                      f"{READY_TIMEOUT_S:g} s") from None
 
     async def run_step(self, session: Any, action: Any) -> dict[str, Any]:
         """A WebSocket step (no freshness query: the socket's episode is cached right here)."""
@@ -217,8 +202,18 @@ def create_app(config: ServerConfig | None = None, store: EventStore | None = No
     return app
 
 
+def _waiting_for_writers(fn: Callable[..., T], *args: Any) -> T:
+    """`fn` told to wait for the write lock, whatever context its thread runs in."""
+    waits = WAIT_FOR_WRITERS.set(True)
+    try:
+        return fn(*args)
+    finally:
+        WAIT_FOR_WRITERS.reset(waits)
+
+
 def _error(exc: ApiError) -> JSON:
-    return JSON(exc.body(), status_code=exc.status)
+    retry = {"Retry-After": "1"} if exc.code == "store_unavailable" else None  # as an outage's
+    return JSON(exc.body(), status_code=exc.status, headers=retry)
 
 
 def _register_errors(app: FastAPI) -> None:
@@ -295,7 +290,7 @@ def _register_openenv(app: FastAPI, server: Server) -> None:
         """Readiness: the store's database answers a query within 5 s, so steps can be logged.
         503 `store_unavailable` while it does not (a load balancer stops sending agents here;
         `/health` still says the process lives). Needs no API key."""
-        return JSON({"status": "ready", "position": await server.store_position()})
+        return JSON({"status": "ready", "position": await server.readiness.position()})
 
     @app.get("/metadata", dependencies=STRICT_QUERY, response_model=MetadataResponse, tags=["OpenEnv"],
              responses=errors(400, 401, 403))

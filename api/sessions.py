@@ -29,7 +29,7 @@ import sqlalchemy as sa
 import domain
 from companyos.env import episode_state, spec_from_options
 from companyos.runtime import EpisodeNotFound, EpisodeRuntime, episode_id_problem, new_episode_id
-from eventstore import ConcurrencyError, CorruptCommit, EventStore, WriterBusy
+from eventstore import ConcurrencyError, CorruptCommit, EventStore, StoreClosed, WriterBusy
 from projections.episodes import new_agent_label_problem
 
 RESET_FIELDS = ("seed", "episode_id", "task", "chaos", "reward_profile", "max_steps", "agent", "text")
@@ -66,9 +66,10 @@ def outage_classes() -> tuple[type[Exception], ...]:
 
     # sa.exc.TimeoutError: every pooled connection busy for pool_timeout (a database that hangs
     # or holds a lock): as much an outage as a refused connection, and as retryable
+    # StoreClosed: a request that outlived the server's store, at shutdown
     classes: tuple[type[Exception], ...] = (sa.exc.OperationalError, sa.exc.InterfaceError,
                                             sa.exc.TimeoutError, sqlite3.OperationalError,
-                                            sqlite3.InterfaceError)
+                                            sqlite3.InterfaceError, StoreClosed)
     try:
         import psycopg  # a dependency; loaded anyway when the store is PostgreSQL
     except ImportError:
@@ -83,8 +84,13 @@ def store_outage(exc: BaseException) -> ApiError | None:
     WebSocket dropped with no frame."""
     if not isinstance(exc, outage_classes()):
         return None
-    orig = getattr(exc, "orig", None) or exc
     log.warning("the store's database failed under a request", exc_info=exc)
+    return outage_answer(exc)
+
+
+def outage_answer(exc: BaseException) -> ApiError:
+    """The 503 for a database outage, naming only its kind (no driver words), not logged."""
+    orig = getattr(exc, "orig", None) or exc
     return ApiError(503, "store_unavailable", f"the store's database failed ({type(orig).__name__}); "
                     "try again once it is back")
 

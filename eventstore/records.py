@@ -21,8 +21,9 @@ class WriterBusy(Exception):
     (`eventstore.backends.WAIT_FOR_WRITERS`); nothing was written."""
 
 
-class StoreClosed(ValueError):
-    """A store used after `close()`, as a closed file refuses I/O."""
+class StoreClosed(RuntimeError):
+    """A store used after `close()`. Not a ValueError: the caller's values are not what is wrong
+    (the server answers ValueErrors from a step as the action's fault)."""
 
 
 class StoreUnreachable(StoreUnavailable):

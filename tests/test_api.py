@@ -962,9 +962,9 @@ def test_ready_answers_503_in_bounded_time_while_the_database_hangs(sqlite_url, 
     it a 500 once the pool gave up; probes then piled up a thread each."""
     import time
 
-    import api.app
+    import api.readiness
 
-    monkeypatch.setattr(api.app, "READY_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(api.readiness, "READY_TIMEOUT_S", 0.2)
     real = EventStore.last_position
     calls, returned, release = [], [], threading.Event()
 
@@ -975,12 +975,21 @@ def test_ready_answers_503_in_bounded_time_while_the_database_hangs(sqlite_url, 
         return real(self)
 
     monkeypatch.setattr(EventStore, "last_position", hung)
+    said = []
+    heard = logging.Handler()
+    heard.emit = lambda record: said.append(record.getMessage())
+    server_log = logging.getLogger("uvicorn.error")
     with client(sqlite_url) as c:
-        for _ in range(3):
-            r = c.get("/ready")
-            assert r.status_code == 503 and r.json()["code"] == "store_unavailable", r.text
-            assert r.headers["retry-after"] == "1"
+        server_log.addHandler(heard)
+        try:
+            for _ in range(3):
+                r = c.get("/ready")
+                assert r.status_code == 503 and r.json()["code"] == "store_unavailable", r.text
+                assert r.headers["retry-after"] == "1"
+        finally:
+            server_log.removeHandler(heard)
         assert returned == [] and len(calls) == 1  # answered while the one check still hangs
+        assert len(said) == 1 and said[0].startswith("not ready"), said  # said once, not per probe
         release.set()
         for _ in range(50):  # the hung check returns; the next probe starts a fresh one
             if c.get("/ready").status_code == 200:
@@ -1083,6 +1092,16 @@ def test_a_step_retried_off_the_loop_is_still_a_conflict_if_another_worker_stepp
         assert answer.get("reason") == "conflict" and answer.get("status") == 409, answer
         events = cb.get(f"/episodes/{episode_id}/events").json()["events"]
         assert sum(e["type"] == "ActionTaken" for e in events) == 1  # worker B's step alone
+
+
+def test_a_step_that_outlives_the_servers_store_is_a_503_not_the_actions_fault(sqlite_url):
+    """At shutdown a queued step met the closed store, whose error (then a ValueError) was
+    answered as 413 action_too_large."""
+    with client(sqlite_url) as c:
+        episode_id, token, _ = reset(c)
+        c.app.server.store.close()  # as the server's shutdown does under a step still queued
+        r = step(c, episode_id, token, ACTIONS[0])
+        assert r.status_code == 503 and r.json()["code"] == "store_unavailable", r.text
 
 
 def test_only_an_outage_is_a_503_and_a_page_asks_as_a_page(sqlite_url, monkeypatch):
