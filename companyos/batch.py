@@ -17,7 +17,7 @@ import sqlalchemy
 
 import domain
 from companyos.agents import make_agent
-from companyos.env import SEED_MAX, CompanyEnv, spec_from_options
+from companyos.env import SEED_MAX, CompanyEnv, spec_from_options, task_for_seed
 from companyos.lifecycle import end_with
 from companyos.runtime import DURABILITY, CommitGroup, EpisodeRuntime, UnloggedEpisode
 from eventstore import EventStore
@@ -43,10 +43,7 @@ class RunPlan:
         """Episode `index`'s task. With "all", the family its seed picks, as CompanyEnv's reset
         picks it: seed s is the same episode in any run, so a run resumed from its seed ranges
         plays what the whole run would have."""
-        if self.task != "all":
-            return self.task
-        families = list(domain.TASK_FAMILIES)
-        return families[(self.seed + index) % len(families)]
+        return self.task if self.task != "all" else task_for_seed(self.seed + index)
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,6 +37,12 @@ def checked_seed(seed: Any) -> int:
     return seed
 
 
+def task_for_seed(seed: int) -> str:
+    """The task family an episode plays when none is named: chosen by its seed, in turn."""
+    families = list(domain.TASK_FAMILIES)
+    return families[seed % len(families)]
+
+
 def spec_from_options(seed: int | None, options: dict[str, Any] | None) -> domain.EpisodeSpec:
     """Turn reset options into a domain spec, with words for every bad value (no seed: a random
     one, as Gymnasium's reset without a seed gives)."""
@@ -48,8 +54,7 @@ def spec_from_options(seed: int | None, options: dict[str, Any] | None) -> domai
     for key in ("task", "reward_profile"):
         if options.get(key) is not None and not isinstance(options[key], str):
             raise ValueError(f"{key} must be a string")
-    families = list(domain.TASK_FAMILIES)
-    task = options.get("task") or families[seed % len(families)]
+    task = options.get("task") or task_for_seed(seed)
     domain.task_family(task)
     chaos = domain.parse_chaos(DEFAULT_CHAOS if options.get("chaos") is None else options["chaos"])
     profile = options.get("reward_profile") or "default"
