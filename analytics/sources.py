@@ -42,7 +42,7 @@ import sqlalchemy as sa
 
 from analytics.stores import POSTGRES_READER, SQLITE_READER, STORE_READER, reader_for
 from eventstore.backends import PG_VISIBLE
-from eventstore.engine import normalise_url, sqlite_file
+from eventstore.engine import create_engine, normalise_url, sqlite_file
 from eventstore.packing import CorruptCommit, payload_json, unpack
 
 COMMIT_COLUMNS = ("position", "stream_id", "first_version", "last_digest", "payload")
@@ -390,7 +390,7 @@ def open_source(url: str, engine: sa.Engine | None = None, prefer: str | None = 
     if reader == SQLITE_READER:
         return SqliteSource(sqlite_file(normalise_url(url)))
     if reader == POSTGRES_READER:
-        return PostgresSource(engine if engine is not None else sa.create_engine(normalise_url(url)))
+        return PostgresSource(engine if engine is not None else create_engine(url))  # the store's settings
     from eventstore import EventStore
 
     return StoreSource(EventStore(engine) if engine is not None else EventStore.open(url))
