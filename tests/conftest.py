@@ -101,13 +101,13 @@ def live_server(url: str, **config):
 
     from api.app import create_app
     from api.config import ServerConfig
-    from companyos.commands.serve import WS_PROTOCOL
+    from companyos.commands.serve import HTTP_PROTOCOL, WS_PROTOCOL
 
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     app = create_app(ServerConfig(db=url, **config))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", ws=WS_PROTOCOL,
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", http=HTTP_PROTOCOL, ws=WS_PROTOCOL,
                                            lifespan="on", backlog=1024))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()

@@ -185,3 +185,27 @@ def test_head_answers_as_get_without_the_body(sqlite_url):
             assert head.headers["content-type"] == got.headers["content-type"]
         assert http.head("/episodes?limt=5").status_code == 400  # refused as the GET would be
         assert http.get("/health").json() == {"status": "healthy"}  # the connection still serves
+
+
+def test_a_connection_slow_to_send_its_request_headers_is_closed(sqlite_url, monkeypatch):
+    """Uvicorn waited forever for a request's headers: idle or half-sent connections piled up until
+    a worker had no file descriptors left and refused everyone."""
+    import api.httpprotocol
+
+    monkeypatch.setattr(api.httpprotocol, "HEADER_TIMEOUT_S", 0.3)
+    with live_server(sqlite_url) as base:
+        port = int(base.rsplit(":", 1)[1])
+        idle = socket.create_connection(("127.0.0.1", port))
+        half = socket.create_connection(("127.0.0.1", port))
+        half.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")  # the headers never end
+        for conn in (idle, half):
+            conn.settimeout(20)  # a guard: the server closes it long before
+            assert conn.recv(1024) == b""  # closed by the server, no request answered
+            conn.close()
+        with socket.create_connection(("127.0.0.1", port)) as whole:  # a prompt request is served,
+            whole.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")  # and kept alive after it
+            whole.settimeout(20)
+            assert whole.recv(4096).startswith(b"HTTP/1.1 200")
+            whole.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert whole.recv(4096).startswith(b"HTTP/1.1 200")
+        assert httpx.get(f"{base}/health").status_code == 200

@@ -23,6 +23,8 @@ APP_FACTORY = "api.app:create_app"
 # Uvicorn's sans-I/O WebSocket protocol, answering handshakes it refuses (see api/handshake.py);
 # an import string too, so every worker process loads it.
 WS_PROTOCOL = "api.handshake:AnsweringWebSocketProtocol"
+# Uvicorn's httptools protocol with a deadline for request headers (see api/httpprotocol.py).
+HTTP_PROTOCOL = "api.httpprotocol:TimelyHttpProtocol"
 DEFAULT_MAX_BODY = 256 * 1024
 
 
@@ -90,8 +92,9 @@ def serve(
     typer.echo(f"companyos serve: {base} ({workers} worker(s), store {store}, {auth})\n"
                f"  web UI {base}/ui, API docs {base}/docs{proxied}")
     uvicorn.run(APP_FACTORY, factory=True, host=host, port=port, workers=workers,
-                log_level=log_level, root_path=root_path, ws=WS_PROTOCOL, ws_max_size=max_body,
-                ws_ping_interval=20.0, ws_ping_timeout=20.0, backlog=4096, timeout_keep_alive=30)
+                log_level=log_level, root_path=root_path, http=HTTP_PROTOCOL, ws=WS_PROTOCOL,
+                ws_max_size=max_body, ws_ping_interval=20.0, ws_ping_timeout=20.0, backlog=4096,
+                timeout_keep_alive=30)
 
 
 def _check_can_listen(host: str, port: int) -> None:
