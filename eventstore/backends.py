@@ -25,7 +25,6 @@ from typing import Any, NoReturn
 
 import sqlalchemy as sa
 
-from eventstore import ids
 from eventstore.engine import SQLITE_BUSY_TIMEOUT_MS, sqlite_file
 from eventstore.packing import COMMIT_COLUMNS, READ_COLUMNS, Commit, PayloadEncoder, as_text, compress
 from eventstore.records import WriterBusy
@@ -130,13 +129,15 @@ checked in (dropping one would roll back on the parent's connection from the chi
 
 
 def _own_writers_after_fork() -> None:
-    """In a forked child: a new thread lock for each SQLite backend (one held by another thread
-    at the fork stays held forever in the child) and no writer connection (it opens its own)."""
+    """In a forked child, each SQLite backend gets its own writer state: a new thread lock (one
+    held by another thread at the fork stays held forever in the child), no writer connection and
+    no lock-file descriptor (an inherited one shares the parent's flock); both are opened anew."""
     for backend in list(_SQLITE_BACKENDS):
         backend._lock = threading.Lock()
         if backend._writer is not None:
             _INHERITED_WRITERS.append(backend._writer)
             backend._writer = None
+        backend._lock_fd = None  # the parent's descriptor stays open here, unused (O_CLOEXEC)
 
 
 os.register_at_fork(after_in_child=_own_writers_after_fork)
@@ -157,36 +158,30 @@ class SqliteBackend(Backend):
         super().__init__(engine)
         self._lock = threading.Lock()
         self._writer = None
-        self._writer_generation = -1
         self._writer_waits = True
         database = sqlite_file(engine.url)
         self._lock_path = None if database is None else f"{os.path.abspath(database)}-writer.lock"
         self._lock_fd: int | None = None
-        self._lock_fd_generation = -1
         _SQLITE_BACKENDS.add(self)
 
     def _process_lock_fd(self) -> int | None:
         """This process's descriptor of the lock file (None for an in-memory database)."""
         if self._lock_path is None:
             return None
-        if self._lock_fd is None or self._lock_fd_generation != ids.fork_generation:
-            # A descriptor inherited through fork shares the parent's lock: open our own.
+        if self._lock_fd is None:  # a forked child starts without one (_own_writers_after_fork)
             try:
                 self._lock_fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
                                         0o644)
             except OSError:  # e.g. a read-only directory: SQLite's own locking still holds
                 self._lock_path = None
                 return None
-            self._lock_fd_generation = ids.fork_generation
         return self._lock_fd
 
     def _write_connection(self, wait: bool = True):
         """The writer's connection, its busy timeout set as `wait` says (switched only when it
         changes: a statement per append would cost a step-sized append ~2%)."""
-        # A connection inherited through fork belongs to the parent: open our own.
-        if self._writer is None or self._writer_generation != ids.fork_generation:
+        if self._writer is None:  # a forked child starts without one (_own_writers_after_fork)
             self._writer = self.engine.raw_connection()
-            self._writer_generation = ids.fork_generation
             self._writer_waits = True
         if wait is not self._writer_waits:
             self._writer.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS if wait else 0}")
@@ -195,10 +190,10 @@ class SqliteBackend(Backend):
 
     def close(self) -> None:
         with self._lock:
-            if self._writer is not None and self._writer_generation == ids.fork_generation:
+            if self._writer is not None:  # this process's own: a child drops what it inherits
                 self._writer.close()
             self._writer = None
-            if self._lock_fd is not None and self._lock_fd_generation == ids.fork_generation:
+            if self._lock_fd is not None:
                 os.close(self._lock_fd)
             self._lock_fd = None
 

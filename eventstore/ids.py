@@ -8,15 +8,12 @@ import uuid
 
 _prefix = ""
 _counter = itertools.count()
-fork_generation = 0
-"""Bumped in every forked child, so holders of per-process resources can notice they were copied."""
 
 
 def _reseed() -> None:
-    global _prefix, _counter, fork_generation
+    global _prefix, _counter
     _prefix = uuid.uuid4().hex[:20]
     _counter = itertools.count()
-    fork_generation += 1
 
 
 _reseed()
