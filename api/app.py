@@ -57,7 +57,7 @@ from companyos.config import resolve_db
 from companyos.lifecycle import end_with
 from domain import TASK_FAMILIES
 from eventstore import EventStore, WriterBusy
-from eventstore.backends import WAIT_FOR_WRITERS
+from eventstore.backends import writers_waited_for
 from projections.episodes import MAX_AGENT_LABEL, OUTCOMES
 
 T = TypeVar("T")
@@ -131,13 +131,11 @@ class Server:
         thread, or one waiting step froze the worker's every socket and /health. In a thread
         for PostgreSQL, where appends wait on the network."""
         if self.inline:
-            waits = WAIT_FOR_WRITERS.set(False)
             try:
-                return fn(*args)
+                with writers_waited_for(False):
+                    return fn(*args)
             except WriterBusy:
                 pass  # another writer holds the file: wait for it on a thread, not on the loop
-            finally:
-                WAIT_FOR_WRITERS.reset(waits)
             return await self.in_thread(_waiting_for_writers, fn, *args)
         return await self.in_thread(fn, *args)
 
@@ -204,15 +202,16 @@ def create_app(config: ServerConfig | None = None, store: EventStore | None = No
 
 def _waiting_for_writers(fn: Callable[..., T], *args: Any) -> T:
     """`fn` told to wait for the write lock, whatever context its thread runs in."""
-    waits = WAIT_FOR_WRITERS.set(True)
-    try:
+    with writers_waited_for(True):
         return fn(*args)
-    finally:
-        WAIT_FOR_WRITERS.reset(waits)
+
+
+OUTAGE_RETRY = {"Retry-After": "1"}
+"""What every `store_unavailable` answer carries: the client may try again at once."""
 
 
 def _error(exc: ApiError) -> JSON:
-    retry = {"Retry-After": "1"} if exc.code == "store_unavailable" else None  # as an outage's
+    retry = OUTAGE_RETRY if exc.code == "store_unavailable" else None
     return JSON(exc.body(), status_code=exc.status, headers=retry)
 
 
@@ -224,12 +223,11 @@ def _register_errors(app: FastAPI) -> None:
     async def database_outage(request: Request, exc: Exception) -> Response:
         failure = store_outage(exc)
         assert failure is not None  # registered for exactly the classes store_outage takes
-        headers = {"Retry-After": "1"}
         if is_ui_path(route_path(request.scope)):  # a person's page: said as a page
             page = error_page(failure.status, failure.message)
-            page.headers.update(headers)
+            page.headers.update(OUTAGE_RETRY)
             return page
-        return JSON(failure.body(), status_code=failure.status, headers=headers)
+        return _error(failure)
 
     for outage in outage_classes():
         app.add_exception_handler(outage, database_outage)

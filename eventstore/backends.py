@@ -19,7 +19,8 @@ import os
 import sqlite3
 import threading
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any, NoReturn
 
@@ -33,6 +34,18 @@ WAIT_FOR_WRITERS: ContextVar[bool] = ContextVar("companyos_wait_for_writers", de
 """False: an SQLite append that would wait for another writer (a thread or process holding the
 file) raises WriterBusy at once instead. The server's event loop tries a step so, and only then
 hands it to a thread: waiting on the loop froze every socket of the worker, and /health."""
+
+
+@contextmanager
+def writers_waited_for(wait: bool) -> Iterator[None]:
+    """Within it, this context's SQLite appends wait for other writers (True) or not (False)."""
+    token = WAIT_FOR_WRITERS.set(wait)
+    try:
+        yield
+    finally:
+        WAIT_FOR_WRITERS.reset(token)
+
+
 PG_INDEX_BITS = 20
 MAX_EVENTS_PER_APPEND = 1 << PG_INDEX_BITS
 PG_VISIBLE = ("position < (pg_snapshot_xmin(pg_current_snapshot())::text::bigint "
