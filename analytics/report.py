@@ -213,6 +213,7 @@ def bar_chart(labels: list[str], values: list[float], *, title: str, percent: bo
         label = (f"{100 * v:.1f}%" if top_value < 0.2 else f"{100 * v:.0f}%") if percent else f"{v:.3g}"
         parts.append(f'<line x1="{left}" x2="{width - 10}" y1="{y:.1f}" y2="{y:.1f}" stroke="#e5e5e5"/>')
         parts.append(f'<text x="{left - 4}" y="{y + 4:.1f}" text-anchor="end" fill="#666">{label}</text>')
+    every = max(1, round(28 / slot))  # every how many bars an axis label fits, and its room
     for i, (label, value) in enumerate(zip(labels, values, strict=True)):
         h = 0 if top_value <= 0 else inner_h * max(value, 0) / top_value
         x = left + slot * i + (slot - bar) / 2
@@ -224,9 +225,9 @@ def bar_chart(labels: list[str], values: list[float], *, title: str, percent: bo
         if labelled:
             parts.append(f'<text x="{x + bar / 2:.1f}" y="{y - 3:.1f}" text-anchor="middle">'
                          f'{_esc(shown)}</text>')
-        if labelled or i % max(1, round(28 / slot)) == 0:
+        if labelled or i % every == 0:
             parts.append(f'<text x="{x + bar / 2:.1f}" y="{top + inner_h + 14:.1f}" text-anchor="middle" '
-                         f'fill="#333">{_esc(_fit(label, slot * max(1, round(28 / slot)) - 4))}</text>')
+                         f'fill="#333">{_esc(_fit(label, slot * every - 4))}</text>')
     parts.append("</svg>")
     return "".join(parts)
 
