@@ -13,15 +13,13 @@ from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
-import sqlalchemy
-
 import domain
 from companyos.agents import make_agent
+from companyos.config import in_memory_store
 from companyos.env import SEED_MAX, CompanyEnv, spec_from_options, task_for_seed
 from companyos.lifecycle import end_with
 from companyos.runtime import DURABILITY, CommitGroup, EpisodeRuntime, UnloggedEpisode
 from eventstore import EventStore
-from eventstore.engine import in_memory_sqlite
 
 CHUNK = 50  # episodes per unit of work handed to a worker process
 GROUP_COMMIT = 16
@@ -78,18 +76,11 @@ def validate(plan: RunPlan) -> None:
     if last_seed > SEED_MAX:
         raise ValueError(f"episode i uses seed {plan.seed}+i, so the last one would be "
                          f"{last_seed}, past the largest seed {SEED_MAX}")
-    if _in_memory(plan.db):
+    if in_memory_store(plan.db):
         raise ValueError(f"the store {plan.db!r} is an in-memory SQLite store: every episode would "
                          "be gone when the run ends; name a file, e.g. sqlite:///companyos.db")
     if plan.durability not in DURABILITY:
         raise ValueError(f"--durability must be one of {', '.join(DURABILITY)}")
-
-
-def _in_memory(url: str) -> bool:
-    try:
-        return in_memory_sqlite(url)
-    except sqlalchemy.exc.ArgumentError:
-        return False  # opening the store says what is wrong with it
 
 
 def run_range(plan: RunPlan, start: int, stop: int, store: EventStore | None = None,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 from eventstore import DEFAULT_URL, StoreUnavailable
+from eventstore.engine import in_memory_sqlite
 
 
 def resolve_db(db: str | None) -> str:
@@ -14,3 +15,15 @@ def resolve_db(db: str | None) -> str:
         raise StoreUnavailable(f"the store URL (--db) is empty; pass one such as {DEFAULT_URL}, or none "
                                "at all for $COMPANYOS_DB, else that default")
     return db or os.environ.get("COMPANYOS_DB") or DEFAULT_URL
+
+
+def in_memory_store(url: str) -> bool:
+    """Whether the URL names an in-memory SQLite store, which `run` and `serve` refuse: its
+    episodes would vanish with the process, and its one connection serves one thread. A URL that
+    is no URL is not one: opening the store says what is wrong with it."""
+    import sqlalchemy
+
+    try:
+        return in_memory_sqlite(url)
+    except sqlalchemy.exc.ArgumentError:
+        return False

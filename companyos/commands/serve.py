@@ -135,16 +135,10 @@ def _open_store_once(url: str) -> None:
     """Create or migrate the store; an in-memory SQLite store is refused (exit 2): each worker
     would hold its own, its one connection would be shared by the request threads (a reader's
     rollback ended a writer's transaction: appends were lost), and it is gone when the server stops."""
-    import sqlalchemy
-
+    from companyos.config import in_memory_store
     from eventstore import EventStore
-    from eventstore.engine import in_memory_sqlite
 
-    try:
-        in_memory = in_memory_sqlite(url)
-    except sqlalchemy.exc.ArgumentError:
-        in_memory = False  # opening the store says what is wrong with the URL
-    if in_memory:
+    if in_memory_store(url):
         fail(f"the store {url!r} is an in-memory SQLite store, which the server cannot share "
              "between its threads and workers and which is gone when it stops; name a file, "
              "e.g. sqlite:///companyos.db")
