@@ -19,8 +19,7 @@ import os
 import sqlite3
 import threading
 import weakref
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from contextvars import ContextVar
 from typing import Any, NoReturn
 
@@ -36,14 +35,20 @@ file) raises WriterBusy at once instead. The server's event loop tries a step so
 hands it to a thread: waiting on the loop froze every socket of the worker, and /health."""
 
 
-@contextmanager
-def writers_waited_for(wait: bool) -> Iterator[None]:
-    """Within it, this context's SQLite appends wait for other writers (True) or not (False)."""
-    token = WAIT_FOR_WRITERS.set(wait)
-    try:
-        yield
-    finally:
-        WAIT_FOR_WRITERS.reset(token)
+class writers_waited_for:  # noqa: N801 - used as a `with` statement, like a function
+    """Within it, this context's SQLite appends wait for other writers (True) or not (False).
+    A class, not a generator: it wraps every WebSocket step on SQLite."""
+
+    __slots__ = ("_wait", "_token")
+
+    def __init__(self, wait: bool) -> None:
+        self._wait = wait
+
+    def __enter__(self) -> None:
+        self._token = WAIT_FOR_WRITERS.set(self._wait)
+
+    def __exit__(self, *exc: object) -> None:
+        WAIT_FOR_WRITERS.reset(self._token)
 
 
 PG_INDEX_BITS = 20
