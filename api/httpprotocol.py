@@ -1,27 +1,36 @@
-"""The HTTP protocol `companyos serve` runs: Uvicorn's httptools one, with a deadline for headers.
+"""The HTTP protocol `companyos serve` runs: Uvicorn's httptools one, with a deadline per request.
 
 Uvicorn closes a keep-alive connection idle after a response, but waits forever for a request's
-headers: a client that connects and sends nothing, or half a request line, holds the connection
-and a file descriptor for good (the load QA held 3,000 such for minutes, and a worker at its
-descriptor limit refused everyone). This subclass closes a connection whose request headers are
-not complete HEADER_TIMEOUT_S after it opened, or after the request began, as nginx's
-`client_header_timeout` does. A slow body is the application's to read; a reverse proxy in front
-bounds that.
+headers and body: a client that connects and sends nothing, half a request line, or a body a
+byte at a time holds the connection and a file descriptor for good (the load QA held 3,000 such
+for minutes, and a worker at its descriptor limit refused everyone). This subclass gives each
+request REQUEST_TIMEOUT_S from its first byte (or from the connection's opening) to arrive whole,
+headers and body, as nginx's `client_header_timeout` and `client_body_timeout` do. Bodies are
+capped (`max_body_bytes`, 256 KiB by default), so the deadline asks a client for under 9 KiB/s.
+
+A connection still sending headers is closed without an answer (it may never have been a
+request); one whose body stalls is answered 408 `request_timeout`, in words, then closed, unless
+the application already began its response. A WebSocket handshake leaves the deadline behind once
+its headers are in: the connection is no longer HTTP. While the server itself stops reading (a
+pipelined request waits for the one before it; the application has yet to take the body it has),
+the clock starts again: the delay is not the client's.
 """
 
 from __future__ import annotations
 
 import asyncio
 
+import orjson
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-HEADER_TIMEOUT_S = 30.0
+REQUEST_TIMEOUT_S = 30.0
 
 
 class TimelyHttpProtocol(HttpToolsProtocol):
-    """Uvicorn's httptools protocol that drops a connection slow to send its request headers."""
+    """Uvicorn's httptools protocol that drops a connection slow to send its request."""
 
-    _header_deadline: asyncio.TimerHandle | None = None
+    _deadline: asyncio.TimerHandle | None = None
+    _receiving_body = False
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -29,26 +38,51 @@ class TimelyHttpProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        self._receiving_body = False
         self._arm()  # a keep-alive connection's next request
 
     def on_headers_complete(self) -> None:
-        self._disarm()
+        if self.parser.should_upgrade() and self._should_upgrade():
+            self._disarm()  # a WebSocket handshake: the connection leaves HTTP
+        else:
+            self._receiving_body = True
         super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        self._disarm()
+        self._receiving_body = False
+        super().on_message_complete()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
         super().connection_lost(exc)
 
     def _arm(self) -> None:
-        if self._header_deadline is None:
-            self._header_deadline = self.loop.call_later(HEADER_TIMEOUT_S, self._too_slow)
+        if self._deadline is None:
+            self._deadline = self.loop.call_later(REQUEST_TIMEOUT_S, self._too_slow)
 
     def _disarm(self) -> None:
-        if self._header_deadline is not None:
-            self._header_deadline.cancel()
-            self._header_deadline = None
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
 
     def _too_slow(self) -> None:
-        self._header_deadline = None
-        if not self.transport.is_closing():
-            self.transport.close()
+        self._deadline = None
+        if self.transport.is_closing():
+            return
+        if self.flow.read_paused:  # the server holds the request back (a pipelined one waits for
+            self._arm()  # the one before, or the app has yet to read the body it has): not the
+            return  # client's delay
+        cycle = getattr(self, "cycle", None)
+        if self._receiving_body and cycle is not None and not cycle.response_started:
+            self.transport.write(_timeout_response())
+        self.transport.close()
+
+
+def _timeout_response() -> bytes:
+    """408 with the reason in words, as the API's other refusals say theirs (`detail`, `code`)."""
+    body = orjson.dumps({
+        "detail": f"the request's body did not arrive within {REQUEST_TIMEOUT_S:g} s of its start",
+        "code": "request_timeout"})
+    return (b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
+            b"content-length: " + str(len(body)).encode() + b"\r\nconnection: close\r\n\r\n" + body)

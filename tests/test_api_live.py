@@ -192,7 +192,7 @@ def test_a_connection_slow_to_send_its_request_headers_is_closed(sqlite_url, mon
     a worker had no file descriptors left and refused everyone."""
     import api.httpprotocol
 
-    monkeypatch.setattr(api.httpprotocol, "HEADER_TIMEOUT_S", 0.3)
+    monkeypatch.setattr(api.httpprotocol, "REQUEST_TIMEOUT_S", 0.3)
     with live_server(sqlite_url) as base:
         port = int(base.rsplit(":", 1)[1])
         idle = socket.create_connection(("127.0.0.1", port))
@@ -209,3 +209,54 @@ def test_a_connection_slow_to_send_its_request_headers_is_closed(sqlite_url, mon
             whole.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
             assert whole.recv(4096).startswith(b"HTTP/1.1 200")
         assert httpx.get(f"{base}/health").status_code == 200
+
+
+def _read_to_close(conn: socket.socket) -> bytes:
+    answer = b""
+    while chunk := conn.recv(4096):
+        answer += chunk
+    return answer
+
+
+def test_a_request_whose_body_stalls_is_answered_408_and_closed(sqlite_url, monkeypatch):
+    """A body sent a byte at a time held its connection for good, as slow headers did: the request
+    as a whole has the deadline, and the client is told why its request was dropped."""
+    import api.httpprotocol
+
+    monkeypatch.setattr(api.httpprotocol, "REQUEST_TIMEOUT_S", 0.5)
+    body = orjson.dumps({"seed": 3})
+    with live_server(sqlite_url) as base:
+        port = int(base.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port)) as slow:
+            slow.sendall(b"POST /reset HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\n"
+                         b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body[:3])
+            slow.settimeout(20)
+            answer = _read_to_close(slow)
+        head, _, payload = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 408"), answer
+        assert orjson.loads(payload)["code"] == "request_timeout"
+        with socket.create_connection(("127.0.0.1", port)) as prompt:  # a whole body in time is
+            prompt.sendall(b"POST /reset HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\n"  # served
+                           b"content-length: " + str(len(body)).encode() + b"\r\nconnection: close\r\n\r\n")
+            prompt.sendall(body)
+            prompt.settimeout(20)
+            assert _read_to_close(prompt).startswith(b"HTTP/1.1 200")
+        assert httpx.get(f"{base}/health").status_code == 200
+
+
+def test_the_request_deadline_does_not_close_an_open_websocket(sqlite_url, monkeypatch):
+    """A WebSocket handshake is an HTTP request whose connection then stays open for the session:
+    the deadline ends with the handshake's headers."""
+    import time
+
+    from websockets.sync.client import connect
+
+    import api.httpprotocol
+
+    monkeypatch.setattr(api.httpprotocol, "REQUEST_TIMEOUT_S", 0.3)
+    with live_server(sqlite_url) as base, connect(f"{base.replace('http', 'ws')}/ws", open_timeout=10) as ws:
+        ws.send(orjson.dumps({"type": "reset", "data": {"seed": 1}}).decode())
+        assert orjson.loads(ws.recv(timeout=10))["type"] == "observation"
+        time.sleep(1.0)  # past the deadline, several times over
+        ws.send(orjson.dumps({"type": "state"}).decode())
+        assert orjson.loads(ws.recv(timeout=10))["type"] == "state"
