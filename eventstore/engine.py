@@ -15,6 +15,10 @@ SQLITE_SYNCHRONOUS = ("normal", "full")
 PG_CONNECT_TIMEOUT_S = 10
 SQLITE_BUSY_TIMEOUT_MS = 60_000
 """How long a waiting SQLite writer (or a reader during recovery) waits for the file's lock."""
+PG_LOCK_TIMEOUT_MS = SQLITE_BUSY_TIMEOUT_MS
+"""How long a PostgreSQL statement waits for a lock (`lock_timeout`): as long as SQLite's writers
+wait for theirs. PostgreSQL's default waits forever, so a lock held by someone else (a
+`LOCK TABLE` in a maintenance session, a transaction left open in psql) hung every step."""
 
 
 class BadSynchronous(ValueError):
@@ -70,9 +74,19 @@ def create_engine(url: str, synchronous: str | None = None) -> sa.Engine:
     # replaced when it is checked out, instead of failing the step or request that drew it.
     # connect_timeout: a server that does not answer (a partition, a hung host) fails a connect
     # in seconds rather than the kernel's minutes; a URL's own ?connect_timeout= wins.
-    connect_args = {} if "connect_timeout" in parsed.query else {"connect_timeout": PG_CONNECT_TIMEOUT_S}
+    connect_args: dict = {"options": _pg_options(parsed)}
+    if "connect_timeout" not in parsed.query:
+        connect_args["connect_timeout"] = PG_CONNECT_TIMEOUT_S
     return _pooled_per_process(sa.create_engine(parsed, pool_size=8, max_overflow=32,
                                                 pool_pre_ping=True, connect_args=connect_args))
+
+
+def _pg_options(url: sa.URL) -> str:
+    """The connection's `options`: the store's lock_timeout, then the URL's own `?options=` (a
+    later `-c` wins, so a URL that sets lock_timeout keeps its value)."""
+    own = url.query.get("options", "")
+    own = own[-1] if isinstance(own, tuple) else own
+    return f"-c lock_timeout={PG_LOCK_TIMEOUT_MS} {own}".strip()
 
 
 _PER_PROCESS: weakref.WeakSet[sa.Engine] = weakref.WeakSet()

@@ -669,3 +669,52 @@ def test_a_child_forked_while_another_thread_writes_can_write(tmp_path):
     finally:
         _FORKED_STORE = None
         store.close()
+
+
+def test_a_postgresql_append_behind_a_held_lock_fails_in_words_not_hangs(pg_database_url, monkeypatch):
+    """PostgreSQL waits for a lock forever by default: a `LOCK TABLE` in a maintenance session, or
+    a transaction left open in psql, hung every step. The store waits as long as SQLite's writers
+    do (a test shortens it), then the append fails as an outage, and nothing half-done stays."""
+    import psycopg
+
+    from api.sessions import outage_classes
+    from eventstore import engine
+
+    monkeypatch.setattr(engine, "PG_LOCK_TIMEOUT_MS", 300)
+    stream = unique_stream()
+    with EventStore.open(pg_database_url) as store:
+        store.append(stream, [NewEvent("Opened", {})], None)
+        with psycopg.connect(pg_database_url) as holder:
+            holder.execute("LOCK TABLE commits IN ACCESS EXCLUSIVE MODE")
+            failed: list[BaseException] = []
+
+            def appending() -> None:
+                try:
+                    store.append(stream, [NewEvent("Noted", {})], 0)
+                except BaseException as exc:  # noqa: BLE001 - the test inspects it
+                    failed.append(exc)
+
+            attempt = threading.Thread(target=appending, daemon=True)
+            attempt.start()
+            attempt.join(60)  # a guard, not a measurement: without a lock timeout it never returns
+            assert not attempt.is_alive(), "the append still waits for the lock"
+            holder.rollback()
+        # an outage, as the server answers it (503 store_unavailable, retryable)
+        assert len(failed) == 1 and isinstance(failed[0], outage_classes()), failed
+        assert "lock timeout" in str(failed[0])
+        assert [e.type for e in store.read_stream(stream)] == ["Opened"]
+        store.append(stream, [NewEvent("Noted", {})], 0)  # the lock gone, the same append succeeds
+        assert store.stream_version(stream) == 1
+
+
+def test_a_postgresql_urls_own_lock_timeout_wins(pg_database_url):
+    from eventstore.engine import create_engine
+
+    own = f"{pg_database_url}?options=-c%20lock_timeout%3D2500"
+    for url, expected in ((pg_database_url, "1min"), (own, "2500ms")):
+        engine = create_engine(url)
+        try:
+            with engine.connect() as conn:
+                assert conn.exec_driver_sql("SHOW lock_timeout").scalar() == expected
+        finally:
+            engine.dispose()
