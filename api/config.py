@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, fields
 
+from companyos.config import api_key_problem
+
 DEFAULT_MAX_SESSIONS = 1024
 DEFAULT_CACHE_SIZE = 4096
 DEFAULT_IDLE_TIMEOUT_S = 300.0
@@ -60,6 +62,8 @@ class ServerConfig:
             raise ValueError("idle_timeout_s must be positive")
         if self.max_body_bytes < 1024:
             raise ValueError("max_body_bytes must be at least 1024")
+        if self.api_key is not None and (problem := api_key_problem(self.api_key)):
+            raise ValueError(f"{problem} (COMPANYOS_API_KEY)")
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> ServerConfig:
@@ -78,6 +82,8 @@ class ServerConfig:
                     kwargs[name] = int(raw)
                 elif "float" in kind:
                     kwargs[name] = float(raw)
+                elif name == "api_key":  # a key file or secret mount often ends in a newline
+                    kwargs[name] = raw.strip()
                 else:
                     kwargs[name] = raw
             except ValueError:

@@ -22,6 +22,7 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidSta
 from websockets.sync.client import ClientConnection, connect
 
 import domain
+from companyos.config import api_key_problem
 from companyos.env import RESET_OPTIONS
 from companyos.observation import Observation
 from companyos.runtime import TOOL_NAMES
@@ -138,8 +139,14 @@ def server_url(base_url: str, timeout: float) -> str:
 
 
 def auth_headers(api_key: str | None) -> dict[str, str]:
-    """What a server started with an API key asks of every request."""
-    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    """What a server started with an API key asks of every request. A key that no header can carry
+    is refused here, in words: sent, it failed inside the HTTP library as a lost connection."""
+    if api_key is None or api_key == "":
+        return {}
+    if not isinstance(api_key, str) or (problem := api_key_problem(api_key)):
+        raise ValueError(problem if isinstance(api_key, str) else
+                         f"api_key must be a string, not {type(api_key).__name__}")
+    return {"Authorization": f"Bearer {api_key}"}
 
 
 # -- the two wires -----------------------------------------------------------------------------
@@ -219,8 +226,11 @@ class _WebSocketWire:
         self._conn: ClientConnection | None = None
         self._scope = contextlib.ExitStack()  # holds the socket as `with connect(...)` would
 
-    def _connect(self) -> ClientConnection:
-        url = self.url if self.session_key is None else f"{self.url}?session_id={quote(self.session_key)}"
+    def _connect(self, resume: bool = True) -> ClientConnection:
+        """A new socket; `resume` binds it to the episode this wire last had (a reset needs none:
+        it starts another, and the server may no longer hold the old one)."""
+        key = self.session_key if resume else None
+        url = self.url if key is None else f"{self.url}?session_id={quote(key)}"
         try:
             # entered as a context manager, as websockets >= 17.1 asks (`legacy=` is 17.1+ only)
             return self._scope.enter_context(connect(
@@ -228,26 +238,27 @@ class _WebSocketWire:
                 additional_headers=self.headers, max_size=None, compression=None))
         except InvalidStatus as exc:  # refused at the handshake: a wrong or missing API key
             raise _refusal(exc.response.status_code, exc.response.body or b"", self.url) from None
-        except TimeoutError:
-            raise _timed_out(self.url, self.timeout) from None
+        except TimeoutError:  # no handshake, so nothing was sent
+            raise _timed_out(self.url, self.timeout, changes=False) from None
         except (OSError, InvalidHandshake, InvalidURI) as exc:
             raise _unreachable(self.url, exc) from None
 
     def call(self, message: dict[str, Any]) -> Any:
         """Send one message and return the data of its reply frame."""
         text = _dumps(message).decode()
+        resume = message.get("type") != "reset"
         if self._conn is None:
-            self._conn = self._connect()
+            self._conn = self._connect(resume)
         try:
             self._conn.send(text)
         except ConnectionClosed:  # closed before anything went out: safe to send on a new socket
-            self.drop()
-            self._conn = self._connect()
+            self._drop_closed()
+            self._conn = self._connect(resume)
             self._send_or_fail(text)
         try:
             raw = self._conn.recv(timeout=self.timeout)
         except TimeoutError:
-            self.drop()  # a late answer must not be read as the next one's
+            self.drop(abandon=True)  # a late answer must not be read as the next one's
             raise _timed_out(self.url, self.timeout) from None
         except ConnectionClosed as exc:
             self.drop()
@@ -263,8 +274,19 @@ class _WebSocketWire:
         try:
             self._conn.send(text)
         except ConnectionClosed as exc:
-            self.drop()
+            self._drop_closed()
             raise _lost(self.url, exc) from None
+
+    def _drop_closed(self) -> None:
+        """Drop a socket the server closed, first raising the error frame it sent before closing
+        (a full server's CAPACITY_REACHED, a resume it refused): its words, not "connection lost"."""
+        try:
+            said = self._conn.recv(timeout=0)
+        except (ConnectionClosed, TimeoutError):
+            said = None
+        self.drop()
+        if said is not None:
+            self._read(said)  # raises for an error frame; anything else was no answer to this message
 
     def _read(self, raw: str | bytes) -> Any:
         try:
@@ -280,7 +302,12 @@ class _WebSocketWire:
             raise remote_error(status, str(data.get("reason") or code), str(data.get("message")), self.url)
         return data
 
-    def drop(self) -> None:
+    def drop(self, abandon: bool = False) -> None:
+        """Close the socket; `abandon` skips waiting for the server's half of the closing handshake
+        (a server that did not answer in time would not answer that either: the call would take
+        twice its timeout)."""
+        if abandon and self._conn is not None:
+            self._conn.close_timeout = 0
         self._conn = None
         self._scope.close()  # closes the socket
 
@@ -347,7 +374,10 @@ class RemoteCompanyEnv:
         """Start an episode on the server; options as CompanyEnv's (`task`, `chaos`, ...)."""
         self._check_open()
         data = self._reset_data(seed, options)
+        # as in process, a failed reset leaves no episode to step: not the one before it
+        self.episode_id = self.episode_token = None
         if self._ws is not None:
+            self._ws.session_key = None
             payload = self._ws.call({"type": "reset", "data": data})
         else:
             payload = self._http().call("POST", "/reset", body=data)

@@ -27,3 +27,16 @@ def in_memory_store(url: str) -> bool:
         return in_memory_sqlite(url)
     except sqlalchemy.exc.ArgumentError:
         return False
+
+
+def api_key_problem(key: str) -> str | None:
+    """What keeps `key` from working as a Bearer API key, or None. The server and the client both
+    ask: a key that cannot travel in an HTTP header (a space, a control character, non-ASCII) would
+    lock every client out with "wrong API key", or fail inside the client's HTTP library."""
+    if not key:
+        return "the API key is empty"
+    bad = next((c for c in key if not "!" <= c <= "~"), None)
+    if bad is not None:
+        return (f"the API key holds {bad!r}, which an Authorization header cannot carry as sent: a key "
+                "is printable ASCII without spaces")
+    return None

@@ -254,6 +254,59 @@ def test_api_key(tmp_path, transport):
     assert missing.value.code and missing.value.detail
 
 
+@pytest.mark.parametrize("key", ["s3cret\n", "s3cret ", "sécret", " "])
+def test_a_key_no_header_can_carry_is_refused_in_words_at_construction(key):
+    """Sent, a key ending in a newline failed inside httpx as a "lost connection" (or, over
+    WebSocket, as an unreachable server), and a non-ASCII one as a bare UnicodeEncodeError."""
+    for transport in TRANSPORTS:
+        with pytest.raises(ValueError, match="API key"):
+            RemoteCompanyEnv("http://127.0.0.1:1", transport=transport, api_key=key)
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_failed_reset_leaves_no_episode_to_step(server, local, transport):
+    """In process a refused reset leaves nothing to step; remotely the next step went on with the
+    episode before it, so a trainer that caught the error logged actions into the wrong episode."""
+    with RemoteCompanyEnv(server[0], transport=transport) as remote:
+        remote.reset(seed=3)
+        remote.step(LIST_TICKETS)
+        for env in (local, remote):
+            with pytest.raises(ValueError, match="unknown task"):
+                env.reset(seed=4, options={"task": "nope"})
+            with pytest.raises(RuntimeError, match="reset"):
+                env.step(LIST_TICKETS)
+        assert remote.state == {"episode_id": None, "step_count": 0}
+        remote.reset(seed=4)  # and a good reset goes on as usual
+        assert remote.step(LIST_TICKETS)[4]["step"] == 1
+
+
+def test_a_reset_on_a_new_socket_does_not_resume_an_episode_the_server_lost(server):
+    """The WebSocket reopened with the last episode's session id even to reset: against a server
+    that no longer held that episode (restarted on another store) every reset failed for good."""
+    with RemoteCompanyEnv(server[0], transport="ws") as remote:
+        remote.reset(seed=5)
+        remote._ws.session_key = "01a2000000000000000000000000dead.not-a-token"  # a server without it
+        remote._ws.drop()
+        remote.reset(seed=6)
+        assert remote.state["seed"] == 6 and remote.step(LIST_TICKETS)[4]["step"] == 1
+
+
+def test_a_full_server_says_so_over_the_websocket(tmp_path):
+    """The server sends CAPACITY_REACHED and closes: the client dropped the frame with the socket
+    and reported a lost connection whose action "may or may not have been applied"."""
+    with live_server(f"sqlite:///{tmp_path / 'full.db'}", max_sessions=1) as base, \
+            RemoteCompanyEnv(base) as first, RemoteCompanyEnv(base) as second:
+        first.reset(seed=1)
+        for _ in range(2):
+            with pytest.raises(RemoteServerError) as full:
+                second.reset(seed=2)
+            assert (full.value.status, full.value.code) == (503, "CAPACITY_REACHED")
+            assert "capacity" in full.value.detail
+        first.close()
+        second.reset(seed=2)
+        assert second.state["seed"] == 2
+
+
 def test_a_server_failure_is_a_runtime_error(server):
     """A log damaged behind the store's back: the server answers 500, said in its words."""
     with RemoteCompanyEnv(server[0], transport="http") as remote:

@@ -573,6 +573,10 @@ def test_serve_says_in_one_line_why_it_cannot_listen(tmp_path):
     for memory in ("sqlite://", "sqlite:///file:m?mode=memory&cache=shared&uri=true"):
         out = _cli("serve", "--db", memory)
         assert out.returncode == 2 and "is an in-memory SQLite store" in _unboxed(out.stderr), out.stderr
+    # a key no Authorization header can carry locked out every client with "wrong API key"
+    out = subprocess.run([sys.executable, "-m", "companyos", "serve", "--db", url], capture_output=True,
+                         text=True, env={**os.environ, "COMPANYOS_API_KEY": "two words"})
+    assert out.returncode == 2 and "COMPANYOS_API_KEY" in out.stderr and "' '" in out.stderr, out.stderr
 
 
 @pytest.mark.parametrize("episode_id", ["a\x00b", "épisode-1", "ends-in-newline\n", "", "x" * 129, 7])

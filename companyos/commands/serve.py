@@ -16,7 +16,7 @@ import typer
 
 from companyos.commands.options import DbOption, named_path
 from companyos.commands.output import fail
-from companyos.config import resolve_db
+from companyos.config import api_key_problem, resolve_db
 from eventstore import shown_url
 
 APP_FACTORY = "api.app:create_app"
@@ -69,6 +69,9 @@ def serve(
 
     if log_level not in LOG_LEVELS:
         fail(f"--log-level must be one of {', '.join(LOG_LEVELS)}, not {log_level!r}")
+    api_key = os.environ.get("COMPANYOS_API_KEY", "")
+    if api_key and (problem := api_key_problem(api_key.strip())):  # said now, not as every
+        fail(f"COMPANYOS_API_KEY: {problem}")  # client's "wrong API key"
     warehouse_file = _warehouse_file(warehouse) if warehouse else ""
     root_path = _prefix(root_path)
     _check_can_listen(host, port)
@@ -85,7 +88,7 @@ def serve(
         # the supervisor is this process: its workers stop with it (not a lone server with its shell)
         "COMPANYOS_EXIT_WITH": str(os.getpid()) if workers > 1 else "",
     })
-    auth = "API key required" if os.environ.get("COMPANYOS_API_KEY") else "no API key"
+    auth = "API key required" if api_key else "no API key"
     store = shown_url(url)
     base = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
     proxied = f" (behind a proxy at {root_path})" if root_path else ""
