@@ -33,9 +33,10 @@ def _finite(text: str) -> float:
 
 _STDLIB = json.JSONDecoder(parse_constant=_not_json, parse_float=_finite)
 TOO_DEEP = "nested too deeply to parse (orjson's limit: 1,024 levels)"
-# 20 digits in a row: maybe an integer orjson would turn into a float (2**64 has 20 digits);
-# a pattern for each type, so a WebSocket frame (text) is not copied to bytes to be searched
-_LONG_DIGITS = {bytes: re.compile(rb"[0-9]{20}"), str: re.compile("[0-9]{20}")}
+# 19 digits in a row: maybe an integer orjson would turn into a float (2**64 has 20 digits, and
+# -2**63 - 1 only 19); a pattern for each type, so a WebSocket frame (text) is not copied to bytes
+# to be searched
+_LONG_DIGITS = {bytes: re.compile(rb"[0-9]{19}"), str: re.compile("[0-9]{19}")}
 
 
 def loads(raw: bytes | str) -> Any:

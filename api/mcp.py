@@ -28,6 +28,8 @@ INVALID_PARAMS = -32602
 SERVER_ERROR = -32000
 
 _INT_OPTIONS = ("seed", "max_steps")
+ID_MIN, ID_MAX = -(2**63), 2**64 - 1
+"""The integer ids a reply can echo (what the JSON encoder writes)."""
 
 
 @dataclass(slots=True)
@@ -76,17 +78,21 @@ def handle(manager: SessionManager, message: Any, ctx: McpContext) -> McpReply:
     if request_id is not None and (isinstance(request_id, bool)
                                    or not isinstance(request_id, str | int)):
         return McpReply(error(INVALID_REQUEST, "id must be a string, an integer or null"))
+    if isinstance(request_id, int) and not ID_MIN <= request_id <= ID_MAX:
+        # checked before anything runs: the answer could not carry it back (a step taken, then a
+        # 500 that made the client retry it)
+        return McpReply(error(INVALID_REQUEST, "an integer id must fit in 64 bits"))
     method = message.get("method")
     if message.get("jsonrpc") != "2.0" or not isinstance(method, str):
         return McpReply(error(INVALID_REQUEST, 'Invalid Request: need "jsonrpc": "2.0" and a '
                               'string "method"', request_id))
+    if "id" not in message:  # a notification: acknowledged, never answered, even when its
+        return McpReply(None, status=202)  # params are wrong (JSON-RPC 2.0, section 4.1)
     params = message.get("params", {})
     if params is None:
         params = {}
     if not isinstance(params, dict):
         return McpReply(error(INVALID_PARAMS, "params must be an object", request_id))
-    if "id" not in message:  # a notification: acknowledged, never answered
-        return McpReply(None, status=202)
     try:
         return _dispatch(manager, method, params, ctx, request_id)
     except ApiError as exc:
@@ -142,10 +148,14 @@ def _initialize(manager: SessionManager, params: dict, ctx: McpContext,
             raise ApiError(400, "invalid_reset", str(exc)) from None
         for name in _INT_OPTIONS:
             if name in options:
-                try:
-                    options[name] = int(options[name])
-                except ValueError:
-                    raise ApiError(400, "invalid_reset", f"{name} must be an integer") from None
+                text = options[name].strip()
+                digits = text.removeprefix("-")
+                # ASCII digits only, as /reset and the UI take them: int() also reads "1_000"
+                # and other scripts' digits
+                if not (digits.isascii() and digits.isdigit() and len(digits) <= 30):
+                    raise ApiError(400, "invalid_reset", f"{name} must be an integer, not "
+                                   f"{options[name][:40]!r}")
+                options[name] = int(text)
         if "text" in options:
             flag = _FLAGS.get(options["text"].lower())
             if flag is None:

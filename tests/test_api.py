@@ -343,6 +343,20 @@ def test_api_key(sqlite_url):
             assert ws.receive_json()["type"] == "observation"
 
 
+def test_a_configured_key_is_taken_without_its_surrounding_whitespace(sqlite_url):
+    """A key file or secret mount ends in a newline: kept, it locked out every client (a header
+    cannot carry it), all told "wrong API key"."""
+    from api.config import ServerConfig
+
+    config = ServerConfig.from_env({"COMPANYOS_DB": sqlite_url, "COMPANYOS_API_KEY": "sekret\n"})
+    assert config.api_key == "sekret"
+    with client(sqlite_url, api_key=config.api_key) as c:
+        assert c.get("/tasks", headers={"Authorization": "Bearer sekret"}).status_code == 200
+    for key in ("two words", "sécret", "tab\tin"):
+        with pytest.raises(ValueError, match="API key"):
+            ServerConfig(db=sqlite_url, api_key=key)
+
+
 # -- bad input -------------------------------------------------------------------------------
 
 
@@ -401,6 +415,43 @@ def test_mcp_initialize_refuses_a_text_flag_it_cannot_read(sqlite_url):
         assert "text must be true or false" in r.json()["error"]["message"]
         r = rpc(c, "initialize", {"protocolVersion": "2025-06-18"}, path="/mcp?text=no&seed=2")
         assert "result" in r.json()
+
+
+@pytest.mark.parametrize("seed", ["%D9%A3", "1_000", "%2B3", "0x10"])
+def test_mcp_initialize_reads_a_seed_as_reset_and_the_ui_do(sqlite_url, seed):
+    """Python's int() read "1_000" and Arabic-Indic digits, which every other path refuses."""
+    with client(sqlite_url) as c:
+        r = rpc(c, "initialize", {"protocolVersion": "2025-06-18"}, path=f"/mcp?seed={seed}")
+        assert "seed must be an integer" in r.json()["error"]["message"]
+        assert c.get("/episodes").json()["total"] == 0
+
+
+def test_an_mcp_id_no_reply_could_carry_is_refused_before_anything_runs(sqlite_url):
+    """An id past 64 bits: the tool call was applied, then encoding the reply failed with a 500
+    (and a dropped WebSocket), so a client retried a step that had happened."""
+    with client(sqlite_url) as c:
+        r = rpc(c, "initialize", {"protocolVersion": "2025-06-18"}, path="/mcp?seed=3")
+        session = {"Mcp-Session-Id": r.headers["mcp-session-id"]}
+        call = {"name": "datahub_list_metrics", "arguments": {}}
+        for huge in (10**23, -(2**63) - 1, 2**64):
+            r = rpc(c, "tools/call", call, headers=session, id_=huge)
+            assert r.status_code == 200 and r.json()["error"]["code"] == -32600
+            assert r.json()["id"] is None and "64 bits" in r.json()["error"]["message"]
+        episode = session["Mcp-Session-Id"].split(".")[0]
+        assert c.get(f"/episodes/{episode}").json()["steps"] == 0  # nothing was applied
+        r = rpc(c, "tools/call", call, headers=session, id_=2**64 - 1)  # the largest that fits
+        assert r.json()["id"] == 2**64 - 1 and "result" in r.json()
+        with c.websocket_connect("/ws") as ws:
+            ws.send_json({"type": "mcp", "data": {"jsonrpc": "2.0", "id": 10**23, "method": "ping"}})
+            assert ws.receive_json()["data"]["error"]["code"] == -32600
+            ws.send_json({"type": "mcp", "data": {"jsonrpc": "2.0", "id": 1, "method": "ping"}})
+            assert ws.receive_json()["data"] == {"jsonrpc": "2.0", "id": 1, "result": {}}  # still open
+
+
+def test_an_mcp_notification_is_never_answered_even_with_bad_params(sqlite_url):
+    with client(sqlite_url) as c:
+        r = c.post("/mcp", json={"jsonrpc": "2.0", "method": "notifications/initialized", "params": [1]})
+        assert r.status_code == 202 and r.content == b""
 
 
 def test_mcp_initialize_refuses_an_option_given_twice_as_analytics_does(sqlite_url):
