@@ -9,6 +9,8 @@ import statistics
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
@@ -17,7 +19,7 @@ import domain
 from companyos.agents import make_agent
 from companyos.config import in_memory_store
 from companyos.env import SEED_MAX, CompanyEnv, spec_from_options, task_for_seed
-from companyos.lifecycle import end_with
+from companyos.lifecycle import die_with_parent
 from companyos.runtime import DURABILITY, CommitGroup, EpisodeRuntime, UnloggedEpisode
 from eventstore import EventStore
 
@@ -165,20 +167,28 @@ class Halt(Protocol):
 
 _worker_store: EventStore | None = None
 _worker_halt: Halt | None = None
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+"""Ctrl-C, and the polite stop of `kill`, `timeout`, `docker stop` and systemd: the first lets the
+episodes under way finish and reports them, a second stops at once."""
 
 
 def _init_worker(db: str, parent: int, halt: Halt | None = None) -> None:
     """Each worker process opens the store once and keeps it for all its chunks.
 
-    Ctrl-C is the parent's to handle (it sets `halt`: each worker finishes the episode under way
-    and starts no other); a worker whose parent died stops too, rather than log episodes no one
-    will report and die on a broken pipe with a traceback.
+    Stopping is the parent's to handle (it sets `halt`: each worker finishes the episode under way
+    and starts no other), so a worker ignores the stop signals a terminal or service manager
+    sends its whole process group; the parent started it with them blocked, so one that arrived
+    while it was starting up is dropped here instead of breaking its imports. A worker whose
+    parent died stops at once, rather than log episodes no one will report and die on a broken
+    pipe with a traceback.
     """
     global _worker_store, _worker_halt
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    die_with_parent(parent)
+    for stop in STOP_SIGNALS:
+        signal.signal(stop, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
     _worker_store = EventStore.open(db)
     _worker_halt = halt
-    end_with(parent, lambda: os._exit(1))
 
 
 class RunInterrupted(KeyboardInterrupt):
@@ -200,9 +210,39 @@ class RunFailed(Exception):
         self.results = results
 
 
+class WorkerDied(RuntimeError):
+    """A worker process ended without finishing its chunk (killed, or out of memory)."""
+
+
+class ChunkFailed(Exception):
+    """A worker's chunk stopped on an error after these of its episodes were logged: the parent
+    reports them with the rest (a bare exception from the worker lost them)."""
+
+    def __init__(self, results: list[EpisodeResult], error: BaseException) -> None:
+        super().__init__(results, error)
+        self.results = results
+        self.error = error
+
+
 def _work(args: tuple[RunPlan, int, int]) -> list[EpisodeResult]:
     plan, start, stop = args
-    return run_range(plan, start, stop, _worker_store, _worker_halt)
+    done: list[EpisodeResult] = []
+    try:
+        return run_range(plan, start, stop, _worker_store, _worker_halt, into=done)
+    except Exception as exc:
+        raise ChunkFailed(done, _sendable(exc)) from None
+
+
+def _sendable(exc: Exception) -> Exception:
+    """`exc` if it survives pickling back to the parent, else a RuntimeError in its words (a
+    driver's exception may hold a connection)."""
+    import pickle
+
+    try:
+        pickle.loads(pickle.dumps(exc))
+    except Exception:  # noqa: BLE001 - any failure to pickle means the same
+        return RuntimeError(str(exc))
+    return exc
 
 
 def run(plan: RunPlan, workers: int = 1,
@@ -225,10 +265,7 @@ def run(plan: RunPlan, workers: int = 1,
             if not pooled:
                 _run_here(plan, chunks, halt, results, progress)
             else:
-                for chunk in _run_pooled(plan, chunks, workers, halt):
-                    results.extend(chunk)
-                    if progress:
-                        progress(len(chunk))
+                _run_pooled(plan, chunks, workers, halt, results, progress)
     except BaseException as exc:
         # Ctrl-C in the middle of a commit surfaces as the driver's failure to roll back
         if isinstance(exc, KeyboardInterrupt) or isinstance(exc.__context__, KeyboardInterrupt):
@@ -243,8 +280,8 @@ def run(plan: RunPlan, workers: int = 1,
 
 @contextmanager
 def _first_ctrl_c_sets(halt) -> Iterator[None]:
-    """SIGINT sets `halt` once; the next one is a KeyboardInterrupt as usual. Only the main
-    thread can take signals: elsewhere Ctrl-C keeps its default meaning."""
+    """The first stop signal (Ctrl-C or SIGTERM) sets `halt`; the next one is a KeyboardInterrupt.
+    Only the main thread can take signals: elsewhere they keep their default meaning."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -254,11 +291,12 @@ def _first_ctrl_c_sets(halt) -> Iterator[None]:
             raise KeyboardInterrupt
         halt.set()
 
-    previous = signal.signal(signal.SIGINT, handler)
+    previous = {stop: signal.signal(stop, handler) for stop in STOP_SIGNALS}
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for stop, before in previous.items():
+            signal.signal(stop, before)
 
 
 def _run_here(plan: RunPlan, chunks, halt: Halt, results: list[EpisodeResult],
@@ -272,10 +310,59 @@ def _run_here(plan: RunPlan, chunks, halt: Halt, results: list[EpisodeResult],
                 progress(len(results) - before)
 
 
-def _run_pooled(plan: RunPlan, chunks, workers: int, halt: Halt) -> Iterator[list[EpisodeResult]]:
+def _run_pooled(plan: RunPlan, chunks, workers: int, halt, results: list[EpisodeResult],
+                progress: Callable[[int], None] | None) -> None:
+    """The chunks on worker processes (no more than there are chunks), their results into
+    `results` in chunk order. Once halted, the chunks left return at once.
+
+    A worker that dies (killed, out of memory) breaks the pool, which says so (BrokenProcessPool):
+    multiprocessing.Pool waited for its chunk for ever. A chunk that fails halts the others, which
+    finish the episode under way; every episode logged is then reported, the failed chunk's too.
+    """
     EventStore.open(plan.db).close()  # migrate once, before the workers race to
-    with mp.get_context("spawn").Pool(workers, _init_worker, (plan.db, os.getpid(), halt)) as pool:
-        yield from pool.imap(_work, chunks)  # once halted, the chunks left return at once
+    executor = ProcessPoolExecutor(min(workers, len(chunks)), mp_context=mp.get_context("spawn"),
+                                   initializer=_init_worker, initargs=(plan.db, os.getpid(), halt))
+    failure: BaseException | None = None
+    try:
+        # the workers start with the stop signals blocked (see _init_worker); one that comes
+        # meanwhile reaches this process's handler when they are unblocked
+        with _stop_signals_blocked():
+            futures = [executor.submit(_work, chunk) for chunk in chunks]
+        for future in futures:
+            try:
+                chunk = future.result()
+            except ChunkFailed as failed:
+                halt.set()
+                chunk, failure = failed.results, failure or failed.error
+            results.extend(chunk)
+            if progress:
+                progress(len(chunk))
+    except BaseException as exc:
+        # a second stop signal, or a broken pool: the workers stop now, whatever they were doing
+        executor.shutdown(wait=False, cancel_futures=True)
+        for child in mp.active_children():
+            child.kill()
+        if isinstance(exc, BrokenProcessPool):
+            raise WorkerDied("a worker process died (killed, or out of memory?) before its episodes "
+                             "were reported; the others were stopped, cutting short the episodes "
+                             "they had under way, and some finished ones may be unreported: "
+                             "`companyos episodes` lists all the log holds") from None
+        raise
+    executor.shutdown()
+    if failure is not None:
+        raise failure
+
+
+@contextmanager
+def _stop_signals_blocked() -> Iterator[None]:
+    """Hold the stop signals while processes start: they inherit the mask, so one is never
+    delivered to a worker still importing (a KeyboardInterrupt traceback each). The halt Event
+    already started multiprocessing's resource tracker, whose start would unblock them."""
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
 
 def summarise(results: list[EpisodeResult]) -> dict[str, Any]:

@@ -86,7 +86,8 @@ def quiet_library_logs() -> None:
     """
     import logging
 
-    logging.getLogger("sqlalchemy.pool").addHandler(logging.NullHandler())
+    for library in ("sqlalchemy.pool", "psycopg"):  # psycopg: "error ignored terminating ..."
+        logging.getLogger(library).addHandler(logging.NullHandler())
 
 
 def _ctrl_c(exc: SystemExit) -> bool:

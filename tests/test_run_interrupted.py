@@ -86,16 +86,41 @@ def test_ctrl_c_finishes_the_episode_under_way_and_says_which_finished(
         assert sorted(e["seed"] for e in logged if e["outcome"]) == list(range(100, 109))
 
 
-def test_ctrl_c_with_workers_reports_exactly_the_episodes_the_log_holds(tmp_path):
+def _children(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/task/{pid}/children") as listed:
+        return [int(child) for child in listed.read().split()]
+
+
+def _pooled_run(tmp_path, episodes: int = 100000) -> tuple[subprocess.Popen, str]:
+    """`companyos run --workers 2 --durability episode --json` in its own process group."""
     url = f"sqlite:///{tmp_path / 'store.db'}"
-    run = subprocess.Popen([sys.executable, "-m", "companyos", "run", "--episodes", "100000",
+    run = subprocess.Popen([sys.executable, "-m", "companyos", "run", "--episodes", str(episodes),
                             "--workers", "2", "--durability", "episode", "--db", url, "--json"],
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           start_new_session=True)
+    return run, url
+
+
+def _until_logged(tmp_path, url: str, episodes: int) -> None:
     for _ in range(600):  # until both workers have logged episodes
         time.sleep(0.1)
-        if (tmp_path / "store.db").exists() and len(_logged(url)) > 300:
-            break
-    run.send_signal(signal.SIGINT)
+        if (tmp_path / "store.db").exists() and len(_logged(url)) > episodes:
+            return
+
+
+@pytest.mark.parametrize("stop, group", [(signal.SIGINT, False), (signal.SIGTERM, False),
+                                         (signal.SIGTERM, True)],
+                         ids=["ctrl-c", "sigterm", "sigterm-to-the-group"])
+def test_stopping_a_run_with_workers_reports_exactly_the_episodes_the_log_holds(tmp_path, stop, group):
+    """SIGTERM (`kill`, `timeout`, `docker stop`, systemd, which signals the whole group) killed
+    the run outright: no report, no seed ranges, and the episodes a worker held were lost. It now
+    stops as Ctrl-C does."""
+    run, url = _pooled_run(tmp_path)
+    _until_logged(tmp_path, url, 300)
+    if group:
+        os.killpg(run.pid, stop)
+    else:
+        run.send_signal(stop)
     out, err = run.communicate(timeout=60)
     assert run.returncode == 130, err
     reported = re.search(r"interrupted: (\d+) episode\(s\) finished, logged and reported "
@@ -113,6 +138,52 @@ def test_ctrl_c_with_workers_reports_exactly_the_episodes_the_log_holds(tmp_path
 def test_seed_ranges_reads_as_a_person_would_write_it():
     assert seed_ranges([3, 4, 5, 7, 9, 10]) == "3..5, 7, 9..10"
     assert seed_ranges(list(range(0, 20, 2)), shown=3) == "0, 2, 4 and 7 more ranges"
+    assert seed_ranges(list(range(0, 20, 2)), shown=None).endswith(", 16, 18")  # what a resume needs
+
+
+def test_a_worker_that_dies_ends_the_run_in_words_not_a_hang(tmp_path):
+    """multiprocessing.Pool waited for ever for the chunk of a worker killed outright (by the OOM
+    killer, say): an unattended run never ended and never said why."""
+    run, url = _pooled_run(tmp_path)
+    _until_logged(tmp_path, url, 100)
+    os.kill(_children(run.pid)[-1], signal.SIGKILL)  # the last child started: a worker
+    out, err = run.communicate(timeout=120)  # a guard: it used to wait for ever
+    assert run.returncode == 1, err
+    assert err.strip().splitlines() == [err.strip()] and err.startswith("error: a worker process died")
+    report = json.loads(out)
+    assert report["failed"] is True
+    logged = {(e["seed"], e["digest"]) for e in _logged(url) if e["outcome"]}
+    assert {(e["seed"], e["digest"]) for e in report["episodes"]} <= logged
+
+
+def test_a_stop_while_the_workers_start_prints_no_traceback(tmp_path):
+    """Ctrl-C reached each worker while it was still importing: a KeyboardInterrupt traceback
+    each (dozens of lines), before the worker could ignore it."""
+    run, _ = _pooled_run(tmp_path)
+    for _ in range(200):
+        if len(_children(run.pid)) >= 3:  # the resource tracker and both workers
+            break
+        time.sleep(0.01)
+    os.killpg(run.pid, signal.SIGINT)
+    out, err = run.communicate(timeout=120)
+    assert run.returncode == 130 and "Traceback" not in err, err
+    assert len(err.strip().splitlines()) == 1 and json.loads(out)["interrupted"] is True
+
+
+def test_no_more_worker_processes_start_than_there_are_chunks(tmp_path, monkeypatch):
+    """100 episodes are two chunks: `--workers 64` started 64 processes, each importing the package
+    and opening the store, and the run took twenty times as long as with one."""
+    started = []
+
+    class Counted(batch.ProcessPoolExecutor):
+        def __init__(self, max_workers, **kwargs):
+            started.append(max_workers)
+            super().__init__(max_workers, **kwargs)
+
+    monkeypatch.setattr(batch, "ProcessPoolExecutor", Counted)
+    plan = batch.RunPlan(f"sqlite:///{tmp_path / 's.db'}", "expert", "all", "low", 100, 0)
+    assert len(batch.run(plan, workers=64)) == 100
+    assert started == [2]
 
 
 _PARENT = textwrap.dedent("""
@@ -183,3 +254,15 @@ def test_a_run_the_store_fails_under_reports_the_episodes_that_finished(tmp_path
     assert report["failed"] is True and report["summary"]["episodes"] == 5
     assert {(e["seed"], e["digest"]) for e in report["episodes"]} == {
         (e["seed"], e["digest"]) for e in _logged(url)}
+
+
+def test_an_error_said_over_several_lines_is_one_line(capsys):
+    """libpq's words span three lines (and a tab): a script reading the one `error:` line lost
+    the rest."""
+    from companyos.commands.output import say_error
+
+    say_error("the store failed: server closed the connection unexpectedly\n\tThis probably means"
+              " the server terminated abnormally\n\tbefore or while processing the request.\n")
+    assert capsys.readouterr().err == ("error: the store failed: server closed the connection "
+                                       "unexpectedly This probably means the server terminated "
+                                       "abnormally before or while processing the request.\n")

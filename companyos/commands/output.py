@@ -11,8 +11,9 @@ import typer
 
 
 def say_error(message: str) -> None:
-    """One `error: message` line on stderr: how every command reports what went wrong."""
-    typer.echo(f"error: {message}", err=True)
+    """One `error: message` line on stderr: how every command reports what went wrong (a
+    driver's words can span lines, as libpq's do: they are joined into the one)."""
+    typer.echo(f"error: {' '.join(message.split())}", err=True)
 
 
 def fail(message: str, code: int = 2) -> NoReturn:

@@ -35,7 +35,7 @@ def run(
     as_json: bool = JsonOption,
 ) -> None:
     """Run a baseline agent for N logged episodes and summarise how it did."""
-    from companyos.batch import RunFailed, RunInterrupted, RunPlan, validate
+    from companyos.batch import RunFailed, RunInterrupted, RunPlan, WorkerDied, validate
     from companyos.batch import run as run_plan
 
     plan = RunPlan(resolve_db(db), agent, task, chaos, episodes, seed, durability,
@@ -59,7 +59,7 @@ def run(
         _report(plan, stop.results, as_json, cut_short="interrupted")
         done = sorted(r.seed for r in stop.results)
         fail(f"interrupted: {len(done)} episode(s) finished, logged and reported"
-             + (f" (seeds {seed_ranges(done)})" if done else "")
+             + (f" (seeds {seed_ranges(done, shown=None)})" if done else "")
              + ("; a second Ctrl-C stopped it at once: the episodes under way were cut short "
                 "(each " + ("lost" if durability == "episode" else "left running in the log")
                 + ") and, with --workers, some finished ones may be unreported; `companyos "
@@ -69,7 +69,12 @@ def run(
         # the episodes that finished before the error (a lost database, say) are reported, marked
         # "failed"; the error itself is then said as every command says it (exit 1 for a store)
         _report(plan, failed.results, as_json, cut_short="failed")
+        if isinstance(failed.__cause__, WorkerDied):
+            fail(str(failed.__cause__), code=1)
         raise failed.__cause__ from None
+    except WorkerDied as died:  # before any episode was reported
+        _report(plan, [], as_json, cut_short="failed")
+        fail(str(died), code=1)
     _report(plan, results, as_json)
 
 
@@ -89,8 +94,9 @@ def _report(plan, results: list, as_json: bool, cut_short: str | None = None) ->
     _print_summary(plan, summary)
 
 
-def seed_ranges(seeds: list[int], shown: int = 6) -> str:
-    """Sorted seeds as ranges, 'a..b, c, d..e' (after `shown` ranges, how many more there are)."""
+def seed_ranges(seeds: list[int], shown: int | None = 6) -> str:
+    """Sorted seeds as ranges, 'a..b, c, d..e' (after `shown` ranges, how many more there are;
+    every range with None, as a run cut short says them: they are what a resumed run needs)."""
     ranges: list[list[int]] = []
     for s in seeds:
         if ranges and s == ranges[-1][1] + 1:
@@ -98,7 +104,8 @@ def seed_ranges(seeds: list[int], shown: int = 6) -> str:
         else:
             ranges.append([s, s])
     text = ", ".join(f"{a}..{b}" if a != b else str(a) for a, b in ranges[:shown])
-    return text + (f" and {len(ranges) - shown} more ranges" if len(ranges) > shown else "")
+    hidden = 0 if shown is None else len(ranges) - shown
+    return text + (f" and {hidden} more ranges" if hidden > 0 else "")
 
 
 def _print_summary(plan, summary: dict) -> None:
