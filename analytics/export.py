@@ -37,9 +37,10 @@ def export(wh: Warehouse, target: str | Path, tables: tuple[str, ...] = tuple(_T
     """Write each table as Parquet partitioned by task family; returns the manifest.
 
     Raises ExportRefused for a target that is a file or holds tables companyos did not write, and
-    OSError (or duckdb.IOException) when the file system refuses. Each table is written to a staging
-    directory and swapped in only once complete (DuckDB removes a failed COPY's files), so a failed
-    export leaves the tables exported before as they were.
+    OSError (or duckdb.IOException) when the file system refuses. Every table is first written to
+    a staging directory; only once all are complete are they swapped in (a rename each) and the
+    manifest replaced, so a failed or interrupted export leaves the previous export as it was, not
+    a mix of two. Staging left by an export that was killed is removed by the next one.
     """
     root = Path(target)
     if root.exists() and not root.is_dir():
@@ -50,30 +51,49 @@ def export(wh: Warehouse, target: str | Path, tables: tuple[str, ...] = tuple(_T
     if existing and not marker.exists():
         raise ExportRefused(f"{root} already holds {', '.join(existing)} that companyos did not export; "
                             "choose an empty directory")
+    for table in _TABLES:
+        for leftover in (*root.glob(f".{table}.*.tmp"), *root.glob(f".{table}.*.old")):
+            shutil.rmtree(leftover, ignore_errors=True)
     manifest = {"position": wh.checkpoint, "exported_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 "partitioning": "hive: task_family", "tables": {}}
-    for table in tables:
-        staging = root / f".{table}.{uuid.uuid4().hex[:8]}.tmp"
-        sql = _TABLES[table]
-        rows = wh.con.execute(f"COPY ({sql}) TO '{_quote(staging)}' "
-                              "(FORMAT parquet, PARTITION_BY (task_family), COMPRESSION zstd)"
-                              ).fetchone()[0]  # COPY answers with the rows it wrote
-        if rows == 0:  # no partition, so no file: readers globbing DIR/<table>/*/*.parquet would fail
-            empty = staging / "task_family=(none)"
-            empty.mkdir(parents=True, exist_ok=True)
-            wh.con.execute(f"COPY (SELECT * EXCLUDE (task_family) FROM ({sql}) LIMIT 0) "
-                           f"TO '{_quote(empty / 'data_0.parquet')}' (FORMAT parquet)")
-        final = root / table
-        if final.exists():
-            trash = root / f".{table}.{uuid.uuid4().hex[:8]}.old"
-            final.rename(trash)
-            staging.rename(final)
-            shutil.rmtree(trash)
-        else:
-            staging.rename(final)
-        manifest["tables"][table] = {"rows": rows, "path": table}
-    marker.write_text(json.dumps(manifest, indent=2))
+    staged: dict[str, Path] = {}
+    try:
+        for table in tables:
+            staged[table] = root / f".{table}.{uuid.uuid4().hex[:8]}.tmp"
+            manifest["tables"][table] = {"rows": _write(wh, table, staged[table]), "path": table}
+        for table, staging in staged.items():
+            _swap_in(root / table, staging)
+        written = root / f".{MARKER}.{uuid.uuid4().hex[:8]}.tmp"
+        written.write_text(json.dumps(manifest, indent=2))
+        written.replace(marker)
+    finally:
+        for staging in staged.values():
+            shutil.rmtree(staging, ignore_errors=True)  # what was not swapped in
     return manifest
+
+
+def _write(wh: Warehouse, table: str, staging: Path) -> int:
+    """Write `table` into the directory `staging`; the rows written."""
+    sql = _TABLES[table]
+    rows = wh.con.execute(f"COPY ({sql}) TO '{_quote(staging)}' "
+                          "(FORMAT parquet, PARTITION_BY (task_family), COMPRESSION zstd)"
+                          ).fetchone()[0]  # COPY answers with the rows it wrote
+    if rows == 0:  # no partition, so no file: readers globbing DIR/<table>/*/*.parquet would fail
+        empty = staging / "task_family=(none)"
+        empty.mkdir(parents=True, exist_ok=True)
+        wh.con.execute(f"COPY (SELECT * EXCLUDE (task_family) FROM ({sql}) LIMIT 0) "
+                       f"TO '{_quote(empty / 'data_0.parquet')}' (FORMAT parquet)")
+    return rows
+
+
+def _swap_in(final: Path, staging: Path) -> None:
+    if final.exists():
+        trash = final.with_name(f".{final.name}.{uuid.uuid4().hex[:8]}.old")
+        final.rename(trash)
+        staging.rename(final)
+        shutil.rmtree(trash)
+    else:
+        staging.rename(final)
 
 
 def _quote(path: Path) -> str:

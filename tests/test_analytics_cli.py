@@ -122,6 +122,10 @@ def test_sync_sql_report_and_export(logged, tmp_path, cli):
     assert doc["tables"]["episodes"] == len(reported) and doc["events_synced"] > 0
     out = cli("sql", "SELECT count(*) AS n FROM episodes", "--format", "json", "--db", url, "--warehouse", wh)
     assert json.loads(out.stdout) == [{"n": len(reported)}]
+    # a self-join comparing agents: a repeated name kept only the last column's value
+    out = cli("sql", "SELECT 1 AS a, 2 AS a, 3 AS a_1, 4 AS a", "--format", "json", "--db", url,
+              "--warehouse", wh)
+    assert json.loads(out.stdout) == [{"a": 1, "a_2": 2, "a_1": 3, "a_3": 4}]
     out = cli("sql", "SELECT * FROM nowhere", "--db", url, "--warehouse", wh)
     assert out.exit_code == 2 and "nowhere" in out.output
     # ad-hoc SQL only reads: a write is refused and the warehouse still agrees with its checkpoint
@@ -206,25 +210,68 @@ def test_report_and_export_to_places_they_cannot_write_fail_in_words(logged, tmp
     assert blocker.read_text() == "a file, not a directory"
 
 
+def test_a_report_never_overwrites_the_store_the_warehouse_or_another_file(logged, tmp_path, cli):
+    """`--html companyos.db` (a tab completion away) wrote the report over the event store: every
+    episode gone. The same over the warehouse, or any file that is no report."""
+    url, _ = logged
+    wh = tmp_path / "w.duckdb"
+    store = pathlib.Path(url.removeprefix("sqlite:///"))
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes")
+    assert cli("sync", "--db", url, "--warehouse", str(wh)).exit_code == 0
+    for target in (store, wh, notes):
+        before = target.read_bytes()
+        out = cli("report", "--html", str(target), "--db", url, "--warehouse", str(wh))
+        assert out.exit_code == 2 and f"--html {target}: it is " in out.output, out.output
+        assert target.read_bytes() == before
+    page = tmp_path / "report.html"
+    for _ in range(2):  # a new file, then the earlier report it replaces
+        out = cli("report", "--html", str(page), "--db", url, "--warehouse", str(wh))
+        assert out.exit_code == 0 and page.read_text().startswith("<!doctype html"), out.output
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
 def test_an_export_that_fails_midway_leaves_the_previous_export_and_no_staging(logged, tmp_path,
                                                                                  monkeypatch):
     from analytics import export as exporting
 
     url, reported = logged
     target = tmp_path / "export"
+
+    def files() -> list[tuple]:  # the inode tells a file swapped in from the one it replaced
+        return sorted((p.relative_to(target), p.stat().st_ino) for p in target.rglob("*"))
+
     with Warehouse(tmp_path / "w.duckdb") as wh:
         sync(url, wh)
         exporting.export(wh, target)
-        before = sorted(p.relative_to(target) for p in target.rglob("*"))
-        monkeypatch.setitem(exporting._TABLES, "steps",
-                            "SELECT *, CASE WHEN step > 3 THEN error('disk gone') ELSE task END "
-                            "AS task_family FROM steps")
+        before = files()
+        # the last table fails: the tables before it were swapped in, a mix of two exports under
+        # a manifest describing neither
+        monkeypatch.setitem(exporting._TABLES, "events",
+                            "SELECT *, CASE WHEN version > 3 THEN error('disk gone') ELSE type END "
+                            "AS task_family FROM events")
         with pytest.raises(duckdb.Error, match="disk gone"):
             exporting.export(wh, target)
-    assert sorted(p.relative_to(target) for p in target.rglob("*")) == before
+        assert files() == before
+        (target / ".events.0badc0de.tmp" / "task_family=x").mkdir(parents=True)  # a killed export's
+        monkeypatch.undo()
+        exporting.export(wh, target)
+    assert not list(target.glob(".*.tmp"))
     n = duckdb.connect().execute(f"SELECT count(*) FROM read_parquet('{target}/episodes/*/*.parquet')"
                                  ).fetchone()[0]
     assert n == len(reported)
+
+
+def test_a_filter_with_surrounding_spaces_is_the_filter_throughout_the_report(logged, tmp_path, cli):
+    """The sections stripped `--agent "expert "` as every query does, the summary did not: "0
+    episodes" above tables of expert episodes. `--task " x"` was refused where the query took it."""
+    url, reported = logged
+    wh = str(tmp_path / "w.duckdb")
+    experts = sum(r["agent"] == "expert" and r["task"] == "expense_report" for r in reported)
+    for agent, task in (("expert", "expense_report"), (" expert ", " expense_report\t")):
+        out = cli("report", "--markdown", "--agent", agent, "--task", task, "--db", url, "--warehouse", wh)
+        assert out.exit_code == 0, out.output
+        assert f"{experts} episodes" in out.stdout
 
 
 def test_a_report_over_no_matching_episodes_says_n_a_not_none(logged, tmp_path, cli):
@@ -351,6 +398,22 @@ def test_http_route_answers_202_while_a_long_sync_runs(logged, tmp_path, monkeyp
     answered = client.get("/analytics/compare_agents", headers={"Prefer": "respond-async, wait=30"})
     assert answered.status_code == 200 and answered.headers["preference-applied"] == "wait=30"
     assert sum(r["episodes"] for r in answered.json()) == len(reported)
+    # synced: `wait=0` still lets the sync that finds nothing new end (it was always 202), and a
+    # wait spelled with other digits ("²" passed str.isdigit, then float() failed: a 500) is no wait
+    monkeypatch.setattr(analytics_routes, "MIN_WAIT_S", 10.0)  # a guard for a loaded machine
+    for prefer in (b"wait=0", b"wait=\xb2"):  # as a client sends the byte (latin-1 "²")
+        answered = client.get("/analytics/compare_agents", headers={"Prefer": prefer})
+        assert answered.status_code == 200, (prefer, answered.text)
+
+
+def test_a_prefer_wait_is_read_as_rfc_7240_delta_seconds():
+    from api.analytics_routes import MAX_WAIT_S, MIN_WAIT_S, SYNC_WAIT_S, preferred_wait
+
+    assert preferred_wait("wait=0") == (MIN_WAIT_S, True)
+    assert preferred_wait("respond-async, wait=30") == (30.0, True)
+    assert preferred_wait("wait=99999") == (MAX_WAIT_S, True)
+    for unreadable in ("wait=\u00b2", "wait=\u0663", "wait=-1", "wait=1.5", None):
+        assert preferred_wait(unreadable) == (SYNC_WAIT_S, False)
 
 
 @contextlib.contextmanager

@@ -204,6 +204,25 @@ def _read_only_hint(message: str) -> str:
     return message
 
 
+def _not_a_report(path: Path) -> str | None:
+    """Why `path` must not be overwritten by a report, or None. A mistyped or tab-completed name
+    overwrote the event store itself (or the warehouse) with HTML, every episode gone."""
+    try:
+        with path.open("rb") as existing:
+            head = existing.read(512)
+    except FileNotFoundError:
+        return None
+    except OSError:  # a directory, or unreadable: writing says what is wrong
+        return None
+    if not head.strip():
+        return None
+    if head.startswith(b"SQLite format 3\0") or head[8:12] == b"DUCK":
+        return "it is a database (the event store, or a warehouse), which a report would overwrite"
+    if not head.lstrip().lower().startswith((b"<!doctype html", b"<html")):
+        return "it is a file that is no HTML report, which a report would overwrite"
+    return None
+
+
 @analytics_app.command("report")
 def report_command(
     agent: str | None = typer.Option(None, "--agent", help="Only this agent's episodes."),
@@ -223,6 +242,8 @@ def report_command(
         report.check_filters(agent, task)
     except ValueError as exc:
         fail(str(exc))
+    if html and (problem := _not_a_report(html)):
+        fail(f"--html {html}: {problem}; name a new file or an earlier report")
     wh = _open_synced(db, warehouse, quiet=markdown)
     try:
         data = report.build(wh, agent=agent, task=task)
@@ -231,7 +252,10 @@ def report_command(
     if html:
         try:
             html.parent.mkdir(parents=True, exist_ok=True)
-            html.write_text(report.to_html(data), encoding="utf-8")
+            # whole or not at all: an interrupted write left half a page in place of the last one
+            staged = html.with_name(f".{html.name}.tmp")
+            staged.write_text(report.to_html(data), encoding="utf-8")
+            staged.replace(html)
         except OSError as exc:
             from analytics.paths import why_not_written
 
