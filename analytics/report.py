@@ -38,9 +38,10 @@ WHERE ($agent IS NULL OR agent = $agent) AND ($task IS NULL OR task = $task)
 def check_filters(agent: str | None, task: str | None) -> None:
     """ValueError, in words, for a filter no episode can match (every section would be empty):
     a task naming no family, an empty agent; so a caller can say so before it syncs."""
+    agent, task = _stripped(agent), _stripped(task)
     if task is not None:
         task_family(task)
-    if agent is not None and not agent.strip():  # the queries strip their parameters
+    if agent is not None and not agent:
         raise ValueError("--agent is empty: no episode has an empty agent label")
     if agent is not None and (control := control_character(agent)):
         raise ValueError(f"no episode has that agent: agent labels hold no control characters "
@@ -50,7 +51,8 @@ def check_filters(agent: str | None, task: str | None) -> None:
 def build(wh: Warehouse, agent: str | None = None, task: str | None = None) -> dict[str, Any]:
     """Every section of the report as rows (JSON-able)."""
     started = time.perf_counter()
-    f = {"agent": agent, "task": task}
+    f = {"agent": _stripped(agent), "task": _stripped(task)}  # as the named queries take them
+    task = f["task"]
     summary = rows_of(wh.con.execute(_SUMMARY, f))[0]
     by_task_and_chaos = run_named(wh, "success_by_task_and_chaos", f)
     data = {
@@ -72,6 +74,12 @@ def build(wh: Warehouse, agent: str | None = None, task: str | None = None) -> d
             "`companyos analytics query tool_error_rates` lists them all")
     data["seconds"] = round(time.perf_counter() - started, 3)
     return data
+
+
+def _stripped(value: str | None) -> str | None:
+    """A filter as every query reads it: its surrounding whitespace dropped (the summary took it
+    as given and counted 0 episodes above sections that showed them all)."""
+    return value.strip() if isinstance(value, str) else value
 
 
 TOOL_ROWS = 30

@@ -45,8 +45,25 @@ def rows_of(cursor) -> list[dict[str, Any]]:
 
 
 def as_objects(names: list[str], rows: list[tuple]) -> list[dict[str, Any]]:
-    """Rows as JSON-able objects keyed by column name (non-finite floats become null)."""
-    return [{k: _clean(v) for k, v in zip(names, row, strict=True)} for row in rows]
+    """Rows as JSON-able objects keyed by column name (non-finite floats become null). Names
+    that repeat (`SELECT a.agent, b.agent ...`) get DuckDB's suffixes, `agent_1` after `agent`,
+    as a table made from the query would: keyed as given, the later column replaced the earlier."""
+    keys = _unique(names)
+    return [{k: _clean(v) for k, v in zip(keys, row, strict=True)} for row in rows]
+
+
+def _unique(names: list[str]) -> list[str]:
+    taken = set(names)
+    seen: set[str] = set()
+    keys = []
+    for name in names:
+        key, n = name, 0
+        while key in seen or (n and key in taken):  # nor a name a later column has
+            n += 1
+            key = f"{name}_{n}"
+        seen.add(key)
+        keys.append(key)
+    return keys
 
 
 def _clean(value: Any) -> Any:

@@ -26,6 +26,9 @@ from eventstore import CorruptCommit, StoreUnavailable
 
 SYNC_WAIT_S = 2.0
 """How long a request waits for a sync before answering 202 (the UI's report page waits as long)."""
+MIN_WAIT_S = 0.1
+"""The least wait, `Prefer: wait=0` included: what a sync with nothing new needs (milliseconds), so
+an up-to-date warehouse answers at once instead of always 202."""
 MAX_WAIT_S = 600.0
 """The longest `Prefer: wait` honoured. A waiting request holds no server thread (it awaits the
 sync on the event loop), but proxies and clients rarely keep a request open for longer."""
@@ -90,14 +93,15 @@ def analytics_router(db: str | Callable[[], str], warehouse: str | None = None) 
 
 def preferred_wait(prefer: str | None) -> tuple[float, bool]:
     """The seconds to wait for a sync, from an RFC 7240 `Prefer: wait=N` header (capped at
-    MAX_WAIT_S), and whether the header asked; a missing or malformed preference waits SYNC_WAIT_S."""
+    MAX_WAIT_S, at least MIN_WAIT_S), and whether the header asked; a missing or malformed
+    preference waits SYNC_WAIT_S."""
     for preference in (prefer or "").split(","):
         token, _, value = preference.split(";")[0].partition("=")
         if token.strip().lower() != "wait":
             continue
         value = value.strip().strip('"')
-        if value.isdigit():  # delta-seconds: digits only
-            return min(float(value), MAX_WAIT_S), True
+        if value.isascii() and value.isdigit():  # delta-seconds: ASCII digits only (not "²")
+            return min(max(float(value), MIN_WAIT_S), MAX_WAIT_S), True
     return SYNC_WAIT_S, False
 
 

@@ -8,6 +8,7 @@ only after its own `timeout`, saying how far the sync got.
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 from urllib.parse import quote
@@ -47,7 +48,8 @@ class RemoteAnalytics:
                 for k, v in params.items() if v is not None}
         deadline = time.monotonic() + self.timeout
         while True:
-            wait = max(0, min(int(deadline - time.monotonic()), MAX_SERVER_WAIT_S))
+            # whole seconds, rounded up: a timeout under a second asked for wait=0
+            wait = max(0, min(math.ceil(deadline - time.monotonic()), MAX_SERVER_WAIT_S))
             response = self._wire.request("GET", path, params=sent, headers={"Prefer": f"wait={wait}"},
                                           timeout=wait + _SLACK_S)
             body = self._wire.json(response)
@@ -72,4 +74,4 @@ class RemoteAnalytics:
 
 def _seconds(retry_after: str | None) -> float:
     """Retry-After as delta-seconds (the server sends no dates); 2 s when absent or unreadable."""
-    return float(retry_after) if retry_after and retry_after.isdigit() else 2.0
+    return float(retry_after) if retry_after and retry_after.isascii() and retry_after.isdigit() else 2.0

@@ -99,14 +99,23 @@ def _ctrl_c(exc: SystemExit) -> bool:
 
 def _interrupted(exc: BaseException) -> bool:
     """A Ctrl-C that DuckDB caught first: its InterruptException, or the RuntimeError it raises
-    when the signal lands while it scans Arrow data from Python. Only consulted when loaded."""
+    when the signal lands while it scans Arrow data from Python; also when cleaning up after it
+    failed in turn (an aborted transaction refusing to unregister a table), hiding it as the
+    context. Only consulted when DuckDB is loaded."""
     import sys
 
     duckdb = sys.modules.get("duckdb")
     if duckdb is None:
         return False
-    return isinstance(exc, duckdb.InterruptException) or (
-        type(exc) is RuntimeError and str(exc) == "Query interrupted")
+    seen: set[int] = set()
+    link: BaseException | None = exc
+    while link is not None and id(link) not in seen:
+        seen.add(id(link))
+        if isinstance(link, KeyboardInterrupt | duckdb.InterruptException) or (
+                type(link) is RuntimeError and str(link) == "Query interrupted"):
+            return True
+        link = link.__cause__ or link.__context__
+    return False
 
 
 def _store_error(exc: BaseException) -> bool:

@@ -36,7 +36,20 @@ def test_a_sync_stops_at_the_head_it_began_with_while_writers_append(empty_store
         assert wh.counts()["steps"] == expected["actions"]
 
 
-@pytest.mark.parametrize("interrupt", [KeyboardInterrupt, lambda: RuntimeError("Query interrupted")])
+def _interrupt_then_cleanup_fails() -> BaseException:
+    """Ctrl-C inside DuckDB, then unregistering a table of the aborted transaction fails in turn:
+    the interrupt is only the second error's context (a 90-line traceback, exit 1)."""
+    import duckdb
+
+    try:
+        raise RuntimeError("Query interrupted")
+    except RuntimeError:
+        raise duckdb.TransactionException("Current transaction is aborted (please ROLLBACK)")  # noqa: B904
+
+
+@pytest.mark.parametrize("interrupt", [KeyboardInterrupt, lambda: RuntimeError("Query interrupted"),
+                                       _interrupt_then_cleanup_fails],
+                         ids=["keyboard", "duckdb", "masked"])
 def test_ctrl_c_during_a_sync_is_one_line_and_the_next_sync_resumes(sqlite_url, tmp_path, monkeypatch,
                                                                      capsys, interrupt):
     """Ctrl-C reaches a sync as KeyboardInterrupt, or as the RuntimeError DuckDB raises when the

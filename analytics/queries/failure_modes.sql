@@ -1,4 +1,4 @@
--- Why episodes fail: each failure mode's share of the finished, non-successful episodes (shares sum to 1), with example episode ids.
+-- Why episodes fail: each failure mode's share of the finished, non-successful episodes (shares sum to 1 within rounding to 6 decimals), with example episode ids.
 -- param agent VARCHAR = NULL: only episodes of this agent
 -- param task TASK = NULL: only this task family
 -- param chaos CHAOS = NULL: only this chaos level (none, low, medium, high or a number)
