@@ -67,6 +67,8 @@ class EpisodeResult:
 
 def validate(plan: RunPlan) -> None:
     """Fail before any process starts, with words, when the plan names something unknown."""
+    if not plan.reward_profile:  # the options below would read an empty one as the default
+        raise ValueError(f"--reward-profile is empty; known: {', '.join(domain.REWARD_PROFILES)}")
     if plan.task != "all" and plan.task not in domain.TASK_FAMILIES:
         raise ValueError(f"unknown task {plan.task!r}; known: all, {', '.join(domain.TASK_FAMILIES)}")
     spec_from_options(plan.seed, {"task": None if plan.task == "all" else plan.task,
@@ -270,7 +272,7 @@ def run(plan: RunPlan, workers: int = 1,
         # Ctrl-C in the middle of a commit surfaces as the driver's failure to roll back
         if isinstance(exc, KeyboardInterrupt) or isinstance(exc.__context__, KeyboardInterrupt):
             raise RunInterrupted(results, forced=True) from None
-        if isinstance(exc, Exception) and results:  # what finished is still worth reporting
+        if isinstance(exc, Exception):  # what finished (maybe nothing) is still worth reporting
             raise RunFailed(results) from exc
         raise
     if halt.is_set():

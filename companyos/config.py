@@ -25,7 +25,7 @@ def in_memory_store(url: str) -> bool:
 
     try:
         return in_memory_sqlite(url)
-    except sqlalchemy.exc.ArgumentError:
+    except (sqlalchemy.exc.ArgumentError, ValueError):  # ValueError: a port that is no number
         return False
 
 

@@ -35,14 +35,16 @@ def normalise_url(url: str) -> sa.URL:
 
 def in_memory_sqlite(url: str | sa.URL) -> bool:
     """Whether the URL names an in-memory SQLite database (`sqlite://`, `sqlite:///`,
-    `:memory:`, or a URI such as `file:db?mode=memory&uri=true`), which lives in one process
-    and is gone when it ends."""
+    `:memory:`, or a URI such as `file:db?mode=memory&uri=true`) or SQLite's anonymous temporary
+    file (the URI `file:` with no name), which live in one process and are gone when it ends."""
     parsed = sa.make_url(url)
     if parsed.get_backend_name() != "sqlite":
         return False
     database = parsed.database or ""
+    uri = asbool(parsed.query.get("uri", False))
+    anonymous = uri and database[:5].lower() == "file:" and not unquote(urlsplit(database).path)
     return (database in ("", ":memory:") or parsed.query.get("mode") == "memory"
-            or database.startswith("file::memory:"))
+            or database.startswith("file::memory:") or anonymous)
 
 
 def sqlite_file(url: str | sa.URL) -> str | None:

@@ -28,8 +28,9 @@ class StoreClosed(RuntimeError):
 
 class StoreUnreachable(StoreUnavailable):
     """The database server could not be reached or refused the connection (down, nothing
-    listening, no such database or role): the driver tells these apart only in words, and an
-    outage is the common case, so a caller treats it as the world's fault and may try again."""
+    listening, no such database or role), or SQLite refused the store's file (read-only, locked,
+    damaged): the driver tells these apart only in words, and an outage is the common case, so a
+    caller treats it as the world's fault and may try again."""
 
 
 class ConcurrencyError(Exception):

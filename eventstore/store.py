@@ -107,9 +107,7 @@ class EventStore:
         except sa.exc.DBAPIError as exc:
             engine.dispose()
             said = " ".join(str(exc.orig).split())  # one line: psycopg's text spans several
-            # no SQLSTATE: the connection itself failed (psycopg gives none for any of its causes;
-            # SQLite's errors, about the file named, carry no such attribute)
-            refused = StoreUnreachable if getattr(exc.orig, "sqlstate", "") is None else StoreUnavailable
+            refused = StoreUnreachable if _worlds_fault(exc.orig) else StoreUnavailable
             raise refused(f"cannot open the store at {shown}: {said}") from None
         except migrate.NewerStore as exc:
             engine.dispose()
@@ -590,3 +588,20 @@ def _prepare(event: NewEvent) -> tuple[str, int, str, str | None, dict]:
 
 def _meta_json(meta: dict, plain: str) -> str:
     return canonical_json({**meta, **decode_json(plain)}).decode()
+
+
+_SQLITE_NAMED_WRONG = (14, 26)
+"""SQLITE_CANTOPEN (a directory, a missing folder) and SQLITE_NOTADB (a file that is no database):
+the URL names the wrong thing."""
+
+
+def _worlds_fault(error: BaseException) -> bool:
+    """Whether a database refusing to open the store is the world's fault (exit 1, worth trying
+    again) rather than the call's (exit 2): a PostgreSQL connection that failed (no SQLSTATE:
+    psycopg gives none for any of its causes), or a SQLite store that is read-only, locked,
+    damaged or on a full disk, as when the refusal comes later in a command; not a SQLite URL
+    naming a directory or a file that is no database."""
+    code = getattr(error, "sqlite_errorcode", None)
+    if code is not None:
+        return code & 0xFF not in _SQLITE_NAMED_WRONG  # the primary code, not the extended one
+    return getattr(error, "sqlstate", "") is None

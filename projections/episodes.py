@@ -162,9 +162,10 @@ def episode_filters(task: str | None = None, agent: str | None = None,
                     outcome: str | None = None) -> list[sa.ColumnElement[bool]]:
     """The WHERE clauses of an episode listing (every reader of the read model uses these);
     ValueError, in words, for a task or outcome that no episode can have."""
-    if outcome and outcome not in OUTCOMES:
+    # None is no filter; an empty value (an unset shell variable) is a wrong one, as for agent
+    if outcome is not None and outcome not in OUTCOMES:
         raise ValueError(f"unknown outcome {outcome!r}; choose one of {', '.join(OUTCOMES)}")
-    if task:
+    if task is not None:
         task_family(task)  # a typo would otherwise list nothing, without a word
     if agent is not None and (problem := agent_label_problem(agent)):
         raise ValueError(f"no episode has that agent: {problem}")

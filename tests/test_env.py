@@ -530,6 +530,18 @@ def test_run_refuses_an_in_memory_store_and_outsized_counts(tmp_path):
         out = _cli("run", *args)
         assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
     assert "in-memory SQLite store" in _unboxed(_cli("run", "--db", "sqlite://").stderr)
+    # an empty value (an unset shell variable) is a wrong call, not the default or no filter
+    for args, said in ((["run", "--reward-profile", ""], "--reward-profile is empty"),
+                       (["episodes", "--task", ""], "unknown task ''"),
+                       (["episodes", "--outcome", ""], "unknown outcome ''")):
+        out = _cli(*args, "--db", f"sqlite:///{tmp_path / 'empty.db'}")
+        assert out.returncode == 2 and said in out.stderr, (args, out.stderr)
+    # SQLite's anonymous temporary file: the run "succeeded", and verify then found no store
+    out = _cli("run", "--episodes", "1", "--db", "sqlite:///file:?uri=true")
+    assert out.returncode == 2 and "in-memory SQLite store" in _unboxed(out.stderr), out.stderr
+    # a URL that does not parse is said as every command says it, not as int()'s words
+    out = _cli("run", "--episodes", "1", "--db", "postgresql://postgres@[::1/db")
+    assert out.returncode == 2 and "is not a database URL" in _unboxed(out.stderr), out.stderr
 
 
 def test_a_store_the_database_refuses_is_one_error_line(tmp_path):
@@ -544,6 +556,30 @@ def test_a_store_the_database_refuses_is_one_error_line(tmp_path):
     out = _cli("verify", "--db", f"sqlite:///{path}")
     assert out.returncode == 1 and out.stderr.startswith("error: the store failed: "), out.stderr
     assert "Traceback" not in out.stderr
+    # a read-only store is the world's problem however it is met: refused as it is opened (its
+    # directory read-only too, so no WAL could be made) it was exit 2, the wrong-call code
+    import sqlite3
+
+    from eventstore.store import _worlds_fault
+
+    def refusal(path: str, statement: str) -> sqlite3.Error:
+        try:
+            sqlite3.connect(path, uri=True).execute(statement)
+        except sqlite3.Error as exc:
+            return exc
+        raise AssertionError(f"{path} took {statement}")
+
+    made = tmp_path / "made.db"
+    sqlite3.connect(made).execute("CREATE TABLE t (x)").connection.commit()
+    assert _worlds_fault(refusal(f"file:{made}?mode=ro", "INSERT INTO t VALUES (1)"))  # READONLY
+    (tmp_path / "folder").mkdir()
+    assert not _worlds_fault(refusal(str(tmp_path / "folder"), "SELECT 1 FROM t"))  # CANTOPEN
+    # a file that is no database at all: the URL names the wrong thing (2), as a directory does
+    junk = tmp_path / "junk.db"
+    junk.write_text("junk")
+    for command in (["verify"], ["run", "--episodes", "1"], ["episodes"]):
+        out = _cli(*command, "--db", f"sqlite:///{junk}")
+        assert out.returncode == 2 and "file is not a database" in out.stderr, (command, out.stderr)
     out = _cli("episodes", "--db", "mysql://a@127.0.0.1:1/x")
     assert out.returncode == 2 and "needs a database driver that is not installed" in out.stderr
     # a PostgreSQL server that does not answer: an outage (1, worth retrying), said on one line

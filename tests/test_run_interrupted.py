@@ -266,3 +266,16 @@ def test_an_error_said_over_several_lines_is_one_line(capsys):
     assert capsys.readouterr().err == ("error: the store failed: server closed the connection "
                                        "unexpectedly This probably means the server terminated "
                                        "abnormally before or while processing the request.\n")
+
+
+def test_a_json_run_that_fails_before_any_episode_still_prints_its_document(tmp_path, monkeypatch, capsys):
+    """With nothing finished, `--json` printed nothing at all: its reader got no JSON to parse."""
+    import sqlalchemy as sa
+
+    def database_gone():
+        raise sa.exc.OperationalError("INSERT INTO commits ...", {}, Exception("the disk is full"))
+
+    code, stdout, stderr = _run_json(monkeypatch, capsys, f"sqlite:///{tmp_path / 's.db'}", 0,
+                                     database_gone)
+    assert code == 1 and stderr.strip() == "error: the store failed: the disk is full"
+    assert json.loads(stdout) == {"summary": batch.summarise([]), "episodes": [], "failed": True}

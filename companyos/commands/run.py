@@ -67,14 +67,13 @@ def run(
                 "; no other episode was begun or left half-logged"), code=130)
     except RunFailed as failed:
         # the episodes that finished before the error (a lost database, say) are reported, marked
-        # "failed"; the error itself is then said as every command says it (exit 1 for a store)
-        _report(plan, failed.results, as_json, cut_short="failed")
+        # "failed" (with --json always, so its reader gets a document); the error itself is then
+        # said as every command says it (exit 1 for a store)
+        if failed.results or as_json:
+            _report(plan, failed.results, as_json, cut_short="failed")
         if isinstance(failed.__cause__, WorkerDied):
             fail(str(failed.__cause__), code=1)
         raise failed.__cause__ from None
-    except WorkerDied as died:  # before any episode was reported
-        _report(plan, [], as_json, cut_short="failed")
-        fail(str(died), code=1)
     _report(plan, results, as_json)
 
 
