@@ -126,6 +126,15 @@ def test_sync_sql_report_and_export(logged, tmp_path, cli):
     out = cli("sql", "SELECT 1 AS a, 2 AS a, 3 AS a_1, 4 AS a", "--format", "json", "--db", url,
               "--warehouse", wh)
     assert json.loads(out.stdout) == [{"a": 1, "a_2": 2, "a_1": 3, "a_3": 4}]
+    # values JSON and CSV have no type for are written as a reader can parse them back, not as
+    # Python's repr ("3 days, 0:00:01.500000", b'...', True, Decimal('1.5'))
+    typed = ("SELECT INTERVAL 3 DAY + INTERVAL 1500 MILLISECOND AS i, '\\x00\\xff'::BLOB AS b, "
+             "true AS t, {'x': 1.5::DECIMAL(4,1), 'y': [1, 2]} AS s")
+    out = cli("sql", typed, "--format", "json", "--db", url, "--warehouse", wh)
+    assert json.loads(out.stdout) == [{"i": "P3DT1.5S", "b": "\\x00\\xFF", "t": True,
+                                       "s": {"x": 1.5, "y": [1, 2]}}]
+    out = cli("sql", typed, "--format", "csv", "--db", url, "--warehouse", wh)
+    assert out.stdout.splitlines()[1] == 'P3DT1.5S,\\x00\\xFF,true,"{""x"":1.5,""y"":[1,2]}"'
     out = cli("sql", "SELECT * FROM nowhere", "--db", url, "--warehouse", wh)
     assert out.exit_code == 2 and "nowhere" in out.output
     # ad-hoc SQL only reads: a write is refused and the warehouse still agrees with its checkpoint

@@ -314,8 +314,7 @@ def _print_rows(names: list[str], rows: list[tuple], fmt: str, title: str | None
         writer = csv.writer(sys.stdout, lineterminator="\n")
         writer.writerow(names)
         for row in rows:
-            writer.writerow(["" if v is None else ";".join(map(str, v)) if isinstance(v, list) else v
-                             for v in row])
+            writer.writerow([_csv_value(v) for v in row])
         return
     from rich.table import Table
 
@@ -327,6 +326,30 @@ def _print_rows(names: list[str], rows: list[tuple], fmt: str, title: str | None
     stdout_console().print(table)
     if not rows:
         typer.echo("(no rows)")
+
+
+def _csv_value(value: Any) -> str:
+    """A cell as DuckDB's own CSV writes it where Python's str differs: booleans `true`/`false`,
+    lists joined by `;`, structs and maps as JSON, intervals and blobs as `value_text` says."""
+    import decimal
+
+    from companyos.commands.output import value_text
+
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list):
+        return ";".join(_csv_value(v) for v in value)
+    if isinstance(value, dict):
+        import orjson
+
+        from companyos.commands.output import _json_default
+
+        return orjson.dumps(value, default=_json_default, option=orjson.OPT_NON_STR_KEYS).decode()
+    if isinstance(value, int | float | str | decimal.Decimal):
+        return str(value)
+    return value_text(value)
 
 
 def _text(value: Any, short: bool = False) -> str:

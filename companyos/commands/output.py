@@ -41,13 +41,30 @@ def print_json(value: Any) -> None:
 
 def _json_default(value: Any) -> Any:
     """What orjson cannot write itself: a finite Decimal as the number it is (not a float's
-    rounding of it, nor text), a NaN or infinite one as null (as orjson writes such floats)."""
+    rounding of it, nor text), a NaN or infinite one as null (as orjson writes such floats);
+    other values as text (`value_text`)."""
     import decimal
 
     import orjson
 
     if isinstance(value, decimal.Decimal):
         return orjson.Fragment(str(value)) if value.is_finite() else None
+    return value_text(value)
+
+
+def value_text(value: Any) -> str:
+    """A value JSON and CSV have no type for, as text a reader can parse: an interval as ISO 8601
+    (`P3DT1.5S`, not Python's "3 days, 0:00:01.500000"), a blob as DuckDB writes one (`\\x00\\xFF`,
+    not Python's b'...'), anything else (dates, times, UUIDs) as its own str."""
+    import datetime
+
+    if isinstance(value, datetime.timedelta):
+        sign = "-" if value < datetime.timedelta(0) else ""
+        value = abs(value)
+        seconds = value.seconds + value.microseconds / 1e6
+        return f"{sign}P{value.days}DT{seconds:g}S"
+    if isinstance(value, bytes | bytearray | memoryview):
+        return "".join(chr(b) if 32 <= b < 127 and b != 92 else f"\\x{b:02X}" for b in bytes(value))
     return str(value)
 
 
