@@ -16,9 +16,10 @@ PG_CONNECT_TIMEOUT_S = 10
 SQLITE_BUSY_TIMEOUT_MS = 60_000
 """How long a waiting SQLite writer (or a reader during recovery) waits for the file's lock."""
 PG_LOCK_TIMEOUT_MS = SQLITE_BUSY_TIMEOUT_MS
-"""How long a PostgreSQL statement waits for a lock (`lock_timeout`): as long as SQLite's writers
-wait for theirs. PostgreSQL's default waits forever, so a lock held by someone else (a
-`LOCK TABLE` in a maintenance session, a transaction left open in psql) hung every step."""
+"""How long a PostgreSQL statement waits for a lock (`lock_timeout`) when nothing else set one: as
+long as SQLite's writers wait for theirs. PostgreSQL's default waits forever, so a lock held by
+someone else (a `LOCK TABLE` in a maintenance session, a transaction left open in psql) hung
+every step."""
 
 
 class BadSynchronous(ValueError):
@@ -76,19 +77,22 @@ def create_engine(url: str, synchronous: str | None = None) -> sa.Engine:
     # replaced when it is checked out, instead of failing the step or request that drew it.
     # connect_timeout: a server that does not answer (a partition, a hung host) fails a connect
     # in seconds rather than the kernel's minutes; a URL's own ?connect_timeout= wins.
-    connect_args: dict = {"options": _pg_options(parsed)}
-    if "connect_timeout" not in parsed.query:
-        connect_args["connect_timeout"] = PG_CONNECT_TIMEOUT_S
-    return _pooled_per_process(sa.create_engine(parsed, pool_size=8, max_overflow=32,
-                                                pool_pre_ping=True, connect_args=connect_args))
+    connect_args = {} if "connect_timeout" in parsed.query else {"connect_timeout": PG_CONNECT_TIMEOUT_S}
+    engine = sa.create_engine(parsed, pool_size=8, max_overflow=32, pool_pre_ping=True,
+                              connect_args=connect_args)
+    event.listen(engine, "connect", _bounded_lock_waits)
+    return _pooled_per_process(engine)
 
 
-def _pg_options(url: sa.URL) -> str:
-    """The connection's `options`: the store's lock_timeout, then the URL's own `?options=` (a
-    later `-c` wins, so a URL that sets lock_timeout keeps its value)."""
-    own = url.query.get("options", "")
-    own = own[-1] if isinstance(own, tuple) else own
-    return f"-c lock_timeout={PG_LOCK_TIMEOUT_MS} {own}".strip()
+def _bounded_lock_waits(dbapi_conn, _record) -> None:
+    """Give a new PostgreSQL connection the store's lock_timeout, unless something already set
+    one: the URL's `?options=`, PGOPTIONS, or `ALTER ROLE/DATABASE ... SET lock_timeout` (a
+    startup option would override the last two, and a fixed `options` would drop PGOPTIONS)."""
+    with dbapi_conn.cursor() as cursor:
+        cursor.execute("SELECT current_setting('lock_timeout')")
+        if cursor.fetchone()[0] == "0":  # PostgreSQL's default: wait for ever
+            cursor.execute(f"SET lock_timeout = {int(PG_LOCK_TIMEOUT_MS)}")
+    dbapi_conn.commit()
 
 
 _PER_PROCESS: weakref.WeakSet[sa.Engine] = weakref.WeakSet()

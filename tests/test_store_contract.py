@@ -707,14 +707,22 @@ def test_a_postgresql_append_behind_a_held_lock_fails_in_words_not_hangs(pg_data
         assert store.stream_version(stream) == 1
 
 
-def test_a_postgresql_urls_own_lock_timeout_wins(pg_database_url):
+def test_a_lock_timeout_set_elsewhere_wins_over_the_stores(pg_database_url, monkeypatch):
+    """The URL's options, PGOPTIONS (which a fixed `options` made libpq ignore, search_path and
+    all) and the role's or database's own setting each keep theirs."""
     from eventstore.engine import create_engine
 
     own = f"{pg_database_url}?options=-c%20lock_timeout%3D2500"
-    for url, expected in ((pg_database_url, "1min"), (own, "2500ms")):
+
+    def lock_timeout(url: str) -> str:
         engine = create_engine(url)
         try:
             with engine.connect() as conn:
-                assert conn.exec_driver_sql("SHOW lock_timeout").scalar() == expected
+                return conn.exec_driver_sql("SHOW lock_timeout").scalar()
         finally:
             engine.dispose()
+
+    assert lock_timeout(pg_database_url) == "1min"
+    assert lock_timeout(own) == "2500ms"
+    monkeypatch.setenv("PGOPTIONS", "-c lock_timeout=3500")
+    assert lock_timeout(pg_database_url) == "3500ms"
