@@ -107,7 +107,7 @@ class EventStore:
         except sa.exc.DBAPIError as exc:
             engine.dispose()
             said = " ".join(str(exc.orig).split())  # one line: psycopg's text spans several
-            refused = StoreUnreachable if _worlds_fault(exc.orig) else StoreUnavailable
+            refused = StoreUnreachable if _worlds_fault(exc.orig, url) else StoreUnavailable
             raise refused(f"cannot open the store at {shown}: {said}") from None
         except migrate.NewerStore as exc:
             engine.dispose()
@@ -590,18 +590,26 @@ def _meta_json(meta: dict, plain: str) -> str:
     return canonical_json({**meta, **decode_json(plain)}).decode()
 
 
-_SQLITE_NAMED_WRONG = (14, 26)
-"""SQLITE_CANTOPEN (a directory, a missing folder) and SQLITE_NOTADB (a file that is no database):
-the URL names the wrong thing."""
+_SQLITE_CANTOPEN, _SQLITE_NOTADB = 14, 26
 
 
-def _worlds_fault(error: BaseException) -> bool:
+def _worlds_fault(error: BaseException, url: str) -> bool:
     """Whether a database refusing to open the store is the world's fault (exit 1, worth trying
     again) rather than the call's (exit 2): a PostgreSQL connection that failed (no SQLSTATE:
-    psycopg gives none for any of its causes), or a SQLite store that is read-only, locked,
-    damaged or on a full disk, as when the refusal comes later in a command; not a SQLite URL
-    naming a directory or a file that is no database."""
+    psycopg gives none for any of its causes), or a SQLite store that is read-only (its file, or
+    a directory where no WAL can be made), locked, damaged, on a full disk, or out of file
+    descriptors, as when the refusal comes later in a command; not a SQLite URL naming a file
+    that is no database, a directory, or a folder that does not exist."""
     code = getattr(error, "sqlite_errorcode", None)
-    if code is not None:
-        return code & 0xFF not in _SQLITE_NAMED_WRONG  # the primary code, not the extended one
-    return getattr(error, "sqlstate", "") is None
+    if code is None:
+        return getattr(error, "sqlstate", "") is None
+    code &= 0xFF  # the primary code, not the extended one
+    if code == _SQLITE_NOTADB:
+        return False
+    if code == _SQLITE_CANTOPEN:  # SQLite says the same of all these: look at the path
+        import os
+
+        path = sqlite_file(url)
+        return not (path is None or os.path.isdir(path)
+                    or not os.path.isdir(os.path.dirname(os.path.abspath(path))))
+    return True

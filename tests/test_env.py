@@ -556,24 +556,36 @@ def test_a_store_the_database_refuses_is_one_error_line(tmp_path):
     out = _cli("verify", "--db", f"sqlite:///{path}")
     assert out.returncode == 1 and out.stderr.startswith("error: the store failed: "), out.stderr
     assert "Traceback" not in out.stderr
-    # a read-only store is the world's problem however it is met: refused as it is opened (its
-    # directory read-only too, so no WAL could be made) it was exit 2, the wrong-call code
-    import sqlite3
-
-    from eventstore.store import _worlds_fault
-
-    def refusal(path: str, statement: str) -> sqlite3.Error:
+    # SQLite says "unable to open database file" of a directory, a missing folder, a store in a
+    # read-only directory (no WAL can be made) and a process out of file descriptors: the last
+    # two are the world's problem (exit 1, as when the refusal comes later), the first two the
+    # call's; out of descriptors, it was exit 2
+    script = tmp_path / "out_of_descriptors.py"
+    script.write_text(textwrap.dedent("""
+        import os, resource, sys
+        from eventstore import EventStore, StoreUnavailable, StoreUnreachable
+        EventStore.open(sys.argv[1]).close()  # the store made, every lazy import done
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+        held = []
         try:
-            sqlite3.connect(path, uri=True).execute(statement)
-        except sqlite3.Error as exc:
-            return exc
-        raise AssertionError(f"{path} took {statement}")
-
-    made = tmp_path / "made.db"
-    sqlite3.connect(made).execute("CREATE TABLE t (x)").connection.commit()
-    assert _worlds_fault(refusal(f"file:{made}?mode=ro", "INSERT INTO t VALUES (1)"))  # READONLY
+            while True:
+                held.append(os.open(os.devnull, os.O_RDONLY))
+        except OSError:
+            pass
+        try:
+            EventStore.open(sys.argv[1])
+        except StoreUnreachable:
+            print("world")
+        except StoreUnavailable:
+            print("call")
+    """))
+    out = subprocess.run([sys.executable, str(script), f"sqlite:///{tmp_path / 'fds.db'}"],
+                         capture_output=True, text=True, env={**os.environ, "PYTHONPATH": os.getcwd()})
+    assert out.stdout.strip() == "world", out.stderr
     (tmp_path / "folder").mkdir()
-    assert not _worlds_fault(refusal(str(tmp_path / "folder"), "SELECT 1 FROM t"))  # CANTOPEN
+    for wrong in ("folder", "no-such-folder/s.db"):
+        out = _cli("run", "--episodes", "1", "--db", f"sqlite:///{tmp_path / wrong}")
+        assert out.returncode == 2 and "unable to open database file" in out.stderr, out.stderr
     # a file that is no database at all: the URL names the wrong thing (2), as a directory does
     junk = tmp_path / "junk.db"
     junk.write_text("junk")
