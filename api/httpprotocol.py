@@ -6,14 +6,14 @@ byte at a time holds the connection and a file descriptor for good (the load QA 
 for minutes, and a worker at its descriptor limit refused everyone). This subclass gives each
 request REQUEST_TIMEOUT_S from its first byte (or from the connection's opening) to arrive whole,
 headers and body, as nginx's `client_header_timeout` and `client_body_timeout` do. Bodies are
-capped (`max_body_bytes`, 256 KiB by default), so the deadline asks a client for under 9 KiB/s.
+capped (`max_body_bytes`, 256 KiB by default, which the deadline asks a client to send at 9 KiB/s).
 
 A connection still sending headers is closed without an answer (it may never have been a
 request); one whose body stalls is answered 408 `request_timeout`, in words, then closed, unless
 the application already began its response. A WebSocket handshake leaves the deadline behind once
 its headers are in: the connection is no longer HTTP. While the server itself stops reading (a
-pipelined request waits for the one before it; the application has yet to take the body it has),
-the clock starts again: the delay is not the client's.
+pipelined request waits for the one before it; the application has yet to take the body it has,
+or to ask for it with `100 Continue`), the clock starts again: the delay is not the client's.
 """
 
 from __future__ import annotations
@@ -70,10 +70,13 @@ class TimelyHttpProtocol(HttpToolsProtocol):
         self._deadline = None
         if self.transport.is_closing():
             return
-        if self.flow.read_paused:  # the server holds the request back (a pipelined one waits for
-            self._arm()  # the one before, or the app has yet to read the body it has): not the
-            return  # client's delay
         cycle = getattr(self, "cycle", None)
+        if self.flow.read_paused or getattr(cycle, "waiting_for_100_continue", False):
+            # the server holds the request back (a pipelined one waits for the one before, the app
+            # has yet to read the body it has, or to ask for it with 100 Continue): not the
+            # client's delay
+            self._arm()
+            return
         if self._receiving_body and cycle is not None and not cycle.response_started:
             self.transport.write(_timeout_response())
         self.transport.close()

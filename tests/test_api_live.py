@@ -260,3 +260,52 @@ def test_the_request_deadline_does_not_close_an_open_websocket(sqlite_url, monke
         time.sleep(1.0)  # past the deadline, several times over
         ws.send(orjson.dumps({"type": "state"}).decode())
         assert orjson.loads(ws.recv(timeout=10))["type"] == "state"
+
+
+def test_the_request_deadline_does_not_count_the_wait_for_100_continue(monkeypatch):
+    """A client that sends `Expect: 100-continue` waits for the server's go-ahead before its body:
+    an application slow to ask for the body got the client a 408 for the server's own delay."""
+    import threading
+    import time
+
+    import uvicorn
+
+    import api.httpprotocol
+    from companyos.commands.serve import HTTP_PROTOCOL
+
+    monkeypatch.setattr(api.httpprotocol, "REQUEST_TIMEOUT_S", 0.3)
+
+    async def slow_to_read(scope, receive, send):  # busy for a while before it takes the body
+        if scope["type"] != "http":
+            return
+        await asyncio.sleep(1.0)
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(slow_to_read, http=HTTP_PROTOCOL, log_level="warning",
+                                           lifespan="off"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        while not server.started:
+            time.sleep(0.02)
+        with socket.create_connection(sock.getsockname()) as conn:
+            conn.settimeout(20)
+            conn.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
+                         b"content-length: 5\r\nconnection: close\r\n\r\n")
+            assert conn.recv(4096).startswith(b"HTTP/1.1 100 Continue")
+            conn.sendall(b"hello")
+            assert _read_to_close(conn).startswith(b"HTTP/1.1 200")
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+        sock.close()
