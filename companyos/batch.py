@@ -13,6 +13,7 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass
+from multiprocessing.resource_tracker import ensure_running as ensure_resource_tracker
 from typing import Any, Protocol
 
 import domain
@@ -169,6 +170,7 @@ class Halt(Protocol):
 
 _worker_store: EventStore | None = None
 _worker_halt: Halt | None = None
+_worker_failure: Exception | None = None  # why the worker could not open the store
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 """Ctrl-C, and the polite stop of `kill`, `timeout`, `docker stop` and systemd: the first lets the
 episodes under way finish and reports them, a second stops at once."""
@@ -184,13 +186,16 @@ def _init_worker(db: str, parent: int, halt: Halt | None = None) -> None:
     parent died stops at once, rather than log episodes no one will report and die on a broken
     pipe with a traceback.
     """
-    global _worker_store, _worker_halt
+    global _worker_store, _worker_halt, _worker_failure
     die_with_parent(parent)
     for stop in STOP_SIGNALS:
         signal.signal(stop, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
-    _worker_store = EventStore.open(db)
     _worker_halt = halt
+    try:
+        _worker_store = EventStore.open(db)
+    except Exception as exc:  # said by its first chunk, as a chunk's failure: raised here it was a
+        _worker_failure = _sendable(exc)  # traceback, then "a worker process died"
 
 
 class RunInterrupted(KeyboardInterrupt):
@@ -228,6 +233,8 @@ class ChunkFailed(Exception):
 
 def _work(args: tuple[RunPlan, int, int]) -> list[EpisodeResult]:
     plan, start, stop = args
+    if _worker_failure is not None:
+        raise ChunkFailed([], _worker_failure)
     done: list[EpisodeResult] = []
     try:
         return run_range(plan, start, stop, _worker_store, _worker_halt, into=done)
@@ -263,11 +270,11 @@ def run(plan: RunPlan, workers: int = 1,
     # multiprocessing's resource tracker to clean up, with a warning: only pools need one
     halt = mp.get_context("spawn").Event() if pooled else threading.Event()
     try:
-        with _first_ctrl_c_sets(halt):
+        with _stop_signals_set(halt) as stops:
             if not pooled:
                 _run_here(plan, chunks, halt, results, progress)
             else:
-                _run_pooled(plan, chunks, workers, halt, results, progress)
+                _run_pooled(plan, chunks, workers, stops, results, progress)
     except BaseException as exc:
         # Ctrl-C in the middle of a commit surfaces as the driver's failure to roll back
         if isinstance(exc, KeyboardInterrupt) or isinstance(exc.__context__, KeyboardInterrupt):
@@ -280,22 +287,51 @@ def run(plan: RunPlan, workers: int = 1,
     return results
 
 
-@contextmanager
-def _first_ctrl_c_sets(halt) -> Iterator[None]:
-    """The first stop signal (Ctrl-C or SIGTERM) sets `halt`; the next one is a KeyboardInterrupt.
-    Only the main thread can take signals: elsewhere they keep their default meaning."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
+class Stops:
+    """The stop signals a run has had (Ctrl-C, SIGTERM): the first sets `halt`, the next is a
+    KeyboardInterrupt. Counted here, not read from `halt`, which a failed chunk sets too (the
+    user's first Ctrl-C after it was taken for a second)."""
 
-    def handler(signum, frame) -> None:
-        if halt.is_set():
+    def __init__(self, halt) -> None:
+        self.halt = halt
+        self.count = 0
+        self._holding = False
+        self._held = False
+
+    def handle(self, signum, frame) -> None:
+        self.count += 1
+        if self.count == 1:
+            self.halt.set()
+        elif self._holding:
+            self._held = True
+        else:
             raise KeyboardInterrupt
-        halt.set()
 
-    previous = {stop: signal.signal(stop, handler) for stop in STOP_SIGNALS}
+    @contextmanager
+    def held(self) -> Iterator[None]:
+        """Hold a forcing signal back while worker processes start, and raise it after: raised
+        inside Process.start() it could leave a child no one kills. (Blocking the signals covers
+        only this thread; another, such as a progress bar's, still takes them.)"""
+        self._holding = True
+        try:
+            yield
+        finally:
+            self._holding = False
+        if self._held:
+            raise KeyboardInterrupt
+
+
+@contextmanager
+def _stop_signals_set(halt) -> Iterator[Stops]:
+    """Route the stop signals to a Stops for the run. Only the main thread can take signals:
+    elsewhere they keep their default meaning (and the Stops hears none)."""
+    stops = Stops(halt)
+    if threading.current_thread() is not threading.main_thread():
+        yield stops
+        return
+    previous = {stop: signal.signal(stop, stops.handle) for stop in STOP_SIGNALS}
     try:
-        yield
+        yield stops
     finally:
         for stop, before in previous.items():
             signal.signal(stop, before)
@@ -312,7 +348,7 @@ def _run_here(plan: RunPlan, chunks, halt: Halt, results: list[EpisodeResult],
                 progress(len(results) - before)
 
 
-def _run_pooled(plan: RunPlan, chunks, workers: int, halt, results: list[EpisodeResult],
+def _run_pooled(plan: RunPlan, chunks, workers: int, stops: Stops, results: list[EpisodeResult],
                 progress: Callable[[int], None] | None) -> None:
     """The chunks on worker processes (no more than there are chunks), their results into
     `results` in chunk order. Once halted, the chunks left return at once.
@@ -321,14 +357,17 @@ def _run_pooled(plan: RunPlan, chunks, workers: int, halt, results: list[Episode
     multiprocessing.Pool waited for its chunk for ever. A chunk that fails halts the others, which
     finish the episode under way; every episode logged is then reported, the failed chunk's too.
     """
+    halt = stops.halt
     EventStore.open(plan.db).close()  # migrate once, before the workers race to
+    ensure_resource_tracker()  # now: starting later, it would unblock the signals held below
+    others = set(mp.active_children())  # a library caller's own processes, never killed here
     executor = ProcessPoolExecutor(min(workers, len(chunks)), mp_context=mp.get_context("spawn"),
                                    initializer=_init_worker, initargs=(plan.db, os.getpid(), halt))
     failure: BaseException | None = None
     try:
         # the workers start with the stop signals blocked (see _init_worker); one that comes
         # meanwhile reaches this process's handler when they are unblocked
-        with _stop_signals_blocked():
+        with stops.held(), _stop_signals_blocked():
             futures = [executor.submit(_work, chunk) for chunk in chunks]
         for future in futures:
             try:
@@ -342,13 +381,14 @@ def _run_pooled(plan: RunPlan, chunks, workers: int, halt, results: list[Episode
     except BaseException as exc:
         # a second stop signal, or a broken pool: the workers stop now, whatever they were doing
         executor.shutdown(wait=False, cancel_futures=True)
-        for child in mp.active_children():
+        for child in set(mp.active_children()) - others:
             child.kill()
         if isinstance(exc, BrokenProcessPool):
-            raise WorkerDied("a worker process died (killed, or out of memory?) before its episodes "
-                             "were reported; the others were stopped, cutting short the episodes "
-                             "they had under way, and some finished ones may be unreported: "
-                             "`companyos episodes` lists all the log holds") from None
+            raise WorkerDied("a worker process died (killed, or out of memory?); the others were "
+                             "stopped, cutting short the episodes they had under way, and the "
+                             "episodes of every chunk not yet reported (up to 2,000 a worker) are "
+                             "missing from this report: `companyos episodes` lists all the log "
+                             "holds") from None
         raise
     executor.shutdown()
     if failure is not None:
@@ -358,8 +398,8 @@ def _run_pooled(plan: RunPlan, chunks, workers: int, halt, results: list[Episode
 @contextmanager
 def _stop_signals_blocked() -> Iterator[None]:
     """Hold the stop signals while processes start: they inherit the mask, so one is never
-    delivered to a worker still importing (a KeyboardInterrupt traceback each). The halt Event
-    already started multiprocessing's resource tracker, whose start would unblock them."""
+    delivered to a worker still importing (a KeyboardInterrupt traceback each). Multiprocessing's
+    resource tracker must be running already: starting, it unblocks them."""
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     try:
         yield

@@ -376,8 +376,7 @@ class RemoteCompanyEnv:
         data = self._reset_data(seed, options)
         # as in process, a failed reset leaves no episode to step: not the one before it
         self.episode_id = self.episode_token = None
-        if self._ws is not None:
-            self._ws.session_key = None
+        if self._ws is not None:  # a reset never resumes an episode (see _WebSocketWire.call)
             payload = self._ws.call({"type": "reset", "data": data})
         else:
             payload = self._http().call("POST", "/reset", body=data)

@@ -154,6 +154,40 @@ def test_a_worker_that_dies_ends_the_run_in_words_not_a_hang(tmp_path):
     assert report["failed"] is True
     logged = {(e["seed"], e["digest"]) for e in _logged(url) if e["outcome"]}
     assert {(e["seed"], e["digest"]) for e in report["episodes"]} <= logged
+    assert not _processes_of(run.pid)  # the other worker was stopped too
+
+
+def _processes_of(parent: int) -> list[int]:
+    """Live processes (not zombies) whose parent is `parent`."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == parent and fields[0] != "Z":
+            found.append(int(entry))
+    return found
+
+
+def test_a_worker_that_cannot_open_the_store_says_why_as_the_runs_error(tmp_path):
+    """It printed an "Exception in initializer" traceback, then blamed a killed worker."""
+    script = tmp_path / "worker.py"
+    script.write_text(textwrap.dedent("""
+        import os, signal, sys
+        from companyos import batch
+        batch._init_worker(sys.argv[1], os.getppid())
+        try:
+            batch._work((batch.RunPlan(sys.argv[1], "expert", "all", "low", 1, 0), 0, 1))
+        except batch.ChunkFailed as failed:
+            print(type(failed.error).__name__, failed.results)
+    """))
+    out = subprocess.run([sys.executable, str(script), f"sqlite:///{tmp_path / 'no-such-folder' / 's.db'}"],
+                         capture_output=True, text=True, env={**os.environ, "PYTHONPATH": os.getcwd()})
+    assert out.stdout.strip() == "StoreUnavailable []", out.stderr
 
 
 def test_a_stop_while_the_workers_start_prints_no_traceback(tmp_path):
@@ -279,3 +313,22 @@ def test_a_json_run_that_fails_before_any_episode_still_prints_its_document(tmp_
                                      database_gone)
     assert code == 1 and stderr.strip() == "error: the store failed: the disk is full"
     assert json.loads(stdout) == {"summary": batch.summarise([]), "episodes": [], "failed": True}
+
+
+def test_stop_signals_are_counted_and_a_forcing_one_waits_for_the_workers_to_start():
+    """The halt a failed chunk sets made the user's first Ctrl-C a forcing second one; and a
+    second signal raised inside Process.start() could leave a worker no one would kill."""
+    import threading
+
+    failed = batch.Stops(threading.Event())
+    failed.halt.set()  # a chunk failed: the others finish the episode under way
+    failed.handle(signal.SIGINT, None)  # the user's first Ctrl-C only asks for the same
+    with pytest.raises(KeyboardInterrupt):
+        failed.handle(signal.SIGTERM, None)  # the second forces
+    starting = batch.Stops(threading.Event())
+    starting.handle(signal.SIGINT, None)
+    reached = False
+    with pytest.raises(KeyboardInterrupt), starting.held():
+        starting.handle(signal.SIGINT, None)  # held back while the workers start ...
+        reached = True
+    assert reached and starting.halt.is_set()  # ... and raised once they have
