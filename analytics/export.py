@@ -12,6 +12,7 @@ import json
 import shutil
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 from analytics.warehouse import Warehouse
@@ -39,8 +40,9 @@ def export(wh: Warehouse, target: str | Path, tables: tuple[str, ...] = tuple(_T
     Raises ExportRefused for a target that is a file or holds tables companyos did not write, and
     OSError (or duckdb.IOException) when the file system refuses. Every table is first written to
     a staging directory; only once all are complete are they swapped in (a rename each) and the
-    manifest replaced, so a failed or interrupted export leaves the previous export as it was, not
-    a mix of two. Staging left by an export that was killed is removed by the next one.
+    manifest replaced, and the previous tables removed last, so a failed or interrupted export
+    leaves the previous export as it was, not a mix of two. What an export killed mid-swap left
+    is undone by the next one (`_recover`).
     """
     root = Path(target)
     if root.exists() and not root.is_dir():
@@ -51,24 +53,23 @@ def export(wh: Warehouse, target: str | Path, tables: tuple[str, ...] = tuple(_T
     if existing and not marker.exists():
         raise ExportRefused(f"{root} already holds {', '.join(existing)} that companyos did not export; "
                             "choose an empty directory")
-    for table in _TABLES:
-        for leftover in (*root.glob(f".{table}.*.tmp"), *root.glob(f".{table}.*.old")):
-            shutil.rmtree(leftover, ignore_errors=True)
+    _recover(root)
     manifest = {"position": wh.checkpoint, "exported_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 "partitioning": "hive: task_family", "tables": {}}
     staged: dict[str, Path] = {}
+    written = root / f".{MARKER}.{uuid.uuid4().hex[:8]}.tmp"
     try:
         for table in tables:
             staged[table] = root / f".{table}.{uuid.uuid4().hex[:8]}.tmp"
             manifest["tables"][table] = {"rows": _write(wh, table, staged[table]), "path": table}
-        for table, staging in staged.items():
-            _swap_in(root / table, staging)
-        written = root / f".{MARKER}.{uuid.uuid4().hex[:8]}.tmp"
         written.write_text(json.dumps(manifest, indent=2))
-        written.replace(marker)
+        old = _swap_in(root, staged, then=lambda: written.replace(marker))
     finally:
         for staging in staged.values():
             shutil.rmtree(staging, ignore_errors=True)  # what was not swapped in
+        written.unlink(missing_ok=True)
+    for replaced in old:  # only once the new export is whole, manifest included
+        shutil.rmtree(replaced, ignore_errors=True)
     return manifest
 
 
@@ -86,14 +87,46 @@ def _write(wh: Warehouse, table: str, staging: Path) -> int:
     return rows
 
 
-def _swap_in(final: Path, staging: Path) -> None:
-    if final.exists():
-        trash = final.with_name(f".{final.name}.{uuid.uuid4().hex[:8]}.old")
-        final.rename(trash)
-        staging.rename(final)
-        shutil.rmtree(trash)
-    else:
-        staging.rename(final)
+def _swap_in(root: Path, staged: dict[str, Path], then: Callable[[], object]) -> list[Path]:
+    """Rename every staged table into place, the previous ones aside (`.<table>.<id>.old`), then
+    run `then` (the manifest's replacement), and return the tables set aside; a failure puts back
+    what was swapped so far. Renames only: the window in which a kill could leave a mix is a few
+    system calls, and `_recover` undoes it."""
+    swapped: list[tuple[Path, Path | None]] = []
+    try:
+        for table, staging in staged.items():
+            final = root / table
+            aside = None
+            if final.exists():
+                aside = root / f".{table}.{uuid.uuid4().hex[:8]}.old"
+                final.rename(aside)
+            swapped.append((final, aside))
+            staging.rename(final)
+        then()
+    except BaseException:
+        for final, aside in reversed(swapped):
+            if aside is not None:
+                if final.exists():
+                    shutil.rmtree(final)
+                aside.rename(final)
+        raise
+    return [aside for _, aside in swapped if aside is not None]
+
+
+def _recover(root: Path) -> None:
+    """Undo what an export killed in its middle left: a table set aside and not replaced is put
+    back; staging, and tables set aside and replaced, are removed. (One export at a time per
+    directory: a second one running would find the first's staging gone.)"""
+    for table in _TABLES:
+        for aside in sorted(root.glob(f".{table}.*.old")):
+            if not (root / table).exists():
+                aside.rename(root / table)
+            else:
+                shutil.rmtree(aside, ignore_errors=True)
+        for staging in root.glob(f".{table}.*.tmp"):
+            shutil.rmtree(staging, ignore_errors=True)
+    for manifest in root.glob(f".{MARKER}.*.tmp"):
+        manifest.unlink(missing_ok=True)
 
 
 def _quote(path: Path) -> str:

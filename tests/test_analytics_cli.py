@@ -240,6 +240,10 @@ def test_a_report_never_overwrites_the_store_the_warehouse_or_another_file(logge
     assert not list(tmp_path.glob(".*.tmp"))
 
 
+def _replace_refused(self, target):
+    raise OSError("the rename was refused")
+
+
 def test_an_export_that_fails_midway_leaves_the_previous_export_and_no_staging(logged, tmp_path,
                                                                                  monkeypatch):
     from analytics import export as exporting
@@ -262,10 +266,21 @@ def test_an_export_that_fails_midway_leaves_the_previous_export_and_no_staging(l
         with pytest.raises(duckdb.Error, match="disk gone"):
             exporting.export(wh, target)
         assert files() == before
-        (target / ".events.0badc0de.tmp" / "task_family=x").mkdir(parents=True)  # a killed export's
+        # the manifest cannot be replaced: the tables swapped in are put back
         monkeypatch.undo()
+        monkeypatch.setattr(exporting.Path, "replace", _replace_refused)
+        with pytest.raises(OSError, match="refused"):
+            exporting.export(wh, target)
+        assert files() == before
+        monkeypatch.undo()
+        # an export killed mid-swap: its staging left, and a table set aside but not replaced
+        (target / ".events.0badc0de.tmp" / "task_family=x").mkdir(parents=True)
+        (target / "steps").rename(target / ".steps.0badc0de.old")
         exporting.export(wh, target)
-    assert not list(target.glob(".*.tmp"))
+    assert not list(target.glob(".*"))
+    n = duckdb.connect().execute(f"SELECT count(*) FROM read_parquet('{target}/steps/*/*.parquet')"
+                                 ).fetchone()[0]
+    assert n > 0
     n = duckdb.connect().execute(f"SELECT count(*) FROM read_parquet('{target}/episodes/*/*.parquet')"
                                  ).fetchone()[0]
     assert n == len(reported)
