@@ -9,7 +9,7 @@ from typing import Any
 import domain
 from companyos.config import resolve_db
 from companyos.runtime import CommitGroup, EpisodeRuntime, check_group
-from eventstore import EventStore
+from eventstore import EventStore, StoreClosed
 from projections.episodes import new_agent_label_problem
 from projections.render import render_views
 
@@ -100,8 +100,16 @@ class CompanyEnv:
         self.agent = agent
         self.runtime: EpisodeRuntime | None = None
         self.tools = domain.TOOLS
+        self._closed = False
+
+    def _check_usable(self) -> None:
+        """An environment that closed its own store refuses to go on: with durability "episode"
+        its steps were only held in memory, and were lost without a word."""
+        if self._closed and self._owns_store:
+            raise StoreClosed("this CompanyEnv is closed, and its event store with it")
 
     def reset(self, seed: int | None = None, options: dict[str, Any] | None = None):
+        self._check_usable()
         if self.runtime is not None:
             previous, self.runtime = self.runtime, None
             previous.flush_or_discard()
@@ -113,6 +121,7 @@ class CompanyEnv:
         return self.runtime.observe(info), self._info(info)
 
     def step(self, action: Any):
+        self._check_usable()
         if self.runtime is None:
             raise RuntimeError("call reset() before step()")
         info = self.runtime.step(action)
@@ -138,6 +147,7 @@ class CompanyEnv:
         return render_views(domain.views(self.runtime.state))
 
     def close(self) -> None:
+        self._closed = True
         try:
             if self.runtime is not None:
                 self.runtime.flush_or_discard()

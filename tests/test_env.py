@@ -827,16 +827,21 @@ def test_library_log_records_stay_off_a_commands_stderr(quiet):
     assert (out.stderr == "") is quiet, out.stderr  # the control run shows what is kept off
 
 
-def test_an_environment_closed_with_its_own_store_refuses_further_use(sqlite_url):
-    """It reconnected quietly, re-opening a writer connection and a lock file nothing closed."""
+@pytest.mark.parametrize("durability", ["step", "episode"])
+def test_an_environment_closed_with_its_own_store_refuses_further_use(sqlite_url, durability):
+    """It reconnected quietly, re-opening a writer connection and a lock file nothing closed; with
+    durability "episode" its steps went on being taken, held in memory and never logged."""
     from eventstore import StoreClosed
 
-    env = CompanyEnv(sqlite_url)
+    env = CompanyEnv(sqlite_url, durability=durability)
     env.reset(seed=1, options={"task": FAMILIES[0]})
     first = env.state["episode_id"]
+    env.step({"app": "ticketdesk", "method": "list_tickets", "params": {}})
     env.close()
     with pytest.raises(StoreClosed):
         env.step({"app": "ticketdesk", "method": "list_tickets", "params": {}})
+    assert env.state["step_count"] == 1  # what the log holds
+    env.close()  # twice is fine: nothing was held back since
     with pytest.raises(StoreClosed):
         env.reset(seed=2)
     with EventStore.open(sqlite_url) as store:  # the file itself is fine: the reset is logged
