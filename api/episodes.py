@@ -70,18 +70,22 @@ class EpisodeLog:
         return _summary(episode_id, records), _event_dicts(records)
 
     def events(self, episode_id: str, from_version: int = 0, limit: int = 100) -> dict[str, Any]:
+        """Events from stream version `from_version` on (versions, not list positions: a stream
+        damaged by a missing commit has a gap, and the page must still start where it says)."""
         records = self._records(episode_id)
-        page = records[from_version:from_version + limit]
-        end = from_version + len(page)
+        start = next((i for i, r in enumerate(records) if r.version >= from_version), len(records))
+        page = records[start:start + limit]
+        more = start + len(page) < len(records)
         return {"episode_id": episode_id, "events": _event_dicts(page), "from_version": from_version,
-                "next_from_version": end if end < len(records) else None,
+                "next_from_version": page[-1].version + 1 if more else None,
                 "total": len(records)}
 
     def rerun(self, episode_id: str) -> dict[str, Any]:
         """Re-simulated from its seed, options and actions, and compared with the log by digest:
-        `match` is the answer, `first_difference` where the two streams part."""
+        `match` is the answer, `first_difference` where the two streams part (an episode whose
+        first events are missing is a mismatch, as `companyos rerun` says, not "no episode")."""
         records = self._records(episode_id)
-        if records[0].type != "EpisodeStarted":
+        if records[0].version == 0 and records[0].type != "EpisodeStarted":
             raise ApiError(404, "episode_not_found", f"{episode_id!r} is not an episode stream")
         return rerun_records(episode_id, records).to_json()
 
@@ -99,19 +103,48 @@ class EpisodeLog:
 
 
 def _summary(episode_id: str, records: list) -> dict[str, Any]:
-    """An episode's summary row (as the listing has it) plus its goal, folded from its stream."""
-    row = summarize(episode_id, records)
+    """An episode's summary row (as the listing has it) plus its goal, folded from its stream. A
+    stream that does not fold because it is damaged is a 500 `log_damaged` naming the event, as
+    the views say; "no episode" (404) only for a stream that is whole and no episode."""
+    failures: list[tuple] = []
+    try:
+        row = summarize(episode_id, records,
+                        on_error=lambda _name, record, exc: failures.append((record, exc)))
+    except orjson.JSONDecodeError:  # a running episode's rewards, summed as its row is made
+        for record in records:
+            _decoded(record, record.data_json)  # raises, naming the damaged event
+        raise
     if row is None:
+        if records[0].version != 0:
+            raise _damaged(episode_id, f"its first stored event is version {records[0].version}: "
+                                       "the events before it are missing")
+        if failures:
+            record, exc = failures[0]
+            raise _damaged(episode_id, f"the event at version {record.version} (position "
+                                       f"{record.position}) does not fold: {type(exc).__name__}: {exc}")
         raise ApiError(404, "episode_not_found", f"{episode_id!r} is not an episode stream")
     for column in _HIDDEN_COLUMNS:
         row.pop(column, None)
-    row["goal"] = orjson.loads(records[0].data_json).get("goal")
+    row["goal"] = _decoded(records[0], records[0].data_json).get("goal")
     return row
+
+
+def _damaged(episode_id: str, what: str) -> ApiError:
+    return ApiError(500, "log_damaged", f"stream {episode_id!r}: {what}; `companyos verify` names "
+                                        "every damaged episode")
+
+
+def _decoded(record, text: str) -> Any:
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError as exc:  # damaged behind the store's back: said, not a bare 500
+        raise _damaged(record.stream_id, f"the event at version {record.version} (position "
+                                         f"{record.position}) does not decode: {exc}") from None
 
 
 def _event_dicts(records: list) -> list[dict[str, Any]]:
     """Events as the API shows them: data decoded, secrets removed from the meta."""
     return [{"version": r.version, "position": r.position, "type": r.type,
-             "schema_version": r.schema_version, "data": orjson.loads(r.data_json),
-             "meta": public_meta(orjson.loads(r.meta_json)), "digest": r.digest}
+             "schema_version": r.schema_version, "data": _decoded(r, r.data_json),
+             "meta": public_meta(_decoded(r, r.meta_json)), "digest": r.digest}
             for r in records]

@@ -7,7 +7,7 @@ and a lagging or damaged read model can always be rebuilt from the log.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import orjson
@@ -58,7 +58,10 @@ class EpisodesProjection(Projection):
             state["outcome"] = data.get("outcome")
             state["failure_mode"] = data.get("failure_mode")
             state["steps"] = data.get("steps", state["steps"])
-            state["total_return"] = data.get("total_return", _settle_return(state))
+            # the fold of the held-back rewards only when EpisodeEnded carries no return: as a
+            # default argument it ran always (a damaged reward was blamed on EpisodeEnded)
+            state["total_return"] = (data["total_return"] if "total_return" in data
+                                     else _settle_return(state))
             state["_rewards"] = []
             state["ended_at"] = _loads(record.meta_json).get("recorded_at")
             state["sim_ended_at"] = sim_time(state["steps"])
@@ -91,10 +94,13 @@ class EpisodesProjection(Projection):
         return out
 
 
-def summarize(stream_id: str, records: Sequence[RecordedEvent]) -> dict[str, Any] | None:
+def summarize(stream_id: str, records: Sequence[RecordedEvent],
+              on_error: Callable[[str, RecordedEvent, Exception], object] | None = None
+              ) -> dict[str, Any] | None:
     """The `episodes` row of one stream, folded from its records with the runner's rules
-    (None when the stream is not an episode)."""
+    (None when the stream is not an episode, or does not fold: `on_error` hears why)."""
     projection = EpisodesProjection()
+    projection.on_error = on_error
     entry = fold_records(projection, records).get(stream_id)
     if entry is None or entry.state is None:
         return None

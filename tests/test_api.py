@@ -767,7 +767,19 @@ def _undecodable_event(engine: sa.Engine, episode_id: str) -> None:
     tamper.edit_event(engine, episode_id, version, "type", lambda _: "Bogus")
 
 
-@pytest.mark.parametrize("damage", [_unreadable_commit, _undecodable_event])
+def _truncated_data(engine: sa.Engine, episode_id: str) -> None:
+    """An event whose data is no longer JSON: /events was a plain-text 500, /episodes/{id} a 404."""
+    version = tamper.versions_of_type(engine, episode_id, "RewardGranted")[0]
+    tamper.edit_event(engine, episode_id, version, "data", lambda data: data[:5])
+
+
+def _first_commit_deleted(engine: sa.Engine, episode_id: str) -> None:
+    """The episode's start is gone: /episodes/{id} and /rerun said there was no such episode."""
+    tamper.delete_commit(engine, tamper.stream_commits(engine, episode_id)[0][0])
+
+
+@pytest.mark.parametrize("damage", [_unreadable_commit, _undecodable_event, _truncated_data,
+                                    _first_commit_deleted])
 def test_a_damaged_commit_is_a_500_that_names_it_and_the_server_keeps_serving(sqlite_url, damage):
     with client(sqlite_url) as c:
         episode_id, token, _ = reset(c)
@@ -778,12 +790,23 @@ def test_a_damaged_commit_is_a_500_that_names_it_and_the_server_keeps_serving(sq
     engine.dispose()
     with client(sqlite_url) as c:  # a fresh server: the episode is read from the log
         urls = [f"/episodes/{episode_id}/views"]
-        if damage is _unreadable_commit:
+        if damage is not _undecodable_event:  # an unknown type leaves the summary foldable
             urls.append(f"/episodes/{episode_id}")
+        if damage in (_unreadable_commit, _truncated_data):
+            urls.append(f"/episodes/{episode_id}/events")
         for response in (step(c, episode_id, token, ACTIONS[1]), *map(c.get, urls)):
-            assert response.status_code == 500, response.text
+            assert response.status_code == 500, (response.request.url, response.text)
             assert response.json()["code"] == "log_damaged"
             assert episode_id in response.json()["detail"] and "verify" in response.json()["detail"]
+        if damage is _first_commit_deleted:  # as `companyos rerun` says: a mismatch, not "no episode"
+            rerun = c.get(f"/episodes/{episode_id}/rerun")
+            assert rerun.status_code == 200 and rerun.json()["match"] is False
+            # pages are by stream version, gap or not (list positions were taken for versions)
+            page = c.get(f"/episodes/{episode_id}/events", params={"from_version": 0, "limit": 1}).json()
+            first = page["events"][0]["version"]
+            assert first > 0 and page["next_from_version"] == first + 1
+            page = c.get(f"/episodes/{episode_id}/events", params={"from_version": first + 1}).json()
+            assert page["events"][0]["version"] == first + 1
         assert step(c, healthy, healthy_token, ACTIONS[0]).status_code == 200
 
 
