@@ -237,7 +237,15 @@ def test_a_report_never_overwrites_the_store_the_warehouse_or_another_file(logge
     for _ in range(2):  # a new file, then the earlier report it replaces
         out = cli("report", "--html", str(page), "--db", url, "--warehouse", str(wh))
         assert out.exit_code == 0 and page.read_text().startswith("<!doctype html"), out.output
-    assert not list(tmp_path.glob(".*.tmp"))
+    link = tmp_path / "latest.html"
+    link.symlink_to(page)
+    page.write_text("<!doctype html><p>the last one</p>")
+    out = cli("report", "--html", str(link), "--db", url, "--warehouse", str(wh))
+    assert out.exit_code == 0 and link.is_symlink() and "the last one" not in page.read_text()
+    (tmp_path / "adir.html").mkdir()
+    out = cli("report", "--html", str(tmp_path / "adir.html"), "--db", url, "--warehouse", str(wh))
+    assert out.exit_code == 1, out.output
+    assert not list(tmp_path.glob(".*.tmp"))  # nothing half-written left behind
 
 
 def _replace_refused(self, target):

@@ -252,10 +252,15 @@ def report_command(
     if html:
         try:
             html.parent.mkdir(parents=True, exist_ok=True)
-            # whole or not at all: an interrupted write left half a page in place of the last one
-            staged = html.with_name(f".{html.name}.tmp")
-            staged.write_text(report.to_html(data), encoding="utf-8")
-            staged.replace(html)
+            # whole or not at all: an interrupted write left half a page in place of the last one;
+            # through a symlink, the file it names is replaced, not the link
+            final = html.resolve() if html.is_symlink() else html
+            staged = final.with_name(f".{final.name}.tmp")
+            try:
+                staged.write_text(report.to_html(data), encoding="utf-8")
+                staged.replace(final)
+            finally:
+                staged.unlink(missing_ok=True)
         except OSError as exc:
             from analytics.paths import why_not_written
 
