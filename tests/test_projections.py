@@ -761,3 +761,32 @@ def test_a_label_logged_before_labels_were_checked_does_not_stop_the_read_model(
         assert row["episode_id"] != later["episode_id"] and row["steps"] == 0
     assert verify(store).ok
     store.close()
+
+
+def test_episodes_and_rebuild_say_when_a_running_transaction_holds_new_episodes_back(empty_store_url):
+    """On PostgreSQL the read models stop below the oldest transaction still running, in any
+    database of the cluster: a run's new episodes were silently missing from `episodes`, while
+    `verify` said why."""
+    import subprocess
+    import sys
+
+    from companyos.env import CompanyEnv
+
+    store = EventStore.open(empty_store_url)
+    holder = sa.create_engine(store.engine.url)
+    try:
+        with holder.connect() as conn:
+            if store.engine.dialect.name == "postgresql":
+                conn.exec_driver_sql("SELECT pg_current_xact_id()")  # holds the high-water mark
+            with CompanyEnv(db=store, agent="noop") as env:
+                env.reset(seed=3, options={"task": "expense_report", "chaos": "none"})
+            for command in (["episodes", "--json"], ["rebuild"]):
+                out = subprocess.run([sys.executable, "-m", "companyos", *command, "--db", empty_store_url],
+                                     capture_output=True, text=True)
+                assert out.returncode == 0, out.stderr
+                said = "a transaction older than them is still running" in out.stderr
+                assert said == (store.engine.dialect.name == "postgresql"), (command, out.stderr)
+            conn.rollback()
+    finally:
+        holder.dispose()
+        store.close()

@@ -75,12 +75,14 @@ def episodes(
     try:
         runner = ProjectionRunner(store, default_projections())
         behind = min(runner.checkpoints().values())
+        waiting = _commits_waiting(store)
         with _progress(store.count_events(behind), "catching up") as advance:
             runner.catch_up(progress=advance)
         with store.engine.connect() as conn:
             rows = list_episodes(conn, task=task, agent=agent, outcome=outcome, limit=limit or None)
     finally:
         store.close()
+    _say_waiting(waiting, "listed", "list")
     if as_json:
         print_json({"episodes": rows})
         return
@@ -238,6 +240,23 @@ def _read_model_line(name: str, m: dict) -> str:
     return f"{name} not compared ({moved} by another process meanwhile; verify again to compare it)"
 
 
+def _commits_waiting(store) -> int | None:
+    """The position up to which a read model can be brought now, when commits already made lie
+    past it (PostgreSQL: behind a transaction that is still running), else None."""
+    newest = store.last_position()  # first: commits made from here on are simply later
+    readable = store.readable_position()
+    return readable if newest > readable else None
+
+
+def _say_waiting(upto: int | None, where: str, again: str) -> None:
+    """A note on stderr (JSON on stdout stays whole): without it, episodes a run had just logged
+    were silently missing, while `verify` said why."""
+    if upto is not None:
+        typer.echo(f"note: episodes logged after position {upto} are not {where} yet: a "
+                   f"transaction older than them is still running ({again} again once it ends)",
+                   err=True)
+
+
 def rebuild(
     projection: str | None = typer.Argument(None, help="episodes or views (default: all)."),
     workers: int | None = WorkersOption,
@@ -255,11 +274,13 @@ def rebuild(
         runner = ProjectionRunner(store, default_projections())
         names = None if projection is None else [projection]
         start = time.perf_counter()
+        waiting = _commits_waiting(store)
         with _progress(store.count_events(), "rebuilding") as advance:
             read = runner.rebuild(names, progress=advance, workers=workers)
         elapsed = time.perf_counter() - start
     finally:
         store.close()
+    _say_waiting(waiting, "in the read models", "catch up")
     rate = read / elapsed if elapsed > 0 else 0.0
     typer.echo(f"rebuilt {projection or ', '.join(PROJECTION_NAMES)}: {read} events in "
                f"{elapsed:.2f} s ({rate:,.0f} events/s)")
