@@ -54,6 +54,17 @@ def known_revisions() -> frozenset[str]:
     return frozenset(s.revision for s in ScriptDirectory.from_config(alembic_config()).walk_revisions())
 
 
+class OutdatedStore(Exception):
+    """The store needs a migration that the URL (read-only) does not allow."""
+
+
+def _read_only_sqlite(engine: sa.Engine) -> bool:
+    """A SQLite URI opened with `mode=ro` (the README's way to read a store without writing)."""
+    url = engine.url
+    return url.get_backend_name() == "sqlite" and (
+        url.query.get("mode") == "ro" or "mode=ro" in (url.database or ""))
+
+
 class NoStore(Exception):
     """The database holds no store, and the caller only reads one: creating it would be wrong."""
 
@@ -73,6 +84,10 @@ def upgrade(engine: sa.Engine, create: bool = True) -> None:
                              f"newest is {HEAD_REVISION!r}): upgrade companyos to use it")
     from alembic import command
 
+    if current is not None and _read_only_sqlite(engine):
+        raise OutdatedStore(f"its tables are at revision {current!r}, older than this companyos's "
+                            f"{HEAD_REVISION!r}, and a read-only URL cannot migrate them: run "
+                            "`companyos db upgrade` on it once, with a URL that may write")
     with engine.connect().execution_options(companyos_write=True) as conn, conn.begin():
         if conn.dialect.name == "postgresql":
             conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": _PG_MIGRATION_LOCK})

@@ -112,6 +112,9 @@ class EventStore:
         except migrate.NewerStore as exc:
             engine.dispose()
             raise StoreUnavailable(f"the store at {shown} is at {exc}") from None
+        except migrate.OutdatedStore as exc:
+            engine.dispose()
+            raise StoreUnavailable(f"cannot read the store at {shown}: {exc}") from None
         return cls(engine, upcasters)
 
     def close(self) -> None:

@@ -115,6 +115,23 @@ def test_upgrading_a_one_row_per_event_postgres_store_keeps_every_event(fresh_pg
     _upgrade_keeps_every_event(fresh_pg_url)
 
 
+def test_an_older_store_opened_read_only_says_it_needs_an_upgrade(tmp_path):
+    """`sqlite:///file:x.db?mode=ro&uri=true` reads a store without writing: one at an older
+    revision failed with "attempt to write a readonly database", which did not say why."""
+    path = tmp_path / "old.db"
+    EventStore.open(f"sqlite:///{path}").close()
+    engine = create_engine(f"sqlite:///{path}", None)
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE alembic_version SET version_num = '0003_commits'"))
+    engine.dispose()
+    read_only = f"sqlite:///file:{path}?mode=ro&uri=true"
+    with pytest.raises(StoreUnavailable, match="older than this companyos's '0004_lz4_payloads'.*"
+                                               "`companyos db upgrade`"):
+        EventStore.open(read_only)
+    EventStore.open(f"sqlite:///{path}").close()  # upgraded with a URL that may write, it reads
+    EventStore.open(read_only).close()
+
+
 def test_a_store_from_a_newer_companyos_is_refused_in_words_and_left_alone(sqlite_url):
     EventStore.open(sqlite_url).close()
     engine = create_engine(sqlite_url, None)
