@@ -144,8 +144,14 @@ def compare(episode_id: str, stored: list[Envelope], fresh: list[Envelope], acti
         if a is not None and a.version != i:
             result.first_difference = i
             result.stored, result.rerun = a, b
-            result.notes.append(f"the stream's event {i + 1} is stored as version {a.version}: "
-                                "versions run 0, 1, 2, … without gaps (the version column was altered)")
+            if a.version > i:  # most often a commit deleted, not a column edited
+                result.notes.append(f"the stream's event {i + 1} is stored as version {a.version}: "
+                                    f"{a.version - i} event(s) before it are missing (a commit "
+                                    "deleted), or the version column was altered")
+            else:
+                result.notes.append(f"the stream's event {i + 1} is stored as version {a.version}: "
+                                    "versions run 0, 1, 2, … without gaps (the version column was "
+                                    "altered)")
             return result
         if a is None or b is None or (a.type, a.schema_version, a.data_json) != (
                 b.type, b.schema_version, b.data_json):
@@ -158,8 +164,12 @@ def compare(episode_id: str, stored: list[Envelope], fresh: list[Envelope], acti
         if a.digest != b.digest:
             result.first_difference = i
             result.stored, result.rerun = a, b
-            result.notes.append(f"version {i}: same content, but the stored digest does not chain "
-                                "(the digest column or an earlier event was altered)")
+            # every event before matched, digest included: this one's stored content no longer
+            # hashes to the digest it was written with
+            result.notes.append(f"version {i}: same content as re-simulated, but the stored digest "
+                                "is not that content's: the event was altered after it was written "
+                                "(its data, e.g. an edited action, which the rerun replays as "
+                                "stored, or its digest column)")
             return result
     result.match = error is None and stored_digest == rerun_digest
     return result

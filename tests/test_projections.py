@@ -175,6 +175,32 @@ def test_rerun_says_a_stored_event_was_altered_when_its_digest_still_chains(logg
     store.close()
 
 
+def test_rerun_names_the_likely_cause_of_an_edited_action_and_a_deleted_commit(logged, tmp_path):
+    """An edited action is replayed as stored, so only its digest differs: rerun blamed "the
+    digest column or an earlier event"; a deleted commit was blamed on the version column."""
+    url, played = logged
+    store = copy_store(url, tmp_path)
+    edited, gapped = played[0]["episode_id"], played[1]["episode_id"]
+    version = tamper.versions_of_type(store.engine, edited, "ActionTaken")[0]
+
+    def other_method(data_json: str) -> str:
+        data = orjson.loads(data_json)
+        data["action"]["params"] = {"edited": True}
+        return canonical_json(data).decode()
+
+    tamper.edit_event(store.engine, edited, version, "data", other_method)
+    result = rerun(store, edited)
+    assert not result.match and result.first_difference == version
+    assert any("e.g. an edited action" in note for note in result.notes), result.notes
+    commits = tamper.stream_commits(store.engine, gapped)
+    assert len(commits) > 2, "the episode needs a commit in its middle"
+    tamper.delete_commit(store.engine, commits[1][0])
+    result = rerun(store, gapped)
+    assert not result.match
+    assert any("missing (a commit deleted)" in note for note in result.notes), result.notes
+    store.close()
+
+
 def test_rerun_does_not_match_a_stream_whose_versions_were_shifted(logged, tmp_path):
     """The content and digests are intact, only the version columns moved: a replayed or
     continued episode would number its steps wrongly, so it is no match."""
