@@ -9,6 +9,7 @@ imports gymnasium: `import companyos` and `companyos.env` never load it.
 from __future__ import annotations
 
 import json
+import numbers
 import re
 from typing import Any
 
@@ -143,6 +144,8 @@ class CompanyOSGym(gymnasium.Env):
     def reset(self, *, seed: int | None = None,
               options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
         """Start an episode; `options` override the constructor's task, chaos, ... for this one."""
+        if isinstance(seed, numbers.Integral) and not isinstance(seed, bool):
+            seed = int(seed)  # a NumPy integer, as CompanyEnv takes it (Gymnasium's seeding refuses it)
         super().reset(seed=seed)
         if seed is None:
             seed = int(self.np_random.integers(0, UNSEEDED_RANGE))

@@ -148,12 +148,14 @@ def test_unseeded_resets_draw_their_seeds_from_np_random(sqlite_url):
             env.close()
 
 
-def test_a_seeded_reset_plays_the_company_env_episode_of_that_seed(sqlite_url):
+@pytest.mark.parametrize("seed", [12, np.int64(12)], ids=["int", "numpy"])
+def test_a_seeded_reset_plays_the_company_env_episode_of_that_seed(sqlite_url, seed):
+    """A NumPy seed, which CompanyEnv takes, was refused by Gymnasium's seeding."""
     env = CompanyOSGym(db=sqlite_url, task="license_renewal", chaos="low", max_steps=30)
     with CompanyEnv(sqlite_url) as local:
         obs, info = local.reset(seed=12, options={"task": "license_renewal", "chaos": "low",
                                                   "max_steps": 30})
-        text, gym_info = env.reset(seed=12)
+        text, gym_info = env.reset(seed=seed)
     env.close()
     assert text == obs["text"] and gym_info["observation"] == obs
     assert gym_info["seed"] == 12 and gym_info["step"] == info["step"] == 0
