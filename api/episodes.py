@@ -67,7 +67,7 @@ class EpisodeLog:
     def get_with_events(self, episode_id: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         """The summary and every event, from one read of the stream (the web UI's episode page)."""
         records = self._records(episode_id)
-        return _summary(episode_id, records), _event_dicts(records, _running(records))
+        return _summary(episode_id, records), _event_dicts(records)
 
     def events(self, episode_id: str, from_version: int = 0, limit: int = 100) -> dict[str, Any]:
         """Events from stream version `from_version` on (versions, not list positions: a stream
@@ -76,8 +76,7 @@ class EpisodeLog:
         start = next((i for i, r in enumerate(records) if r.version >= from_version), len(records))
         page = records[start:start + limit]
         more = start + len(page) < len(records)
-        return {"episode_id": episode_id, "events": _event_dicts(page, _running(records)),
-                "from_version": from_version,
+        return {"episode_id": episode_id, "events": _event_dicts(page), "from_version": from_version,
                 "next_from_version": page[-1].version + 1 if more else None,
                 "total": len(records)}
 
@@ -143,23 +142,9 @@ def _decoded(record, text: str) -> Any:
                                          f"{record.position}) does not decode: {exc}") from None
 
 
-HIDDEN_WHILE_RUNNING = "(hidden while the episode runs)"
-
-
-def _running(records: list) -> bool:
-    return not any(r.type == "EpisodeEnded" for r in reversed(records))
-
-
-def _event_dicts(records: list, running: bool) -> list[dict[str, Any]]:
-    """Events as the API shows them: data decoded, secrets removed from the meta, and while the
-    episode runs its answer key (EpisodeStarted's `target`: the expected decision, thresholds,
-    the values to submit) withheld, since the agent playing it can reach these routes too."""
-    shown = []
-    for r in records:
-        data = _decoded(r, r.data_json)
-        if running and r.type == "EpisodeStarted" and isinstance(data, dict) and "target" in data:
-            data["target"] = HIDDEN_WHILE_RUNNING
-        shown.append({"version": r.version, "position": r.position, "type": r.type,
-                      "schema_version": r.schema_version, "data": data,
-                      "meta": public_meta(_decoded(r, r.meta_json)), "digest": r.digest})
-    return shown
+def _event_dicts(records: list) -> list[dict[str, Any]]:
+    """Events as the API shows them: data decoded, secrets removed from the meta."""
+    return [{"version": r.version, "position": r.position, "type": r.type,
+             "schema_version": r.schema_version, "data": _decoded(r, r.data_json),
+             "meta": public_meta(_decoded(r, r.meta_json)), "digest": r.digest}
+            for r in records]
