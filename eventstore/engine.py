@@ -89,8 +89,9 @@ def _bounded_lock_waits(dbapi_conn, _record) -> None:
     one: the URL's `?options=`, PGOPTIONS, or `ALTER ROLE/DATABASE ... SET lock_timeout` (a
     startup option would override the last two, and a fixed `options` would drop PGOPTIONS)."""
     with dbapi_conn.cursor() as cursor:
-        cursor.execute("SELECT current_setting('lock_timeout')")
-        if cursor.fetchone()[0] == "0":  # PostgreSQL's default: wait for ever
+        # the setting's source, not its value: a lock_timeout of 0 set on purpose stays 0
+        cursor.execute("SELECT source FROM pg_settings WHERE name = 'lock_timeout'")
+        if cursor.fetchone()[0] == "default":
             cursor.execute(f"SET lock_timeout = {int(PG_LOCK_TIMEOUT_MS)}")
     dbapi_conn.commit()
 

@@ -709,7 +709,9 @@ def test_a_postgresql_append_behind_a_held_lock_fails_in_words_not_hangs(pg_data
 
 def test_a_lock_timeout_set_elsewhere_wins_over_the_stores(pg_database_url, monkeypatch):
     """The URL's options, PGOPTIONS (which a fixed `options` made libpq ignore, search_path and
-    all) and the role's or database's own setting each keep theirs."""
+    all) and the role's or database's own setting each keep theirs, 0 (off) included."""
+    import sqlalchemy as sa
+
     from eventstore.engine import create_engine
 
     own = f"{pg_database_url}?options=-c%20lock_timeout%3D2500"
@@ -724,5 +726,17 @@ def test_a_lock_timeout_set_elsewhere_wins_over_the_stores(pg_database_url, monk
 
     assert lock_timeout(pg_database_url) == "1min"
     assert lock_timeout(own) == "2500ms"
+    assert lock_timeout(f"{pg_database_url}?options=-c%20lock_timeout%3D0") == "0"  # off, on purpose
     monkeypatch.setenv("PGOPTIONS", "-c lock_timeout=3500")
     assert lock_timeout(pg_database_url) == "3500ms"
+    monkeypatch.delenv("PGOPTIONS")
+    database = pg_database_url.rsplit("/", 1)[1].split("?")[0]
+    admin = sa.create_engine(pg_database_url, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f'ALTER DATABASE "{database}" SET lock_timeout = 4500')
+        assert lock_timeout(pg_database_url) == "4500ms"
+    finally:
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f'ALTER DATABASE "{database}" RESET lock_timeout')
+        admin.dispose()
