@@ -53,7 +53,7 @@ def export(wh: Warehouse, target: str | Path, tables: tuple[str, ...] = tuple(_T
     if existing and not marker.exists():
         raise ExportRefused(f"{root} already holds {', '.join(existing)} that companyos did not export; "
                             "choose an empty directory")
-    _recover(root)
+    _recover(root)  # after the check: only in a directory companyos exported to
     manifest = {"position": wh.checkpoint, "exported_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 "partitioning": "hive: task_family", "tables": {}}
     staged: dict[str, Path] = {}
@@ -105,9 +105,9 @@ def _swap_in(root: Path, staged: dict[str, Path], then: Callable[[], object]) ->
         then()
     except BaseException:
         for final, aside in reversed(swapped):
+            if final.exists():  # swapped in (a table new to the directory too: no manifest
+                shutil.rmtree(final)  # would describe it, and the next export would refuse it)
             if aside is not None:
-                if final.exists():
-                    shutil.rmtree(final)
                 aside.rename(final)
         raise
     return [aside for _, aside in swapped if aside is not None]

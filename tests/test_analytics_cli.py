@@ -128,13 +128,13 @@ def test_sync_sql_report_and_export(logged, tmp_path, cli):
     assert json.loads(out.stdout) == [{"a": 1, "a_2": 2, "a_1": 3, "a_3": 4}]
     # values JSON and CSV have no type for are written as a reader can parse them back, not as
     # Python's repr ("3 days, 0:00:01.500000", b'...', True, Decimal('1.5'))
-    typed = ("SELECT INTERVAL 3 DAY + INTERVAL 1500 MILLISECOND AS i, '\\x00\\xff'::BLOB AS b, "
-             "true AS t, {'x': 1.5::DECIMAL(4,1), 'y': [1, 2]} AS s")
+    typed = ("SELECT INTERVAL 3 DAY + INTERVAL 10 HOUR + INTERVAL 1 MILLISECOND AS i, "
+             "'\\x00\\xff'::BLOB AS b, true AS t, {'x': 1.5::DECIMAL(4,1), 'y': [1, 2]} AS s")
     out = cli("sql", typed, "--format", "json", "--db", url, "--warehouse", wh)
-    assert json.loads(out.stdout) == [{"i": "P3DT1.5S", "b": "\\x00\\xFF", "t": True,
+    assert json.loads(out.stdout) == [{"i": "P3DT36000.001S", "b": "\\x00\\xFF", "t": True,
                                        "s": {"x": 1.5, "y": [1, 2]}}]
     out = cli("sql", typed, "--format", "csv", "--db", url, "--warehouse", wh)
-    assert out.stdout.splitlines()[1] == 'P3DT1.5S,\\x00\\xFF,true,"{""x"":1.5,""y"":[1,2]}"'
+    assert out.stdout.splitlines()[1] == 'P3DT36000.001S,\\x00\\xFF,true,"{""x"":1.5,""y"":[1,2]}"'
     out = cli("sql", "SELECT * FROM nowhere", "--db", url, "--warehouse", wh)
     assert out.exit_code == 2 and "nowhere" in out.output
     # ad-hoc SQL only reads: a write is refused and the warehouse still agrees with its checkpoint
@@ -237,6 +237,10 @@ def test_a_report_never_overwrites_the_store_the_warehouse_or_another_file(logge
     for _ in range(2):  # a new file, then the earlier report it replaces
         out = cli("report", "--html", str(page), "--db", url, "--warehouse", str(wh))
         assert out.exit_code == 0 and page.read_text().startswith("<!doctype html"), out.output
+    loop = tmp_path / "loop.html"
+    loop.symlink_to(loop)  # a link to itself: replaced, as before, not a traceback
+    out = cli("report", "--html", str(loop), "--db", url, "--warehouse", str(wh))
+    assert out.exit_code == 0 and loop.read_text().startswith("<!doctype html"), out.output
     link = tmp_path / "latest.html"
     link.symlink_to(page)
     page.write_text("<!doctype html><p>the last one</p>")
@@ -274,13 +278,19 @@ def test_an_export_that_fails_midway_leaves_the_previous_export_and_no_staging(l
         with pytest.raises(duckdb.Error, match="disk gone"):
             exporting.export(wh, target)
         assert files() == before
-        # the manifest cannot be replaced: the tables swapped in are put back
+        # the manifest cannot be replaced: the tables swapped in are put back, and a first
+        # export's are removed (left without a manifest, the next export refused the directory)
         monkeypatch.undo()
         monkeypatch.setattr(exporting.Path, "replace", _replace_refused)
         with pytest.raises(OSError, match="refused"):
             exporting.export(wh, target)
         assert files() == before
+        first = tmp_path / "first"
+        with pytest.raises(OSError, match="refused"):
+            exporting.export(wh, first)
+        assert list(first.iterdir()) == []
         monkeypatch.undo()
+        exporting.export(wh, first)
         # an export killed mid-swap: its staging left, and a table set aside but not replaced
         (target / ".events.0badc0de.tmp" / "task_family=x").mkdir(parents=True)
         (target / "steps").rename(target / ".steps.0badc0de.old")

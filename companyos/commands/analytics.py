@@ -6,6 +6,7 @@ in `analytics/`; this module parses options, draws a progress bar (only on a ter
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -254,7 +255,7 @@ def report_command(
             html.parent.mkdir(parents=True, exist_ok=True)
             # whole or not at all: an interrupted write left half a page in place of the last one;
             # through a symlink, the file it names is replaced, not the link
-            final = html.resolve() if html.is_symlink() else html
+            final = Path(os.path.realpath(html)) if html.is_symlink() else html  # a loop: as is
             staged = final.with_name(f".{final.name}.tmp")
             try:
                 staged.write_text(report.to_html(data), encoding="utf-8")
@@ -334,8 +335,9 @@ def _print_rows(names: list[str], rows: list[tuple], fmt: str, title: str | None
 
 
 def _csv_value(value: Any) -> str:
-    """A cell as DuckDB's own CSV writes it where Python's str differs: booleans `true`/`false`,
-    lists joined by `;`, structs and maps as JSON, intervals and blobs as `value_text` says."""
+    """A cell as a reader parses it back where Python's str would not: booleans `true`/`false`
+    (as DuckDB writes them), lists joined by `;`, structs and maps as JSON, intervals and blobs as
+    `value_text` says."""
     import decimal
 
     from companyos.commands.output import value_text

@@ -61,8 +61,8 @@ def value_text(value: Any) -> str:
     if isinstance(value, datetime.timedelta):
         sign = "-" if value < datetime.timedelta(0) else ""
         value = abs(value)
-        seconds = value.seconds + value.microseconds / 1e6
-        return f"{sign}P{value.days}DT{seconds:g}S"
+        seconds = f"{value.seconds}.{value.microseconds:06d}".rstrip("0").rstrip(".")  # exact
+        return f"{sign}P{value.days}DT{seconds}S"
     if isinstance(value, bytes | bytearray | memoryview):
         return "".join(chr(b) if 32 <= b < 127 and b != 92 else f"\\x{b:02X}" for b in bytes(value))
     return str(value)
