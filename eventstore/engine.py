@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import weakref
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 import sqlalchemy as sa
 from sqlalchemy import event
@@ -62,6 +62,20 @@ def sqlite_file(url: str | sa.URL) -> str | None:
     if database and database[:5].lower() == "file:" and asbool(parsed.query.get("uri", False)):
         return unquote(urlsplit(database).path) or None  # `file:` alone: SQLite's temporary file
     return database
+
+
+def sqlite_uri_mode(url: str | sa.URL) -> str | None:
+    """The `mode=` of a SQLite URI URL (`sqlite:///file:x.db?mode=ro&uri=true`: "ro"), else None."""
+    parsed = sa.make_url(url)
+    if parsed.get_backend_name() != "sqlite":
+        return None
+    mode = parsed.query.get("mode")
+    if isinstance(mode, tuple):
+        mode = mode[-1]
+    if mode is None and (parsed.database or "")[:5].lower() == "file:":  # inside the URI itself
+        modes = parse_qs(urlsplit(parsed.database).query).get("mode")
+        mode = modes[-1] if modes else None
+    return mode
 
 
 def create_engine(url: str, synchronous: str | None = None) -> sa.Engine:

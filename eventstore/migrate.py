@@ -60,9 +60,9 @@ class OutdatedStore(Exception):
 
 def _read_only_sqlite(engine: sa.Engine) -> bool:
     """A SQLite URI opened with `mode=ro` (the README's way to read a store without writing)."""
-    url = engine.url
-    return url.get_backend_name() == "sqlite" and (
-        url.query.get("mode") == "ro" or "mode=ro" in (url.database or ""))
+    from eventstore.engine import sqlite_uri_mode
+
+    return sqlite_uri_mode(engine.url) == "ro"
 
 
 class NoStore(Exception):

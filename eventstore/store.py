@@ -20,7 +20,7 @@ from eventstore.backends import (
     backend_for,
 )
 from eventstore.encoding import GENESIS_DIGEST, canonical_json, chain_digests, decode_json
-from eventstore.engine import BadSynchronous, create_engine, normalise_url, sqlite_file
+from eventstore.engine import BadSynchronous, create_engine, normalise_url, sqlite_file, sqlite_uri_mode
 from eventstore.ids import new_event_id, new_event_ids
 from eventstore.packing import Commit, make_commit, unpack
 from eventstore.records import (
@@ -593,7 +593,7 @@ def _meta_json(meta: dict, plain: str) -> str:
     return canonical_json({**meta, **decode_json(plain)}).decode()
 
 
-_SQLITE_CANTOPEN, _SQLITE_NOTADB = 14, 26
+_SQLITE_ERROR, _SQLITE_CANTOPEN, _SQLITE_NOTADB = 1, 14, 26
 
 
 def _worlds_fault(error: BaseException, url: str) -> bool:
@@ -607,12 +607,15 @@ def _worlds_fault(error: BaseException, url: str) -> bool:
     if code is None:
         return getattr(error, "sqlstate", "") is None
     code &= 0xFF  # the primary code, not the extended one
-    if code == _SQLITE_NOTADB:
-        return False
+    if code in (_SQLITE_ERROR, _SQLITE_NOTADB):  # a URI SQLite cannot use (no such mode or VFS);
+        return False  # a file that is no database (or whose header is damaged: SQLite cannot tell)
     if code == _SQLITE_CANTOPEN:  # SQLite says the same of all these: look at the path
         import os
 
         path = sqlite_file(url)
-        return not (path is None or os.path.isdir(path)
-                    or not os.path.isdir(os.path.dirname(os.path.abspath(path))))
+        if path is None or os.path.isdir(path):
+            return False
+        if not os.path.exists(path):  # not made: no folder for it, or a mode that never makes one
+            return os.path.isdir(os.path.dirname(os.path.abspath(path))) and \
+                sqlite_uri_mode(url) not in ("ro", "rw")  # else a read-only directory: the world's
     return True

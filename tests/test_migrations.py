@@ -130,6 +130,10 @@ def test_an_older_store_opened_read_only_says_it_needs_an_upgrade(tmp_path):
         EventStore.open(read_only)
     EventStore.open(f"sqlite:///{path}").close()  # upgraded with a URL that may write, it reads
     EventStore.open(read_only).close()
+    from eventstore.engine import sqlite_uri_mode
+
+    assert sqlite_uri_mode(read_only) == "ro" and sqlite_uri_mode(f"sqlite:///{path}?mode=ro") == "ro"
+    assert sqlite_uri_mode("sqlite:////data/mode=rollout/x.db") is None  # a path is no mode
 
 
 def test_a_store_from_a_newer_companyos_is_refused_in_words_and_left_alone(sqlite_url):
