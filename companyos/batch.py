@@ -234,6 +234,8 @@ class ChunkFailed(Exception):
 def _work(args: tuple[RunPlan, int, int]) -> list[EpisodeResult]:
     plan, start, stop = args
     if _worker_failure is not None:
+        if _worker_halt is not None:  # the other chunks stop now, not as the parent reaches each
+            _worker_halt.set()
         raise ChunkFailed([], _worker_failure)
     done: list[EpisodeResult] = []
     try:
