@@ -29,6 +29,11 @@ from projections.verify import Checker
 Progress = Callable[[int], None]
 
 
+class WorkerFailed(RuntimeError):
+    """A worker process ended before its range was done (killed, out of memory, or an error it
+    printed): said in one line by the commands, not as a traceback."""
+
+
 def _run(target, store: EventStore, upto: int, workers: int, extra: tuple,
          progress: Progress | None, results=None) -> tuple[int, list[Any]]:
     """Start one forked worker per stream range, relay progress and results; fail if one fails.
@@ -69,9 +74,14 @@ def _run(target, store: EventStore, upto: int, workers: int, extra: tuple,
         while results is not None and len(collected) < len(procs) and time.monotonic() < deadline:
             with contextlib.suppress(queue.Empty):
                 collected.append(results.get(timeout=0.1))
-        failed = [k for k, proc in enumerate(procs) if proc.exitcode != 0]
-        if failed or (results is not None and len(collected) < len(procs)):
-            raise RuntimeError(f"worker process(es) {failed or 'sending results'} failed")
+        failed = [proc.exitcode for proc in procs if proc.exitcode != 0]
+        if failed:
+            raise WorkerFailed(f"{len(failed)} of {len(procs)} worker processes ended before their "
+                               f"streams were done (exit code {', '.join(map(str, failed))}; a "
+                               "negative one is the signal that ended it: -9 is kill -9 or the "
+                               "OOM killer); run it again")
+        if results is not None and len(collected) < len(procs):
+            raise WorkerFailed("a worker process ended without sending its findings")
     finally:
         for proc in procs:
             if proc.is_alive():

@@ -237,6 +237,20 @@ def workers(request):
     return request.param
 
 
+def test_a_worker_that_dies_is_said_in_words(damaged, monkeypatch):
+    """A verify or rebuild worker killed outright (kill -9, the OOM killer) ended the command with
+    a RuntimeError traceback naming list indices."""
+    import os
+
+    from projections import parallel
+
+    store, _ = damaged
+    monkeypatch.setattr(parallel, "_check_range", lambda *args: os._exit(9))  # forked: inherited
+    with pytest.raises(parallel.WorkerFailed, match="2 of 2 worker processes ended before their "
+                                                    r"streams were done \(exit code 9, 9"):
+        verify(store, workers=2)
+
+
 def test_verify_passes_on_a_sound_log(damaged, workers):
     store, played = damaged
     report = verify(store, workers=workers)

@@ -203,12 +203,15 @@ def verify(
 
     Per stream: versions, digest chain, episode shape, event types. Per read model: its rebuild.
     """
+    from projections.parallel import WorkerFailed
     from projections.verify import verify as verify_store
 
     store = _open(db)
     try:
         with _progress(store.count_events(), "verifying") as advance:
             report = verify_store(store, progress=advance, workers=workers)
+    except WorkerFailed as exc:
+        fail(f"verify stopped: {exc}", code=1)
     finally:
         store.close()
     if as_json:
@@ -268,6 +271,7 @@ def rebuild(
     import time
 
     from projections import PROJECTION_NAMES, ProjectionRunner, default_projections
+    from projections.parallel import WorkerFailed
 
     if projection is not None and projection not in PROJECTION_NAMES:
         fail(f"unknown projection {projection!r}; known: {', '.join(PROJECTION_NAMES)}")
@@ -280,6 +284,8 @@ def rebuild(
         with _progress(store.count_events(), "rebuilding") as advance:
             read = runner.rebuild(names, progress=advance, workers=workers)
         elapsed = time.perf_counter() - start
+    except WorkerFailed as exc:
+        fail(f"rebuild stopped: {exc}", code=1)
     finally:
         store.close()
     _say_waiting(waiting, "in the read models", "catch up")
