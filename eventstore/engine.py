@@ -42,10 +42,8 @@ def in_memory_sqlite(url: str | sa.URL) -> bool:
     if parsed.get_backend_name() != "sqlite":
         return False
     database = parsed.database or ""
-    uri = asbool(parsed.query.get("uri", False))
-    anonymous = uri and database[:5].lower() == "file:" and not unquote(urlsplit(database).path)
-    return (database in ("", ":memory:") or parsed.query.get("mode") == "memory"
-            or database.startswith("file::memory:") or anonymous)
+    return (database in ("", ":memory:") or sqlite_uri_mode(parsed) == "memory"
+            or database.startswith("file::memory:") or _uri_file(parsed) == "")
 
 
 def sqlite_file(url: str | sa.URL) -> str | None:
@@ -58,21 +56,29 @@ def sqlite_file(url: str | sa.URL) -> str | None:
     parsed = sa.make_url(url)
     if parsed.get_backend_name() != "sqlite" or in_memory_sqlite(parsed):
         return None
-    database = parsed.database
-    if database and database[:5].lower() == "file:" and asbool(parsed.query.get("uri", False)):
-        return unquote(urlsplit(database).path) or None  # `file:` alone: SQLite's temporary file
-    return database
+    uri_file = _uri_file(parsed)
+    return parsed.database if uri_file is None else uri_file
+
+
+def _uri_file(parsed: sa.URL) -> str | None:
+    """The file a SQLite URI-form URL names ("" for `file:` alone, SQLite's anonymous temporary
+    file); None when the URL is not in URI form."""
+    database = parsed.database or ""
+    if database[:5].lower() != "file:" or not asbool(parsed.query.get("uri", False)):
+        return None
+    return unquote(urlsplit(database).path)
 
 
 def sqlite_uri_mode(url: str | sa.URL) -> str | None:
-    """The `mode=` of a SQLite URI URL (`sqlite:///file:x.db?mode=ro&uri=true`: "ro"), else None."""
+    """The `mode=` of a SQLite URI URL (`sqlite:///file:x.db?mode=ro&uri=true`: "ro"), else None;
+    also when the URI itself holds it (`file:x.db%3Fmode=ro`)."""
     parsed = sa.make_url(url)
     if parsed.get_backend_name() != "sqlite":
         return None
     mode = parsed.query.get("mode")
     if isinstance(mode, tuple):
         mode = mode[-1]
-    if mode is None and (parsed.database or "")[:5].lower() == "file:":  # inside the URI itself
+    if mode is None and (parsed.database or "")[:5].lower() == "file:":
         modes = parse_qs(urlsplit(parsed.database).query).get("mode")
         mode = modes[-1] if modes else None
     return mode

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
 
+from eventstore.engine import sqlite_uri_mode
+
 if TYPE_CHECKING:
     from alembic.config import Config
 
@@ -58,13 +60,6 @@ class OutdatedStore(Exception):
     """The store needs a migration that the URL (read-only) does not allow."""
 
 
-def _read_only_sqlite(engine: sa.Engine) -> bool:
-    """A SQLite URI opened with `mode=ro` (the README's way to read a store without writing)."""
-    from eventstore.engine import sqlite_uri_mode
-
-    return sqlite_uri_mode(engine.url) == "ro"
-
-
 class NoStore(Exception):
     """The database holds no store, and the caller only reads one: creating it would be wrong."""
 
@@ -84,7 +79,8 @@ def upgrade(engine: sa.Engine, create: bool = True) -> None:
                              f"newest is {HEAD_REVISION!r}): upgrade companyos to use it")
     from alembic import command
 
-    if current is not None and _read_only_sqlite(engine):
+    if current is not None and sqlite_uri_mode(engine.url) == "ro":  # the README's way to read
+        # a store without writing to it
         raise OutdatedStore(f"its tables are at revision {current!r}, older than this companyos's "
                             f"{HEAD_REVISION!r}, and a read-only URL cannot migrate them: run "
                             "`companyos db upgrade` on it once, with a URL that may write")
