@@ -402,6 +402,14 @@ class EventStore:
             return conn.execute(sa.text("SELECT max(position) FROM commits"
                                         + (f" WHERE {where}" if where else ""))).scalar() or 0
 
+    def read_bound(self) -> tuple[int, bool]:
+        """`readable_position()`, and whether commits already written lie past it (PostgreSQL:
+        behind a transaction still running), so a reader can say that what it read is not all.
+        The newest is read first: commits made after this call are simply later, not waiting."""
+        newest = self.written_position()
+        upto = self.readable_position()
+        return upto, newest > upto
+
     def written_position(self) -> int:
         """The last position a transaction could have written: `last_position()` without the
         commit rows `misplaced_commits()` names, which no reader would ever reach."""

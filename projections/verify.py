@@ -74,9 +74,7 @@ def verify(store: EventStore, projections: Sequence[Projection] | None = None,
     with store.engine.connect() as conn:  # before the head: a checkpoint never lies beyond it
         checkpoints = dict(conn.execute(
             sa.select(projection_checkpoints.c.name, projection_checkpoints.c.position)).all())
-    # first: commits made while verify runs are not "waiting"; and misplaced rows never end
-    newest = store.written_position()
-    upto = store.readable_position()  # the heads and the events, read to one bound
+    upto, waiting = store.read_bound()  # the heads and the events, read to one bound
     if workers is None:
         workers = _default_workers(store, upto)
     if workers > 1 and _parallel_capable(store):
@@ -100,7 +98,7 @@ def verify(store: EventStore, projections: Sequence[Projection] | None = None,
                               "database has begun: its position was altered, and no reader "
                               "reaches it")
     report.upto = upto
-    report.waiting = newest > upto
+    report.waiting = waiting
     return report
 
 

@@ -246,11 +246,8 @@ def _read_model_line(name: str, m: dict) -> str:
 def _commits_waiting(store) -> int | None:
     """The position up to which a read model can be brought now, when commits already made lie
     past it (PostgreSQL: behind a transaction that is still running), else None."""
-    # first: commits made from here on are simply later; and a misplaced row (tampering, which
-    # verify names) is never read, so it is nothing to wait for
-    newest = store.written_position()
-    readable = store.readable_position()
-    return readable if newest > readable else None
+    upto, waiting = store.read_bound()
+    return upto if waiting else None
 
 
 def _say_waiting(upto: int | None, where: str, again: str) -> None:
