@@ -30,7 +30,6 @@ class TimelyHttpProtocol(HttpToolsProtocol):
     """Uvicorn's httptools protocol that drops a connection slow to send its request."""
 
     _deadline: asyncio.TimerHandle | None = None
-    _receiving_body = False
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -38,19 +37,15 @@ class TimelyHttpProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        self._receiving_body = False
         self._arm()  # a keep-alive connection's next request
 
     def on_headers_complete(self) -> None:
         if self.parser.should_upgrade() and self._should_upgrade():
             self._disarm()  # a WebSocket handshake: the connection leaves HTTP
-        else:
-            self._receiving_body = True
         super().on_headers_complete()
 
     def on_message_complete(self) -> None:
         self._disarm()
-        self._receiving_body = False
         super().on_message_complete()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -77,7 +72,9 @@ class TimelyHttpProtocol(HttpToolsProtocol):
             # client's delay
             self._arm()
             return
-        if self._receiving_body and cycle is not None and not cycle.response_started:
+        # the body under way (the request's cycle exists once its headers are in, and wants
+        # more until the message is complete), and no answer begun: say why it is dropped
+        if cycle is not None and cycle.more_body and not cycle.response_started:
             self.transport.write(_timeout_response())
         self.transport.close()
 
