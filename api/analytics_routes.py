@@ -21,7 +21,7 @@ from analytics import named, service
 from analytics.named import QueryError, UnknownQuery
 from analytics.stores import UnsyncableStore
 from analytics.warehouse import WarehouseError
-from api.querystring import RepeatedParameter, single_valued
+from api.querystring import RepeatedParameter, single_valued, whole_number
 from eventstore import CorruptCommit, StoreUnavailable
 
 SYNC_WAIT_S = 2.0
@@ -99,9 +99,9 @@ def preferred_wait(prefer: str | None) -> tuple[float, bool]:
         token, _, value = preference.split(";")[0].partition("=")
         if token.strip().lower() != "wait":
             continue
-        value = value.strip().strip('"')
-        if value.isascii() and value.isdigit():  # delta-seconds: ASCII digits only (not "²")
-            return min(max(float(value), MIN_WAIT_S), MAX_WAIT_S), True
+        seconds = whole_number(value.strip().strip('"'))  # delta-seconds: digits only (not "²")
+        if seconds is not None:
+            return min(max(float(seconds), MIN_WAIT_S), MAX_WAIT_S), True
     return SYNC_WAIT_S, False
 
 

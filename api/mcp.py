@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from api import catalog
-from api.querystring import RepeatedParameter, single_valued
+from api.querystring import RepeatedParameter, single_valued, whole_number
 from api.sessions import ApiError, Session, SessionManager
 
 PROTOCOL_VERSIONS = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
@@ -148,14 +148,11 @@ def _initialize(manager: SessionManager, params: dict, ctx: McpContext,
             raise ApiError(400, "invalid_reset", str(exc)) from None
         for name in _INT_OPTIONS:
             if name in options:
-                text = options[name].strip()
-                digits = text.removeprefix("-")
-                # ASCII digits only, as /reset and the UI take them: int() also reads "1_000"
-                # and other scripts' digits
-                if not (digits.isascii() and digits.isdigit() and len(digits) <= 30):
+                number = whole_number(options[name], signed=True)  # as /reset and the UI read it
+                if number is None:
                     raise ApiError(400, "invalid_reset", f"{name} must be an integer, not "
                                    f"{options[name][:40]!r}")
-                options[name] = int(text)
+                options[name] = number
         if "text" in options:
             flag = _FLAGS.get(options["text"].lower())
             if flag is None:

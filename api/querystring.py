@@ -24,6 +24,17 @@ def single_valued(pairs: Iterable[tuple[str, str]]) -> dict[str, str]:
     return params
 
 
+def whole_number(text: str, signed: bool = False) -> int | None:
+    """`text` as an integer when it is one as a person writes it: ASCII digits (after a `-` when
+    `signed`), surrounding spaces dropped, at most 30 of them; else None. int() alone also reads
+    "1_000", "+3" and other scripts' digits ("٣", "²"), which no other input path takes."""
+    text = text.strip()
+    digits = text[1:] if signed and text.startswith("-") else text
+    if not (digits.isascii() and digits.isdigit() and len(digits) <= 30):
+        return None
+    return int(text)
+
+
 async def strict_query(request: Request) -> None:
     """A route dependency (async: no thread hop for the async routes): refuse a query parameter
     the route does not declare, or one given twice. FastAPI ignores the first and keeps the

@@ -34,7 +34,7 @@ from analytics.stores import UnsyncableStore
 from analytics.warehouse import WarehouseError
 from api.analytics_routes import RETRY_AFTER_S, SYNC_WAIT_S  # as long as the JSON route waits and asks to
 from api.episodes import EpisodeLog
-from api.querystring import RepeatedParameter, single_valued, unknown_parameter
+from api.querystring import RepeatedParameter, single_valued, unknown_parameter, whole_number
 from api.sessions import ApiError
 from api.ui_html import ROOT_PATH, UI, error_page, ui_href
 from api.ui_pages import (
@@ -188,7 +188,7 @@ def _whole(params: dict[str, str], name: str, default: Any, lo: int, hi: int) ->
     raw = params.get(name)
     if raw is None:
         return default
-    text = raw.strip()
-    if not (text.isascii() and text.isdigit() and len(text) <= 12) or not lo <= int(text) <= hi:
+    number = whole_number(raw)
+    if number is None or not lo <= number <= hi:
         raise BadParameter(f"{name} must be a whole number from {lo} to {hi}, not {raw!r}")
-    return int(text)
+    return number
