@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import typer
 
 from companyos.commands.options import DbOption, named_path
-from companyos.commands.output import fail, print_json, stdout_console
+from companyos.commands.output import csv_text, fail, print_json, stdout_console
 from companyos.config import resolve_db
 
 if TYPE_CHECKING:
@@ -320,7 +320,7 @@ def _print_rows(names: list[str], rows: list[tuple], fmt: str, title: str | None
         writer = csv.writer(sys.stdout, lineterminator="\n")
         writer.writerow(names)
         for row in rows:
-            writer.writerow([_csv_value(v) for v in row])
+            writer.writerow([csv_text(v) for v in row])
         return
     from rich.table import Table
 
@@ -332,31 +332,6 @@ def _print_rows(names: list[str], rows: list[tuple], fmt: str, title: str | None
     stdout_console().print(table)
     if not rows:
         typer.echo("(no rows)")
-
-
-def _csv_value(value: Any) -> str:
-    """A cell as a reader parses it back where Python's str would not: booleans `true`/`false`
-    (as DuckDB writes them), lists joined by `;`, structs and maps as JSON, intervals and blobs as
-    `value_text` says."""
-    import decimal
-
-    from companyos.commands.output import value_text
-
-    if value is None:
-        return ""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, list):
-        return ";".join(_csv_value(v) for v in value)
-    if isinstance(value, dict):
-        import orjson
-
-        from companyos.commands.output import _json_default
-
-        return orjson.dumps(value, default=_json_default, option=orjson.OPT_NON_STR_KEYS).decode()
-    if isinstance(value, int | float | str | decimal.Decimal):
-        return str(value)
-    return value_text(value)
 
 
 def _text(value: Any, short: bool = False) -> str:

@@ -52,6 +52,27 @@ def _json_default(value: Any) -> Any:
     return value_text(value)
 
 
+def csv_text(value: Any) -> str:
+    """A CSV cell a reader parses back where Python's str would not: booleans `true`/`false` (as
+    DuckDB writes them), lists joined by `;`, structs and maps as JSON, other values JSON lacks as
+    `value_text` says."""
+    import decimal
+
+    import orjson
+
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list):
+        return ";".join(csv_text(v) for v in value)
+    if isinstance(value, dict):
+        return orjson.dumps(value, default=_json_default, option=orjson.OPT_NON_STR_KEYS).decode()
+    if isinstance(value, int | float | str | decimal.Decimal):
+        return str(value)
+    return value_text(value)
+
+
 def value_text(value: Any) -> str:
     """A value JSON and CSV have no type for, as text a reader can parse: an interval as ISO 8601
     (`P3DT1.5S`, not Python's "3 days, 0:00:01.500000"), a blob as DuckDB writes one (`\\x00\\xFF`,
