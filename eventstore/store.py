@@ -482,11 +482,16 @@ def _refuse_a_sqlite_file_without_a_store(url: str, shown: str) -> None:
 
 
 def shown_url(url: str) -> str:
-    """The URL for messages and banners (they end up in logs), password masked."""
+    """The URL for messages and banners (they end up in logs), password masked.
+
+    A URL without a password is shown as the user spelled it: SQLAlchemy's rendering quotes a
+    SQLite URI's `file:` as `file%3A`, a URL no one typed.
+    """
     try:
-        return sa.make_url(url).render_as_string(hide_password=True)
+        parsed = sa.make_url(url)
     except (sa.exc.ArgumentError, ValueError):  # ValueError: a port that is not a number
         return repr(url)
+    return url if parsed.password is None else parsed.render_as_string(hide_password=True)
 
 
 def _check_stream_id(stream_id: Any) -> None:

@@ -434,6 +434,14 @@ def test_a_store_that_cannot_be_opened_is_refused_in_words(url, words):
     assert "secret" not in str(err.value), "passwords never appear in messages"
 
 
+def test_a_refused_url_is_named_as_the_user_spelled_it():
+    """SQLAlchemy renders a SQLite URI's `file:` as `file%3A`: the message named a URL no one typed."""
+    url = "sqlite:///file:/nonexistent-dir/deeper/store.db?mode=ro&uri=true"
+    with pytest.raises(StoreUnavailable, match="cannot open the store") as err:
+        EventStore.open(url)
+    assert url in str(err.value) and "%3A" not in str(err.value)
+
+
 def test_a_connection_the_server_dropped_is_replaced_not_failed(fresh_pg_url):
     """After a PostgreSQL restart or failover (here: its backends terminated) the next append
     and read used a dead pooled connection and failed (a bare 500 in the server)."""
