@@ -72,14 +72,28 @@ def review(target: dict, world, approval_type: str, data: dict) -> list[str]:
     problems = []
     for name, expected in target["fields"].items():
         if name in data and not same(data[name], expected):
-            problems.append(f"{name} {data[name]!r} does not match ticket {target['ticket']}")
+            problems.append(f"{name} {_shown(data[name])} does not match ticket {target['ticket']}")
     field = target["field"]
     if field in data:
         true = world.datahub.metrics[target["metric"]]["true_value"]
         if not same(data[field], true):
-            problems.append(f"{field} {data[field]!r} does not match the current DataHub "
+            problems.append(f"{field} {_shown(data[field])} does not match the current DataHub "
                             f"value of {target['metric']}")
     return problems
+
+
+def _shown(value) -> str:
+    """A submitted value in words, its objects' keys sorted: the log keeps them sorted, so the text
+    must not follow the order the agent sent them in (a rerun would differ from the live episode)."""
+    return repr(_keys_sorted(value))
+
+
+def _keys_sorted(value):
+    if type(value) is dict:
+        return {k: _keys_sorted(value[k]) for k in sorted(value, key=str)}
+    if type(value) is list:
+        return [_keys_sorted(v) for v in value]
+    return value
 
 
 # --- success -----------------------------------------------------------------------------

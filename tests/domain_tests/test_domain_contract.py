@@ -232,3 +232,21 @@ def test_the_order_of_an_actions_keys_changes_nothing_logged():
         logged.append(_digest(events))
         assert "unexpected parameter 'alpha'" in info.message
     assert logged[0] == logged[1]
+
+
+def test_the_order_of_a_submitted_objects_keys_changes_nothing_logged():
+    """The reviewer's objection quoted a submitted object as sent ({'z': 1, 'a': 2}), a rerun as
+    logged, keys sorted: same actions, different digests, and `rerun` called an intact log changed."""
+    s0, _, _ = reset(EpisodeSpec("expense_report", 3, "none"))
+    target = s0.target
+    approver = next(a["name"] for a in s0.world.datahub.approvers.values() if a["role"] == target["role"])
+    logged, problems = [], []
+    for amount in ({"z": 1, "a": [2, {"y": 0, "b": 1}]}, {"a": [2, {"b": 1, "y": 0}], "z": 1}):
+        data = {**target["fields"], target["field"]: 1, "amount": amount}
+        action = {"app": "approvalflow", "method": "submit_approval",
+                  "params": {"approval_type": target["approval_type"], "approver": approver, "data": data}}
+        _, events, _ = step(s0, action)
+        logged.append(_digest(events))
+        problems.append([p for e in events for p in (getattr(e, "problems", None) or [])])
+    assert "amount {'a': [2, {'b': 1, 'y': 0}], 'z': 1} does not match ticket" in problems[0][0]
+    assert logged[0] == logged[1]
