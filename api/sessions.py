@@ -343,13 +343,19 @@ class SessionManager:
 
     def state(self, session: Session) -> dict[str, Any]:
         """The state the log holds: the cached copy unless another process stepped it since."""
+        return episode_state(self.refresh(session))
+
+    def refresh(self, session: Session) -> EpisodeRuntime:
+        """The episode as the log holds it, kept as the cached copy unless a step is running (it
+        refreshes the copy itself). A socket resuming an episode calls it: steps over it skip the
+        freshness query, so a copy another process stepped past would refuse its first step."""
         runtime = session.runtime
         if runtime is None or self._stale(runtime):
             runtime = self._reload(session.episode_id)
-            if session.lock.acquire(blocking=False):  # a running step refreshes it itself
+            if session.lock.acquire(blocking=False):
                 session.runtime = runtime
                 session.lock.release()
-        return episode_state(runtime)
+        return runtime
 
     def _stale(self, runtime: EpisodeRuntime) -> bool:
         # another process stepped the episode if the log moved past what this copy wrote

@@ -123,7 +123,9 @@ class _Connection:
             self.session = None
 
     async def resume(self, key: str, token: str | None) -> None:
-        session = await self.server.run(self.server.sessions.get_by_key, key, token)
+        sessions = self.server.sessions
+        session = await self.server.run(sessions.get_by_key, key, token)
+        await self.server.run(sessions.refresh, session)
         self._bind(session)
 
     async def handle(self, raw: str | bytes) -> str | None:

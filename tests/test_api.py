@@ -301,6 +301,20 @@ def test_conflict_with_another_process_is_a_409_then_recovers(sqlite_url):
         assert reply["type"] == "observation" and reply["data"]["metadata"]["step"] == 2
 
 
+def test_a_socket_resuming_an_episode_another_process_stepped_steps_on_from_the_log(sqlite_url):
+    """Resuming took this process's cached copy as it was: a socket hopping between two server
+    processes (a reconnect behind a load balancer) had its first step refused as a conflict."""
+    with client(sqlite_url) as a, client(sqlite_url) as b:
+        episode_id, token, _ = reset(a)
+        assert step(a, episode_id, token, ACTIONS[0]).status_code == 200  # a caches the episode
+        assert step(b, episode_id, token, ACTIONS[1]).status_code == 200
+        with a.websocket_connect(f"/ws?session_id={episode_id}.{token}") as ws:
+            ws.send_json({"type": "step", "data": ACTIONS[2]})
+            reply = ws.receive_json()
+        assert reply["type"] == "observation", reply
+        assert reply["data"]["metadata"]["step"] == 3
+
+
 # -- access ----------------------------------------------------------------------------------
 
 
