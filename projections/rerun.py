@@ -83,15 +83,16 @@ def resimulate(records: list[RecordedEvent]) -> tuple[list[Any], int, str | None
     if first.type != "EpisodeStarted":
         return [], 0, f"the stream starts with {first.type}, not EpisodeStarted"
     produced: list[Any] = []
-    actions: list[Any] = []
+    # each action is decoded just before its step: the events before one that does not decode
+    # are still re-simulated, so the first difference is that event, not the stream's start
+    actions = [r for r in records if r.type == "ActionTaken"]
     try:
-        actions = [decode(r).action for r in records if r.type == "ActionTaken"]
         state, events, _info = domain.reset(spec_of(orjson.loads(first.data_json)))
         produced.extend(events)
-        for i, action in enumerate(actions):
+        for i, record in enumerate(actions):
             if getattr(state, "done", False):
                 return produced, i, f"the re-simulated episode ended before action {i + 1}"
-            state, events, _info = domain.step(state, action)
+            state, events, _info = domain.step(state, decode(record).action)
             produced.extend(events)
     except CorruptCommit as exc:  # an event that decodes into nothing: say which
         return produced, len(actions), f"the log is damaged: {exc}"

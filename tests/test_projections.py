@@ -201,6 +201,21 @@ def test_rerun_names_the_likely_cause_of_an_edited_action_and_a_deleted_commit(l
     store.close()
 
 
+def test_rerun_points_at_an_action_that_does_not_decode(logged, tmp_path):
+    """Every action was decoded before anything was re-simulated, so an undecodable one made the
+    first difference the stream's start (EpisodeStarted against no event)."""
+    url, played = logged
+    store = copy_store(url, tmp_path)
+    victim = played[0]["episode_id"]
+    version = tamper.versions_of_type(store.engine, victim, "ActionTaken")[2]
+    tamper.edit_event(store.engine, victim, version, "schema", lambda _: 99)
+    result = rerun(store, victim)
+    assert not result.match and result.first_difference == version, result.to_json()
+    assert result.stored.schema_version == 99
+    assert "schema version 99" in result.error
+    store.close()
+
+
 def test_rerun_does_not_match_a_stream_whose_versions_were_shifted(logged, tmp_path):
     """The content and digests are intact, only the version columns moved: a replayed or
     continued episode would number its steps wrongly, so it is no match."""
