@@ -22,7 +22,7 @@ import sqlalchemy as sa
 
 import domain
 from eventstore import GENESIS_DIGEST, EventStore, RecordedEvent, canonical_json, chain_digest
-from projections.reader import fetch_page, stream_records
+from projections.reader import STAND_IN, fetch_page, stream_records
 from projections.runner import Entry, Projection, fold_records
 from projections.schema import projection_checkpoints
 
@@ -120,10 +120,11 @@ def _known_versions() -> dict[str, set[int]]:
 
 
 class _Stream:
-    __slots__ = ("next_version", "digest", "ended", "position", "disordered")
+    __slots__ = ("next_version", "digest", "ended", "position", "disordered", "lost")
 
     def __init__(self) -> None:
         self.disordered = False  # events came out of version order: its last one is not its head
+        self.lost = False  # a commit did not unpack: what follows cannot be checked against it
         self.next_version = 0
         self.digest = GENESIS_DIGEST
         self.ended = -1  # version of EpisodeEnded, -1 while none
@@ -156,6 +157,16 @@ class Checker:
         digest_of = chain_digest
         for position, sid, version, _id, type_, schema_version, data_json, _meta, digest in records:
             s = get(sid)
+            if s is not None and s.lost:
+                continue
+            if type_.startswith(STAND_IN):  # once, by position: the versions and digests that
+                # follow it would each be blamed in turn for the events it lost
+                if s is None:
+                    s = streams[sid] = _Stream()
+                s.lost = True
+                add(sid, f"the commit at position {position} (from version {version}) does not "
+                         f"unpack: {type_[len(STAND_IN):-1]}; the stream is not checked past it")
+                continue
             if s is None:
                 s = streams[sid] = _Stream()
                 if type_ != "EpisodeStarted":
@@ -202,7 +213,7 @@ class Checker:
         streams = self.streams
         for sid, version, digest in store.stream_heads(upto, lo, hi):
             s = streams.get(sid)  # a stream read out of order ends elsewhere: that is said already
-            if s is not None and not s.disordered and (version != s.next_version - 1
+            if s is not None and not (s.disordered or s.lost) and (version != s.next_version - 1
                                                        or digest != s.digest):
                 self.report.add(sid, f"its head (version {version}, digest {digest}) is not its "
                                      f"last event (version {s.next_version - 1}, digest {s.digest}): "

@@ -450,7 +450,10 @@ def test_verify_names_a_commit_whose_payload_no_longer_unpacks(damaged, workers)
     ProjectionRunner(store, default_projections()).rebuild()
     report = verify(store, workers=workers)
     assert set(report.problems) == {victim}
-    assert any("undecodable commit" in p for p in report.problems[victim])
+    # one line, naming the commit: the versions and digests after it were each blamed in turn
+    [problem] = report.problems[victim]
+    assert problem.startswith(f"the commit at position {position} (from version ")
+    assert "does not unpack" in problem and "not checked past it" in problem
     with pytest.raises(CorruptCommit, match=f"{victim}.*position {position}"):
         list(store.read_stream(victim))
 
