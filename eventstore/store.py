@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import numbers
+import time
 from collections.abc import Iterator, Sequence
 from itertools import chain, islice
 from typing import Any, NamedTuple
@@ -44,6 +45,9 @@ _EVENT_IDS_SQL = sa.text(
     "SELECT stream_id, min(version) FROM event_ids WHERE event_id IN :ids GROUP BY stream_id"
 ).bindparams(sa.bindparam("ids", expanding=True))
 
+
+_BOUND_POLL_S = 0.1
+"""How often `read_bound` looks again while it waits for older transactions to end."""
 
 class _VersionMismatch(Exception):
     def __init__(self, actual: int | None) -> None:
@@ -402,12 +406,21 @@ class EventStore:
             return conn.execute(sa.text("SELECT max(position) FROM commits"
                                         + (f" WHERE {where}" if where else ""))).scalar() or 0
 
-    def read_bound(self) -> tuple[int, bool]:
+    def read_bound(self, wait: float = 0.0) -> tuple[int, bool]:
         """`readable_position()`, and whether commits already written lie past it (PostgreSQL:
         behind a transaction still running), so a reader can say that what it read is not all.
-        The newest is read first: commits made after this call are simply later, not waiting."""
+        The newest is read first: commits made after this call are simply later, not waiting.
+
+        `wait` seconds at most are spent polling for those commits to become readable (the
+        transactions older than them to end), so a check can cover everything made before it.
+        """
         newest = self.written_position()
         upto = self.readable_position()
+        if upto < newest and wait > 0:
+            deadline = time.monotonic() + wait
+            while upto < newest and time.monotonic() < deadline:
+                time.sleep(min(_BOUND_POLL_S, max(deadline - time.monotonic(), 0)))
+                upto = self.readable_position()
         return upto, newest > upto
 
     def written_position(self) -> int:

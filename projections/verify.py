@@ -64,17 +64,19 @@ class VerifyReport:
 
 def verify(store: EventStore, projections: Sequence[Projection] | None = None,
            progress: Progress | None = None, page: int = PAGE,
-           workers: int | None = None) -> VerifyReport:
+           workers: int | None = None, wait: float = 0.0) -> VerifyReport:
     """Check every stream and every read model; the report names each broken episode.
 
     `workers` > 1 splits the streams over processes (SQLite files only; None: automatic).
+    `wait`: seconds to wait for commits made before the call that an older transaction still
+    holds back (PostgreSQL), so that the check covers them.
     """
     from projections.runner import _default_workers, _parallel_capable, bulk
 
     with store.engine.connect() as conn:  # before the head: a checkpoint never lies beyond it
         checkpoints = dict(conn.execute(
             sa.select(projection_checkpoints.c.name, projection_checkpoints.c.position)).all())
-    upto, waiting = store.read_bound()  # the heads and the events, read to one bound
+    upto, waiting = store.read_bound(wait)  # the heads and the events, read to one bound
     if workers is None:
         workers = _default_workers(store, upto)
     if workers > 1 and _parallel_capable(store):

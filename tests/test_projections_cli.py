@@ -270,3 +270,32 @@ def test_a_store_named_by_a_sqlite_uri_is_the_same_store(cli, db, tmp_path, monk
         listed = json.loads(cli("episodes", "--db", uri, "--json").stdout)["episodes"]
         assert sorted(e["episode_id"] for e in listed) == sorted(ids)
     assert not list(tmp_path.glob("file:*")), "no lock or store file is made under the URI's text"
+
+
+def test_verify_waits_for_an_older_transaction_and_never_says_a_bare_ok_over_a_part(cli, fresh_pg_url):
+    """PostgreSQL readers stop below the oldest running transaction of the whole cluster: a
+    transaction held open anywhere made verify check nothing and print "ok", exit 0."""
+    import threading
+
+    from tests.test_projections import play
+
+    store = EventStore.open(fresh_pg_url)
+    holder = sa.create_engine(store.engine.url)
+    try:
+        with holder.connect() as conn:
+            conn.exec_driver_sql("SELECT pg_current_xact_id()")  # holds the high-water mark
+            episode = play(store, "expense_report", 5, "medium", "expert")["episode_id"]
+            out = cli("verify", "--db", fresh_pg_url, "--wait", "0.3")
+            assert out.exit_code == 0, out.output
+            lines = out.stdout.strip().splitlines()
+            assert lines[0].startswith("0 streams, 0 events checked")
+            assert "still running after 0.3 s" in out.stdout
+            assert lines[-1].startswith("ok up to position "), lines
+            threading.Timer(0.5, conn.rollback).start()  # it ends while verify waits
+            out = cli("verify", "--db", fresh_pg_url, "--json")
+        report = json.loads(out.stdout)
+        assert out.exit_code == 0 and report["ok"] and not report["waiting"]
+        assert report["streams"] == 1 and report["events"] == len(list(store.read_stream(episode)))
+    finally:
+        holder.dispose()
+        store.close()
