@@ -29,7 +29,7 @@ from api.apidocs import add_api_docs
 from api.config import ServerConfig
 from api.episodes import EpisodeLog
 from api.guard import BodyTooLarge, Guard, deny_websocket, route_path
-from api.jsonbody import JsonRoute, loads
+from api.jsonbody import JsonRoute
 from api.models import (
     ERROR_RESPONSES,
     EpisodeEvents,
@@ -58,6 +58,7 @@ from companyos.lifecycle import end_with
 from domain import TASK_FAMILIES
 from eventstore import EventStore, WriterBusy
 from eventstore.backends import writers_waited_for
+from eventstore.encoding import parse_json as loads
 from projections.episodes import MAX_AGENT_LABEL, OUTCOMES
 
 T = TypeVar("T")

@@ -18,8 +18,8 @@ from urllib.parse import parse_qs
 import orjson
 
 from api import catalog, mcp
-from api.jsonbody import loads
 from api.sessions import ApiError, Session, refusal
+from eventstore.encoding import parse_json as loads
 
 INVALID_JSON = "INVALID_JSON"
 UNKNOWN_TYPE = "UNKNOWN_TYPE"

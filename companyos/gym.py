@@ -8,7 +8,6 @@ imports gymnasium: `import companyos` and `companyos.env` never load it.
 
 from __future__ import annotations
 
-import json
 import numbers
 import re
 from typing import Any
@@ -21,6 +20,7 @@ from companyos.env import CompanyEnv
 from companyos.observation import Observation
 from companyos.runtime import MAX_ACTION_BYTES
 from domain.render import render_text
+from eventstore.encoding import parse_json
 
 ENV_ID = "CompanyOS-v0"
 ENTRY_POINT = "companyos.gym:CompanyOSGym"
@@ -83,13 +83,9 @@ def parse_action(action: Any) -> Any:
     if not isinstance(action, str):
         return action
     try:
-        return json.loads(action, parse_constant=_not_json)
-    except (ValueError, RecursionError):
+        return parse_json(action)  # as the server reads the same text (a number past a double's range too)
+    except ValueError:
         return str(action)
-
-
-def _not_json(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
 
 
 def observation_text(observation: dict[str, Any]) -> str:

@@ -181,6 +181,9 @@ def test_make_by_id_builds_the_env_and_renders_ansi(sqlite_url):
 
 @pytest.mark.parametrize(("action", "in_process"), [
     ("not json {", "not json {"), ("NaN", "NaN"), ("", ""),  # not JSON: the string itself
+    # a number past a double's range: the server refuses the text as not JSON; the stdlib read
+    # it as infinity, logged as null (an invalid_params step instead of a malformed action)
+    (t := '{"app": "ticketdesk", "method": "search_tickets", "params": {"query": 1e400}}', t),
     ('"list_tickets"', "list_tickets"), ("[1, 2]", [1, 2]), ('{"app": "ticketdesk"}', {"app": "ticketdesk"}),
     ('{"app": "nowhere", "method": "x"}', {"app": "nowhere", "method": "x"})])
 def test_a_bad_action_string_is_a_rejected_action(sqlite_url, action, in_process):
