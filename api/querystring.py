@@ -24,13 +24,19 @@ def single_valued(pairs: Iterable[tuple[str, str]]) -> dict[str, str]:
     return params
 
 
+MAX_DIGITS = 300
+"""Digits a whole number may have: far past every range the server takes, so an out-of-range number
+is refused by its caller's range check, in its words ("seed … is outside …", not "seed must be an
+integer"), while int() stays cheap (its cost grows with the square of the length)."""
+
+
 def whole_number(text: str, signed: bool = False) -> int | None:
     """`text` as an integer when it is one as a person writes it: ASCII digits (after a `-` when
-    `signed`), surrounding spaces dropped, at most 30 of them; else None. int() alone also reads
-    "1_000", "+3" and other scripts' digits ("٣", "²"), which no other input path takes."""
+    `signed`), surrounding spaces dropped, at most MAX_DIGITS of them; else None. int() alone also
+    reads "1_000", "+3" and other scripts' digits ("٣", "²"), which no other input path takes."""
     text = text.strip()
     digits = text[1:] if signed and text.startswith("-") else text
-    if not (digits.isascii() and digits.isdigit() and len(digits) <= 30):
+    if not (digits.isascii() and digits.isdigit() and len(digits) <= MAX_DIGITS):
         return None
     return int(text)
 

@@ -440,6 +440,16 @@ def test_mcp_initialize_reads_a_seed_as_reset_and_the_ui_do(sqlite_url, seed):
         assert c.get("/episodes").json()["total"] == 0
 
 
+def test_a_long_seed_is_out_of_range_on_mcp_as_on_reset(sqlite_url):
+    """A seed of 31 digits or more was "not an integer" over MCP; out of range, as it is."""
+    seed = "1" + "0" * 40
+    with client(sqlite_url) as c:
+        r = rpc(c, "initialize", {"protocolVersion": "2025-06-18"}, path=f"/mcp?seed={seed}")
+        assert "is outside 0 to 9223372036854775807" in r.json()["error"]["message"], r.text
+        assert c.post("/reset", json={"seed": int(seed)}).status_code == 422
+        assert c.get("/episodes").json()["total"] == 0
+
+
 def test_an_mcp_id_no_reply_could_carry_is_refused_before_anything_runs(sqlite_url):
     """An id past 64 bits: the tool call was applied, then encoding the reply failed with a 500
     (and a dropped WebSocket), so a client retried a step that had happened."""
