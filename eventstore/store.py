@@ -622,16 +622,25 @@ def _meta_json(meta: dict, plain: str) -> str:
 _SQLITE_ERROR, _SQLITE_CANTOPEN, _SQLITE_NOTADB = 1, 14, 26
 
 
+_PG_TRANSIENT_CLASSES = frozenset({"08", "40", "53", "55", "57", "58", "XX"})
+"""SQLSTATE classes of a server that failed while it opened the store, not of a wrong call:
+connection exceptions, a rolled-back transaction (deadlock, serialization), insufficient
+resources, an object in use (a lock timeout), operator intervention (a backend terminated, a
+statement timeout, a shutdown), system and internal errors."""
+
+
 def _worlds_fault(error: BaseException, url: str) -> bool:
     """Whether a database refusing to open the store is the world's fault (exit 1, worth trying
     again) rather than the call's (exit 2): a PostgreSQL connection that failed (no SQLSTATE:
     psycopg gives none for any of its causes), or a SQLite store that is read-only (its file, or
     a directory where no WAL can be made), locked, damaged, on a full disk, or out of file
-    descriptors, as when the refusal comes later in a command; not a SQLite URL naming a file
-    that is no database, a directory, or a folder that does not exist."""
+    descriptors, as when the refusal comes later in a command; a PostgreSQL server that failed
+    with a SQLSTATE of _PG_TRANSIENT_CLASSES while it opened the store. Not a SQLite URL naming a
+    file that is no database, a directory, or a folder that does not exist."""
     code = getattr(error, "sqlite_errorcode", None)
     if code is None:
-        return getattr(error, "sqlstate", "") is None
+        state = getattr(error, "sqlstate", "")
+        return state is None or str(state)[:2] in _PG_TRANSIENT_CLASSES
     code &= 0xFF  # the primary code, not the extended one
     if code in (_SQLITE_ERROR, _SQLITE_NOTADB):  # a URI SQLite cannot use (no such mode or VFS);
         return False  # a file that is no database (or whose header is damaged: SQLite cannot tell)

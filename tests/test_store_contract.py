@@ -715,6 +715,24 @@ def test_a_postgresql_append_behind_a_held_lock_fails_in_words_not_hangs(pg_data
         assert store.stream_version(stream) == 1
 
 
+def test_a_lock_timeout_while_the_store_opens_is_an_outage_not_a_wrong_call(pg_database_url):
+    """A server error with a SQLSTATE while the store opened (a lock timeout on alembic_version,
+    a terminated backend) was StoreUnavailable, exit code 2, as a wrong URL is; it is worth
+    trying again, as the same error a moment later in a command is (exit 1)."""
+    import psycopg
+
+    from eventstore import StoreUnreachable
+
+    EventStore.open(pg_database_url).close()
+    slow = f"{pg_database_url}?options=-c%20lock_timeout%3D300"
+    with psycopg.connect(pg_database_url) as holder:
+        holder.execute("LOCK TABLE alembic_version IN ACCESS EXCLUSIVE MODE")
+        with pytest.raises(StoreUnreachable, match="lock timeout"):
+            EventStore.open(slow)
+        holder.rollback()
+    EventStore.open(slow).close()
+
+
 def test_a_lock_timeout_set_elsewhere_wins_over_the_stores(pg_database_url, monkeypatch):
     """The URL's options, PGOPTIONS (which a fixed `options` made libpq ignore, search_path and
     all) and the role's or database's own setting each keep theirs, 0 (off) included."""
