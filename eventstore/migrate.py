@@ -64,6 +64,30 @@ class NoStore(Exception):
     """The database holds no store, and the caller only reads one: creating it would be wrong."""
 
 
+class ForeignTables(Exception):
+    """The database holds tables of the store's names that another application made: migrating
+    would fail on them half-way, or take another application's revision for a newer companyos."""
+
+
+STORE_TABLES = frozenset({"commits", "event_ids", "events", "projection_checkpoints", "episodes",
+                          "episode_views"})
+"""Every table a migration creates (0001's `events` included, which 0003 replaces)."""
+
+
+def _foreign(connection: sa.Connection, current: str | None) -> str | None:
+    """Why the database's tables are not a store's, or None: store tables without the store's
+    revision table, or a revision table (another Alembic user's) with none of the store's tables."""
+    tables = set(sa.inspect(connection).get_table_names())
+    if current is None:
+        clash = sorted(tables & STORE_TABLES)
+        return (f"it holds tables named {', '.join(clash)} but no alembic_version, so they are not "
+                "the store's") if clash else None
+    if "commits" not in tables:
+        return (f"its alembic_version (revision {current!r}) is another application's: it holds "
+                "no commits table")
+    return None
+
+
 def upgrade(engine: sa.Engine, create: bool = True) -> None:
     """Run pending migrations inside one write transaction so concurrent openers queue, not clash.
 
@@ -72,6 +96,10 @@ def upgrade(engine: sa.Engine, create: bool = True) -> None:
         current = current_revision(probe)
         if current == HEAD_REVISION:
             return
+        if current is None or current not in known_revisions():
+            foreign = _foreign(probe, current)
+            if foreign is not None:
+                raise ForeignTables(foreign)
         if current is None and not create:
             raise NoStore
         if current is not None and current not in known_revisions():

@@ -116,6 +116,12 @@ class EventStore:
         except migrate.NewerStore as exc:
             engine.dispose()
             raise StoreUnavailable(f"the store at {shown} is at {exc}") from None
+        except migrate.ForeignTables as exc:
+            engine.dispose()
+            raise StoreUnavailable(
+                f"the database at {shown} is not a store: {exc}; use a database of its own or, on "
+                "PostgreSQL, a schema of its own (CREATE SCHEMA companyos, then add "
+                "?options=-csearch_path%3Dcompanyos to the URL)") from None
         except migrate.OutdatedStore as exc:
             engine.dispose()
             raise StoreUnavailable(f"cannot read the store at {shown}: {exc}") from None
@@ -485,8 +491,10 @@ def _refuse_a_sqlite_file_without_a_store(url: str, shown: str) -> None:
                                "`companyos db upgrade` creates one")
     try:
         with closing(sqlite3.connect(f"{Path(path).resolve().as_uri()}?mode=ro", uri=True)) as con:
-            holds = con.execute("SELECT count(*) FROM sqlite_master "
-                                "WHERE name = 'alembic_version'").fetchone()[0] > 0
+            # a table of the store's names without the revision table: migrate says whose it is
+            names = ("alembic_version", *sorted(migrate.STORE_TABLES))
+            holds = con.execute(f"SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name IN "
+                                f"({', '.join('?' * len(names))})", names).fetchone()[0] > 0
     except sqlite3.Error:
         return  # not a database, or unreadable: opening the store says what is wrong
     if not holds:

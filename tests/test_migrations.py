@@ -152,6 +152,40 @@ def test_a_store_from_a_newer_companyos_is_refused_in_words_and_left_alone(sqlit
         engine.dispose()
 
 
+@pytest.mark.parametrize("create", [True, False], ids=["run", "episodes"])
+@pytest.mark.parametrize("foreign", [
+    ("CREATE TABLE alembic_version (version_num VARCHAR(32) PRIMARY KEY)",
+     "INSERT INTO alembic_version VALUES ('a1b2c3d4e5f6')"),
+    ("CREATE TABLE commits (id INTEGER PRIMARY KEY, message TEXT)",),
+], ids=["another-alembic-user", "a-commits-table"])
+def test_another_applications_tables_are_said_to_be_not_a_store_and_left_alone(empty_store_url, foreign,
+                                                                               create):
+    """Another Alembic user's revision was blamed on an older companyos ("upgrade companyos"); an
+    unrelated commits table was "no store: `companyos db upgrade` creates one", which then failed
+    half-way on it."""
+    store_url = empty_store_url
+    engine = create_engine(store_url, None)
+    try:
+        with engine.begin() as conn:
+            for statement in foreign:
+                conn.execute(sa.text(statement))
+        refused = "is not a store: .*(another application's|not the store's)"
+        with pytest.raises(StoreUnavailable, match=refused):
+            EventStore.open(store_url, create=create)
+        with engine.connect() as conn:
+            assert set(sa.inspect(conn).get_table_names()) <= {"alembic_version", "commits"}
+    finally:
+        engine.dispose()
+
+
+def test_every_table_a_migration_makes_is_one_the_store_knows_by_name(sqlite_url):
+    from eventstore.migrate import STORE_TABLES
+
+    with EventStore.open(sqlite_url) as store, store.engine.connect() as conn:
+        tables = set(sa.inspect(conn).get_table_names()) - {"alembic_version"}
+    assert tables and tables <= STORE_TABLES
+
+
 def test_a_sqlite_store_of_text_payloads_upgrades_and_reads_beside_compressed_ones(sqlite_url, tmp_path):
     """Revision 0003 kept SQLite payloads as JSON text; from 0004 they are written lz4-compressed.
     An old store upgrades without rewriting a row, and the store, its chain and the warehouse
