@@ -130,6 +130,10 @@ class Backend:
             cur.close()
             raw.rollback()
             return rows
+        except Exception:
+            if getattr(raw.driver_connection, "closed", False):  # the server dropped it (PostgreSQL):
+                raw.invalidate()  # the pool would log a traceback resetting it, as for a write
+            raise
         finally:
             raw.close()
 

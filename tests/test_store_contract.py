@@ -463,6 +463,46 @@ def test_a_connection_the_server_dropped_is_replaced_not_failed(fresh_pg_url):
     store.close()
 
 
+def test_a_read_whose_connection_the_server_drops_logs_no_pool_traceback(fresh_pg_url, caplog):
+    """A read whose backend was terminated under it (a failover, pg_terminate_backend) handed the
+    dead connection back to the pool, whose reset then failed and logged a traceback in `serve`'s
+    log; a write already invalidated such a connection."""
+    import logging
+    import time
+
+    import sqlalchemy as sa
+
+    store = EventStore.open(fresh_pg_url)
+    failed: list[BaseException] = []
+
+    def reading() -> None:
+        try:
+            store._backend.fetch("SELECT pg_sleep(%s)", (30,))
+        except Exception as exc:  # noqa: BLE001 - the test inspects it
+            failed.append(exc)
+
+    killer = sa.create_engine(fresh_pg_url, isolation_level="AUTOCOMMIT")
+    with caplog.at_level(logging.ERROR, logger="sqlalchemy.pool"):
+        read = threading.Thread(target=reading, daemon=True)
+        read.start()
+        with killer.connect() as conn:
+            for _ in range(200):  # until the read is running
+                killed = conn.execute(sa.text(
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE "
+                    "datname = current_database() AND query LIKE 'SELECT pg_sleep%'")).scalar()
+                if killed:
+                    break
+                time.sleep(0.05)
+        killer.dispose()
+        read.join(30)
+    assert killed and len(failed) == 1, failed
+    assert not [r for r in caplog.records if r.name.startswith("sqlalchemy.pool")], caplog.text
+    stream = unique_stream()
+    store.append(stream, [NewEvent("Opened", {"n": 0})], None)
+    assert [r.data["n"] for r in store.read_stream(stream)] == [0]
+    store.close()
+
+
 def test_a_full_disk_is_said_as_such_not_hidden_by_a_failed_rollback(tmp_path):
     """SQLite rolls back a transaction whose write fails for space itself; the second ROLLBACK's
     'no transaction is active' used to be all a user saw of a full disk."""
