@@ -79,7 +79,8 @@ class CompanyEnv:
     commits them in one transaction when it ends (or on close): several times faster for bulk
     runs, but a crash loses the unfinished episode. With durability="episode" a `commit_group`
     (companyos.runtime.CommitGroup) takes each ended episode to write it together with others;
-    its owner commits it (`companyos run` does, 16 episodes a transaction).
+    its owner commits it (`companyos run` does, 16 episodes a transaction), and `close` writes
+    what it still holds.
     """
 
     metadata = {"render_modes": ["ansi"]}
@@ -147,10 +148,18 @@ class CompanyEnv:
         return render_views(domain.views(self.runtime.state))
 
     def close(self) -> None:
+        """Log what is held back, then let go of the store if this environment opened it.
+
+        The commit group's ended episodes are written too: closing without its `commit()` lost
+        them without a word (a later `commit()` then returns nothing for them)."""
         self._closed = True
         try:
-            if self.runtime is not None:
-                self.runtime.flush_or_discard()
+            try:
+                if self.runtime is not None:
+                    self.runtime.flush_or_discard()
+            finally:
+                if self.commit_group is not None:
+                    self.commit_group.commit()
         finally:
             if self._owns_store:
                 self.store.close()

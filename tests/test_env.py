@@ -748,6 +748,23 @@ def test_an_ended_episode_held_by_a_commit_group_is_logged_when_the_group_commit
             assert (store.stream_version(episode_id), store.stream_digest(episode_id)) == head
 
 
+def test_closing_the_environment_writes_what_its_commit_group_still_holds(tmp_path):
+    """Closing without the group's commit() dropped every ended episode it held, without a word."""
+    from companyos.runtime import CommitGroup
+
+    url = f"sqlite:///{tmp_path / 'closed.db'}"
+    with EventStore.open(url) as store:
+        group = CommitGroup(store, size=16)
+        with CompanyEnv(store, durability="episode", commit_group=group) as env:
+            held = []
+            for seed in (1, 2, 3):
+                play(env, "expert", seed, FAMILIES[seed % len(FAMILIES)])
+                held.append(env.runtime.episode_id)
+            assert store.count_events(0) == 0
+        assert all(store.stream_version(episode_id) is not None for episode_id in held)
+        assert group.commit() == []
+
+
 def test_a_commit_group_writes_whole_episodes_to_its_own_store(tmp_path):
     from companyos.runtime import CommitGroup
 
