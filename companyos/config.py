@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from eventstore import DEFAULT_URL, StoreUnavailable
-from eventstore.engine import in_memory_sqlite
+from eventstore.engine import in_memory_sqlite, sqlite_uri_mode
 
 
 def resolve_db(db: str | None) -> str:
@@ -27,6 +27,21 @@ def in_memory_store(url: str) -> bool:
         return in_memory_sqlite(url)
     except (sqlalchemy.exc.ArgumentError, ValueError):  # ValueError: a port that is no number
         return False
+
+
+def read_only_store(url: str) -> bool:
+    """Whether the URL opens a SQLite store read-only (`?mode=ro&uri=true`, the README's way to
+    look without writing): `run`, `serve` and `rebuild`, which write, refuse it up front (they
+    failed at their first write, `serve` with a 503 on every route while /ready said ready)."""
+    import sqlalchemy
+
+    try:
+        return sqlite_uri_mode(url) == "ro"
+    except (sqlalchemy.exc.ArgumentError, ValueError):
+        return False
+
+
+READ_ONLY_WORDS = "opens the store read-only (mode=ro)"
 
 
 def api_key_problem(key: str) -> str | None:

@@ -587,9 +587,11 @@ def test_a_store_the_database_refuses_is_one_error_line(tmp_path):
         out = _cli("run", "--episodes", "1", "--db", f"sqlite:///{tmp_path / wrong}")
         assert out.returncode == 2 and "unable to open database file" in out.stderr, out.stderr
     # a URI SQLite cannot use, or a file a read-only URI cannot find: the call's (2), too
-    for uri, said in ((f"file:{tmp_path / 'fds.db'}?mode=bogus&uri=true", "no such access mode"),
-                      (f"file:{tmp_path / 'none.db'}?mode=ro&uri=true", "unable to open")):
-        out = _cli("run", "--episodes", "1", "--db", f"sqlite:///{uri}")
+    bogus = f"file:{tmp_path / 'fds.db'}?mode=bogus&uri=true"
+    missing = f"file:{tmp_path / 'none.db'}?mode=ro&uri=true"
+    for command, uri, said in ((["run", "--episodes", "1"], bogus, "no such access mode"),
+                               (["verify"], missing, "there is no store")):
+        out = _cli(*command, "--db", f"sqlite:///{uri}")
         assert out.returncode == 2 and said in out.stderr, out.stderr
     # a file that is no database at all: the URL names the wrong thing (2), as a directory does
     junk = tmp_path / "junk.db"

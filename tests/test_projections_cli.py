@@ -272,6 +272,35 @@ def test_a_store_named_by_a_sqlite_uri_is_the_same_store(cli, db, tmp_path, monk
     assert not list(tmp_path.glob("file:*")), "no lock or store file is made under the URI's text"
 
 
+def test_a_read_only_url_lists_what_the_read_models_hold_and_refuses_to_write(cli, tmp_path, monkeypatch):
+    """`mode=ro` is the README's way to look without writing, yet `episodes` right after a run
+    failed ("attempt to write a readonly database", exit 1) catching the read models up, and so
+    did `rebuild`, `run` and every route of `serve` (503, while /ready said ready)."""
+    from companyos.commands import run as run_command
+    from companyos.commands import serve
+    from tests.test_projections import play
+
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    with EventStore.open(url) as store:
+        first = play(store, "expense_report", 1, "none", "expert")["episode_id"]
+    assert json.loads(cli("episodes", "--db", url, "--json").stdout)["episodes"][0]["episode_id"] == first
+    with EventStore.open(url) as store:
+        play(store, "bug_escalation", 2, "none", "expert")
+    ro = f"sqlite:///file:{tmp_path / 'store.db'}?mode=ro&uri=true"
+    out = cli("episodes", "--db", ro, "--json")
+    assert out.exit_code == 0, out.output
+    assert [e["episode_id"] for e in json.loads(out.stdout)["episodes"]] == [first]
+    assert "the read models are" in out.stderr and "behind the log" in out.stderr
+    out = cli("rebuild", "--db", ro)
+    assert out.exit_code == 2 and "a rebuild writes the read models" in out.output
+    run = command_runner(run_command.register)("run", "--episodes", "1", "--db", ro)
+    assert run.exit_code == 2 and "opens the store read-only" in run.output, run.output
+    monkeypatch.setattr("uvicorn.run", lambda *a, **k: pytest.fail("the server started"))
+    served = command_runner(serve.register)("--port", "0", "--db", ro)
+    assert served.exit_code == 2 and "opens the store read-only" in served.output, served.output
+    assert json.loads(cli("episodes", "--db", url, "--json").stdout)["episodes"][0]["episode_id"] != first
+
+
 def test_verify_waits_for_an_older_transaction_and_never_says_a_bare_ok_over_a_part(cli, fresh_pg_url):
     """PostgreSQL readers stop below the oldest running transaction of the whole cluster: a
     transaction held open anywhere made verify check nothing and print "ok", exit 0."""

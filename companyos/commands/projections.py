@@ -14,7 +14,7 @@ import typer
 
 from companyos.commands.options import DbOption, EpisodeArgument, JsonOption, utf8_text
 from companyos.commands.output import fail, print_json, say_error, stdout_console
-from companyos.config import resolve_db
+from companyos.config import READ_ONLY_WORDS, read_only_store, resolve_db
 
 
 def register(app: typer.Typer) -> None:
@@ -72,17 +72,25 @@ def episodes(
     except ValueError as exc:
         fail(str(exc))
     store = _open(db)
+    unread = 0
     try:
         runner = ProjectionRunner(store, default_projections())
         behind = min(runner.checkpoints().values())
         waiting = _commits_waiting(store)
-        with _progress(store.count_events(behind), "catching up") as advance:
-            runner.catch_up(progress=advance)
+        if read_only_store(resolve_db(db)):  # the read models stay as they are: a list of what
+            unread = store.count_events(behind)  # they hold, and a word on what they miss
+        else:
+            with _progress(store.count_events(behind), "catching up") as advance:
+                runner.catch_up(progress=advance)
         with store.engine.connect() as conn:
             rows = list_episodes(conn, task=task, agent=agent, outcome=outcome, limit=limit or None)
     finally:
         store.close()
     _say_waiting(waiting, "listed", "list")
+    if unread:
+        typer.echo(f"note: the read models are {unread} events behind the log, and the URL "
+                   f"{READ_ONLY_WORDS}, which cannot bring them up to date: the episodes logged "
+                   "since are not listed (list once with a URL that may write)", err=True)
     if as_json:
         print_json({"episodes": rows})
         return
@@ -281,6 +289,9 @@ def rebuild(
     if projection is not None and projection not in PROJECTION_NAMES:
         fail(f"unknown projection {projection!r}; known: {', '.join(PROJECTION_NAMES)}")
     store = _open(db)
+    if read_only_store(resolve_db(db)):
+        store.close()
+        fail(f"the store URL {READ_ONLY_WORDS}, and a rebuild writes the read models; leave mode=ro out")
     try:
         runner = ProjectionRunner(store, default_projections())
         names = None if projection is None else [projection]
