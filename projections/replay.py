@@ -12,9 +12,10 @@ from typing import Any
 import orjson
 
 import domain
+from domain.episode import INITIAL_STATE
 from domain.events import CHAOS
 from eventstore import EventStore, RecordedEvent
-from projections.views import APPS, check_starts_episode, decode, render_views, views_of
+from projections.views import APPS, DamagedEvent, check_starts_episode, decode, render_views, views_of
 
 _loads = orjson.loads
 
@@ -53,13 +54,17 @@ def replay_records(episode_id: str, records: list[RecordedEvent],
     end = bounds[step + 1] if step < last_step else len(records)
     events = [decode(r) for r in records[:end]]
     step_events = events[begin:end]
-    state_before = domain.fold(events[:begin]) if step > 0 else None
-    state = domain.fold(step_events, state_before) if step > 0 else domain.fold(events)
+    state_before = _fold(records[:begin], events[:begin]) if step > 0 else None
+    state = _fold(records[begin:end], step_events, state_before) if step > 0 else _fold(records, events)
     started = _loads(records[0].data_json)
     meta = _loads(records[0].meta_json)
     step_records = records[begin:end]
     action = _loads(step_records[0].data_json)["action"] if step > 0 else None
-    result = _jsonable(domain.step_info(state_before, step_events)) if step > 0 else None
+    try:
+        result = _jsonable(domain.step_info(state_before, step_events)) if step > 0 else None
+    except Exception as exc:  # an edited action naming what its stored effects do not
+        raise DamagedEvent(step_records[0], f"does not agree with the events it led to "
+                           f"({type(exc).__name__}: {exc})") from None
     rewards = []
     chaos = []
     ended = None
@@ -89,6 +94,21 @@ def replay_records(episode_id: str, records: list[RecordedEvent],
         "ended": ended,
         **{app: views[app] for app in APPS},
     }
+
+
+def _fold(records: list[RecordedEvent], events: list[Any], state: Any = INITIAL_STATE) -> Any:
+    """`domain.fold`, naming the stored event that does not fold (edited behind the store's back
+    so that it contradicts the events before it) as damage, not a KeyError's traceback."""
+    try:
+        return domain.fold(events, state)
+    except Exception:  # fold again one event at a time, to blame the right one
+        for record, event in zip(records, events, strict=True):
+            try:
+                state = domain.fold([event], state)
+            except Exception as exc:
+                raise DamagedEvent(record, f"does not fold onto the events before it "
+                                   f"({type(exc).__name__}: {exc})") from None
+        raise
 
 
 def _jsonable(value: Any) -> Any:

@@ -802,6 +802,33 @@ def _first_commit_deleted(engine: sa.Engine, episode_id: str) -> None:
     tamper.delete_commit(engine, tamper.stream_commits(engine, episode_id)[0][0])
 
 
+def test_an_action_edited_past_its_effects_is_log_damaged_in_the_views_and_the_cli(sqlite_url, capsys,
+                                                                                  monkeypatch):
+    """An ActionTaken rewritten to name a ticket its stored effects never saw folded into a
+    KeyError: a plain-text 500 for the views, a traceback for `companyos replay`."""
+    from companyos import cli
+
+    with client(sqlite_url) as c:
+        episode_id, token, _ = reset(c)
+        assert step(c, episode_id, token, ACTIONS[0]).status_code == 200
+    engine = sa.create_engine(sqlite_url)
+    version = tamper.versions_of_type(engine, episode_id, "ActionTaken")[0]
+    tamper.edit_event(engine, episode_id, version, "data", lambda data: data.replace(
+        '"method":"list_tickets","params":{}', '"method":"get_ticket","params":{"ticket_id":"T-99999"}'))
+    engine.dispose()
+    with client(sqlite_url) as c:
+        for url in (f"/episodes/{episode_id}/views", f"/episodes/{episode_id}/views?step=1"):
+            response = c.get(url)
+            assert response.status_code == 500 and response.json()["code"] == "log_damaged", response.text
+            assert f"version {version}" in response.json()["detail"]
+    monkeypatch.setattr("sys.argv", ["companyos", "replay", episode_id, "--step", "1", "--db", sqlite_url])
+    with pytest.raises(SystemExit) as ended:
+        cli.main()
+    said = capsys.readouterr().err
+    assert ended.value.code == 1 and said.startswith("error: ") and "Traceback" not in said, said
+    assert f"the event at version {version}" in said and "does not agree" in said
+
+
 @pytest.mark.parametrize("damage", [_unreadable_commit, _undecodable_event, _truncated_data,
                                     _first_commit_deleted])
 def test_a_damaged_commit_is_a_500_that_names_it_and_the_server_keeps_serving(sqlite_url, damage):
