@@ -45,6 +45,7 @@ class SyncResult:
     seconds: float
     checkpoint: int
     source: str
+    waiting: bool = False  # commits made before the sync lie past it, behind an older transaction
 
     @property
     def events_per_s(self) -> float:
@@ -107,11 +108,11 @@ def _sync(db_url: str, store: EventStore, wh: Warehouse, batch_events: int, shar
         _check_history(wh, db_url, store)
         # the head as of now (a writer that never stops cannot keep the sync going), to the
         # store's own rule of what a reader may read (PostgreSQL: below running transactions)
-        head = store.readable_position()
+        head, waiting = store.read_bound()
         checkpoint = wh.checkpoint
         if head <= checkpoint:  # nothing new: no reader to open, nothing to load
             return SyncResult(0, 0, 0, time.perf_counter() - started, checkpoint,
-                              reader_for(db_url, prefer))
+                              reader_for(db_url, prefer), waiting)
         if wh.read_only:
             raise WarehouseError(f"cannot sync the warehouse {wh.path}: {NOT_WRITABLE}, and the store "
                                  f"holds events after its checkpoint ({checkpoint}, the store's head "
@@ -126,7 +127,7 @@ def _sync(db_url: str, store: EventStore, wh: Warehouse, batch_events: int, shar
         finally:
             source.close()
     return SyncResult(moved.events, moved.episodes, moved.batches, time.perf_counter() - started,
-                      moved.checkpoint, source.name)
+                      moved.checkpoint, source.name, waiting)
 
 
 def _first_event_id(store: EventStore) -> str:

@@ -114,6 +114,31 @@ def test_pass_at_k_over_repeated_seeds(logged, tmp_path, cli):
     assert all(r["mean_trials"] == 2 for r in rows)  # each expert instance ran twice
 
 
+def test_answers_that_leave_out_logged_events_say_so(fresh_pg_url, tmp_path, cli):
+    """On PostgreSQL a transaction held open anywhere in the cluster keeps a sync below it: the
+    sync said "synced 0 events" and every answer silently left out the episodes just run."""
+    import sqlalchemy as sa
+
+    wh = str(tmp_path / "w.duckdb")
+    run_plan(RunPlan(fresh_pg_url, "expert", "all", "none", 2, 0, "episode"))
+    assert not json.loads(cli("sync", "--json", "--db", fresh_pg_url, "--warehouse", wh).stdout)["waiting"]
+    holder = sa.create_engine(fresh_pg_url)
+    try:
+        with holder.connect() as conn:
+            conn.exec_driver_sql("SELECT pg_current_xact_id()")  # holds the high-water mark
+            run_plan(RunPlan(fresh_pg_url, "expert", "all", "none", 2, 100, "episode"))
+            out = cli("sync", "--json", "--db", fresh_pg_url, "--warehouse", wh)
+            assert json.loads(out.stdout)["waiting"] and json.loads(out.stdout)["tables"]["episodes"] == 2
+            assert "are not in the warehouse yet" in out.stderr
+            out = cli("query", "compare_agents", "--format", "json", "--db", fresh_pg_url, "--warehouse", wh)
+            assert out.exit_code == 0 and "are not in the warehouse yet" in out.stderr
+            conn.rollback()
+        out = cli("sync", "--json", "--db", fresh_pg_url, "--warehouse", wh)
+        assert json.loads(out.stdout)["tables"]["episodes"] == 4 and "not in the warehouse" not in out.stderr
+    finally:
+        holder.dispose()
+
+
 def test_sync_sql_report_and_export(logged, tmp_path, cli):
     url, reported = logged
     wh = str(tmp_path / "w.duckdb")

@@ -20,6 +20,7 @@ from companyos.commands.output import csv_text, fail, print_json, stdout_console
 from companyos.config import resolve_db
 
 if TYPE_CHECKING:
+    from analytics.sync import SyncResult
     from analytics.sync_progress import Progress
     from analytics.warehouse import Warehouse
     from eventstore import EventStore
@@ -69,10 +70,20 @@ def _open_synced(db: str | None, warehouse: Path | None, quiet: bool = False) ->
         path = warehouse_path(url, warehouse)
         try:
             with _progress_bar(quiet) as progress, open_for_sync(path, follow=progress) as wh:
-                sync(url, wh, progress=progress, store=store)
+                _say_waiting(sync(url, wh, progress=progress, store=store))
             return Warehouse(path, read_only=True)
         except WarehouseError as exc:
             _warehouse_failed(exc)
+
+
+def _say_waiting(result: SyncResult) -> None:
+    """A note on stderr when the answer leaves out events already logged (PostgreSQL: behind an
+    older transaction, in any database of the cluster): the sync said nothing, and an episode
+    just run was silently missing from every answer."""
+    if result.waiting:
+        typer.echo(f"note: events logged after position {result.checkpoint} are not in the warehouse "
+                   "yet: a transaction older than them is still running (ask again once it ends)",
+                   err=True)
 
 
 def _warehouse_failed(exc: Exception) -> NoReturn:
@@ -121,10 +132,12 @@ def sync_command(
                 counts = wh.counts()
         except WarehouseError as exc:
             _warehouse_failed(exc)
+    _say_waiting(result)
     document = {"events_synced": result.events, "episodes_written": result.episodes,
                 "batches": result.batches, "seconds": round(result.seconds, 3),
                 "events_per_s": round(result.events_per_s), "checkpoint": result.checkpoint,
-                "reader": result.source, "warehouse": str(path), "tables": counts}
+                "waiting": result.waiting, "reader": result.source, "warehouse": str(path),
+                "tables": counts}
     if as_json:
         print_json(document)
         return
