@@ -5,6 +5,7 @@ have: openenv's GenericEnvClient, `openenv validate`'s runtime checks, the MCP P
 from __future__ import annotations
 
 import asyncio
+import re
 import socket
 
 import httpx
@@ -205,10 +206,23 @@ def test_a_connection_slow_to_send_its_request_headers_is_closed(sqlite_url, mon
         with socket.create_connection(("127.0.0.1", port)) as whole:  # a prompt request is served,
             whole.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")  # and kept alive after it
             whole.settimeout(20)
-            assert whole.recv(4096).startswith(b"HTTP/1.1 200")
+            assert _read_response(whole).startswith(b"HTTP/1.1 200")
             whole.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
-            assert whole.recv(4096).startswith(b"HTTP/1.1 200")
+            assert _read_response(whole).startswith(b"HTTP/1.1 200")
         assert httpx.get(f"{base}/health").status_code == 200
+
+
+def _read_response(conn: socket.socket) -> bytes:
+    """One whole response with a Content-Length body: its headers and body may come in separate
+    reads (one recv then left the body to be taken for the next response)."""
+    answer = b""
+    while b"\r\n\r\n" not in answer:
+        answer += conn.recv(4096)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    length = int(re.search(rb"(?i)content-length: *(\d+)", head).group(1))
+    while len(body) < length:
+        body += conn.recv(4096)
+    return head + b"\r\n\r\n" + body
 
 
 def _read_to_close(conn: socket.socket) -> bytes:
