@@ -131,6 +131,13 @@ def rerun_records(episode_id: str, records: list[RecordedEvent]) -> RerunResult:
     return compare(episode_id, stored_envelopes(records), envelopes(produced), actions, error)
 
 
+def _same_value(stored: str, fresh: str) -> bool:
+    try:
+        return orjson.loads(stored) == orjson.loads(fresh)
+    except orjson.JSONDecodeError:
+        return False
+
+
 def compare(episode_id: str, stored: list[Envelope], fresh: list[Envelope], actions: int,
             error: str | None = None) -> RerunResult:
     """Match when both chains end in the same digest; otherwise locate the first difference."""
@@ -161,6 +168,11 @@ def compare(episode_id: str, stored: list[Envelope], fresh: list[Envelope], acti
             if a is not None and b is not None and a.digest == b.digest:
                 result.notes.append(f"version {i}: the stored digest is the one the re-simulated "
                                     "event chains to, so the stored content was altered after it was written")
+            if a is not None and b is not None and (a.type, a.schema_version) == (b.type, b.schema_version) \
+                    and _same_value(a.data_json, b.data_json):
+                result.notes.append(f"version {i}: the stored data is the re-simulated value in other "
+                                    "bytes (not the canonical JSON the store writes: spaces or key "
+                                    "order), so it was rewritten after it was written")
             return result
         if a.digest != b.digest:
             result.first_difference = i

@@ -201,6 +201,20 @@ def test_rerun_names_the_likely_cause_of_an_edited_action_and_a_deleted_commit(l
     store.close()
 
 
+def test_rerun_says_when_stored_data_is_the_same_value_in_other_bytes(logged, tmp_path):
+    """Data re-spaced by hand showed two identical pretty-printed sides and no note at all."""
+    url, played = logged
+    store = copy_store(url, tmp_path)
+    victim = played[4]["episode_id"]
+    version = tamper.versions_of_type(store.engine, victim, "RewardGranted")[0]
+    tamper.edit_event(store.engine, victim, version, "data", lambda data: data.replace(":", ": "))
+    result = rerun(store, victim)
+    assert not result.match and result.first_difference == version
+    assert result.stored.to_json()["data"] == result.rerun.to_json()["data"]
+    assert any("the re-simulated value in other bytes" in note for note in result.notes), result.notes
+    store.close()
+
+
 def test_rerun_points_at_an_action_that_does_not_decode(logged, tmp_path):
     """Every action was decoded before anything was re-simulated, so an undecodable one made the
     first difference the stream's start (EpisodeStarted against no event)."""
