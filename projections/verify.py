@@ -180,6 +180,9 @@ class Checker:
                 if version > s.next_version:
                     add(sid, f"version {version} follows version {s.next_version - 1}: "
                              f"{version - s.next_version} event(s) missing")
+                elif version == s.next_version - 1:
+                    add(sid, f"version {version} is stored twice")
+                    s.disordered = True
                 else:
                     add(sid, f"version {version} comes after version {s.next_version - 1}: "
                              "events out of order")

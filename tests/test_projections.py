@@ -409,6 +409,19 @@ def test_verify_in_log_order_names_the_versions_a_reordered_stream_swapped(damag
     assert any("events out of order" in p for p in said), said
 
 
+def test_verify_says_a_version_stored_twice_as_such(damaged):
+    """A commit whose version columns were shifted back by one repeats its predecessor's last
+    version: verify said "version 38 comes after version 38"."""
+    store, played = damaged
+    victim = played[6]["episode_id"]
+    position, first, _last = tamper.stream_commits(store.engine, victim)[2]
+    with store.engine.begin() as conn:
+        conn.execute(sa.text("UPDATE commits SET first_version = first_version - 1, "
+                             "last_version = last_version - 1 WHERE position = :p"), {"p": position})
+    said = verify(store, workers=1).problems[victim]
+    assert f"version {first - 1} is stored twice" in said, said
+
+
 def test_verify_checks_episode_shape_and_known_types(damaged, workers):
     store, played = damaged
     ended = played[0]["episode_id"]
