@@ -30,7 +30,8 @@ analytics_app = typer.Typer(help="Failure-mode analytics: a DuckDB warehouse fed
 
 WarehouseOption = typer.Option(None, "--warehouse", parser=named_path,
                                help="DuckDB file of the warehouse (default: beside a SQLite store, "
-                                    "x/companyos.db -> x/companyos.duckdb).")
+                                    "x/companyos.db -> x/companyos.duckdb; ./<database>.duckdb for "
+                                    "PostgreSQL).")
 FormatOption = typer.Option("table", "--format", "-f", help="table, json (a list of row objects) or csv.")
 
 
