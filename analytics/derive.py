@@ -231,8 +231,13 @@ WITH extra AS (
     FROM latest l JOIN epochs e ON e.stream_id = l.stream_id AND e.owner = l.epoch
 )
 SELECT a.stream_id AS episode_id, st.x[1] AS task, st.m[1] AS agent, TRY_CAST(st.x[3] AS DOUBLE) AS chaos,
-       a.step, a.position, a.version, a.s1 AS app, a.s2 AS method,
-       CASE WHEN a.s1 IS NOT NULL AND a.s2 IS NOT NULL THEN a.s1 || '.' || a.s2
+       a.step, a.position, a.version,
+       -- json_extract_string spells any JSON value as text (an app of 1, a method of ["x"]): the
+       -- domain's malformed_action says which actions had no string app and method
+       CASE WHEN x.reject_code IS DISTINCT FROM 'malformed_action' THEN a.s1 END AS app,
+       CASE WHEN x.reject_code IS DISTINCT FROM 'malformed_action' THEN a.s2 END AS method,
+       CASE WHEN x.reject_code IS DISTINCT FROM 'malformed_action' AND a.s1 IS NOT NULL
+                 AND a.s2 IS NOT NULL THEN a.s1 || '.' || a.s2
             ELSE '(malformed)' END AS tool,
        coalesce(x.rejections, 0) = 0 AS accepted,
        x.reject_code, x.reject_reason, x.reject_cause,

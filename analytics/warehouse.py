@@ -28,8 +28,9 @@ from analytics.sync_progress import Progress, running_sync
 from eventstore.engine import normalise_url, sqlite_file
 
 # Bump when the derived tables' definition changes: a warehouse built by older code is rebuilt.
-DERIVE_VERSION = 4  # 2: lead_in ends at the decisive step; 3: a finished episode's return unrounded;
-# 4: a rejection that was handled is not a mistake (first_mistake_step, first_mistake_mode, mistakes)
+DERIVE_VERSION = 5  # 2: lead_in ends at the decisive step; 3: a finished episode's return unrounded;
+# 4: a rejection that was handled is not a mistake (first_mistake_step, first_mistake_mode, mistakes);
+# 5: an action whose app or method is no string is '(malformed)', not a tool named after its JSON
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sync_state (key VARCHAR PRIMARY KEY, value VARCHAR NOT NULL);

@@ -815,6 +815,28 @@ def test_queries_count_finished_episodes_only(tmp_path):
         assert {r["tool"]: (r["calls"], r["rejected"]) for r in rows} == {"t.s1": (1, 0), "t.s2": (1, 0)}
 
 
+def test_an_action_whose_app_or_method_is_no_string_is_malformed_not_a_tool(tmp_path):
+    """The domain rejects {"app": 1, ...} as malformed_action, but the warehouse named a tool after
+    the JSON of its app and method ("1.m", "ticketdesk.[\"list_tickets\"]")."""
+    from companyos.env import CompanyEnv
+
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    actions = ({"app": 1, "method": "m"}, {"app": True, "method": False},
+               {"app": "ticketdesk", "method": ["list_tickets"]}, {"app": "ticketdesk", "method": {"a": 1}},
+               {"app": "ticketdesk", "method": "list_tickets", "params": {}})
+    with CompanyEnv(url, agent="odd") as env:
+        env.reset(seed=1, options={"task": "expense_report", "chaos": "none", "max_steps": 5})
+        codes = [env.step(action)[-1]["rejected"] for action in actions]
+    assert codes == ["malformed_action"] * 4 + [None]
+    sync(url, tmp_path / "w.duckdb")
+    with Warehouse(tmp_path / "w.duckdb", read_only=True) as wh:
+        rows = wh.con.execute("SELECT app, method, tool FROM steps ORDER BY step").fetchall()
+        listed = ("ticketdesk", "list_tickets", "ticketdesk.list_tickets")
+        assert rows == [(None, None, "(malformed)")] * 4 + [listed]
+        rates = service.run_named(wh, "tool_error_rates", {"min_calls": 1})
+        assert {r["tool"]: r["calls"] for r in rates} == {"(malformed)": 4, "ticketdesk.list_tickets": 1}
+
+
 def test_most_common_ties_are_broken_alphabetically(tmp_path):
     """Equal counts: the alphabetically first name, whatever order the episodes were logged in."""
     def write(store):

@@ -806,7 +806,7 @@ def test_a_store_that_cannot_be_synced_is_one_error_line_and_leaves_no_file(logg
 
 
 def _tool(action) -> str:
-    ok = isinstance(action, dict) and action.get("app") is not None and action.get("method") is not None
+    ok = isinstance(action, dict) and type(action.get("app")) is str and type(action.get("method")) is str
     return f"{action['app']}.{action['method']}" if ok else "(malformed)"
 
 
