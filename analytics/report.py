@@ -24,10 +24,10 @@ SELECT count(*) AS episodes,
        count(*) FILTER (WHERE outcome IS NOT NULL) AS finished,
        count(*) FILTER (WHERE outcome IS NULL) AS running,
        count(*) FILTER (WHERE outcome = 'success') AS successes,
-       round(count(*) FILTER (WHERE outcome = 'success')
+       round_decimal(count(*) FILTER (WHERE outcome = 'success')
              / nullif(count(*) FILTER (WHERE outcome IS NOT NULL), 0), 4) AS success_rate,
-       round(avg(total_return::DECIMAL(18, 6)) FILTER (WHERE outcome IS NOT NULL), 3) AS mean_return,
-       round(avg(steps) FILTER (WHERE outcome IS NOT NULL), 2) AS mean_steps,
+       round_decimal(avg(total_return::DECIMAL(18, 6)) FILTER (WHERE outcome IS NOT NULL), 3) AS mean_return,
+       round_decimal(avg(steps) FILTER (WHERE outcome IS NOT NULL), 2) AS mean_steps,
        count(DISTINCT coalesce(agent, '(unknown)')) AS agents,  -- as compare_agents labels them
        count(DISTINCT task) AS tasks
 FROM episodes
@@ -95,7 +95,15 @@ def success_by_chaos(by_task_and_chaos: list[dict[str, Any]]) -> list[dict[str, 
         total[1] += row["successes"]
     order = sorted(totals, key=lambda chaos: (chaos is None, chaos or 0.0))  # NULL last, as SQL
     return [{"chaos": chaos, "episodes": totals[chaos][0],
-             "success_rate": round(totals[chaos][1] / totals[chaos][0], 4)} for chaos in order]
+             "success_rate": _share(totals[chaos][1], totals[chaos][0])} for chaos in order]
+
+
+def _share(part: int, whole: int) -> float:
+    """part/whole to 4 decimals as the queries' round_decimal gives it (Python's round of a float
+    rounds half to even, and a binary value just under a half-way one down)."""
+    from decimal import ROUND_HALF_UP, Decimal
+
+    return float((Decimal(part) / Decimal(whole)).quantize(Decimal("0.0001"), ROUND_HALF_UP))
 
 
 # -- text / markdown -------------------------------------------------------------------------------

@@ -668,7 +668,7 @@ def tally_events(url: str) -> int:
 
 def _episode(store: EventStore, eid: str, steps: list[list[tuple[str, dict]]], end: tuple | None,
              agent: str | None = "a", task: str = "expense_report", seed: int = 1, chaos: float = 0.5,
-             max_steps: int = 30, profile: str = "default") -> None:
+             max_steps: int = 30, profile: str = "default", total_return: float = 0.0) -> None:
     """Append one episode: step n's tool is `t.sN` (so a lead-in shows its steps), then the step's
     events; `end` is (outcome, failure_mode) or None to leave the episode running."""
     meta = {"agent": agent} if agent is not None else {}
@@ -681,7 +681,7 @@ def _episode(store: EventStore, eid: str, steps: list[list[tuple[str, dict]]], e
         events += [NewEvent(t, {"step": n, **d} if t != "RewardGranted" else d) for t, d in extra]
     if end is not None:
         events.append(NewEvent("EpisodeEnded", {"outcome": end[0], "failure_mode": end[1],
-                                                "steps": len(steps), "total_return": 0.0}))
+                                                "steps": len(steps), "total_return": total_return}))
     store.append(eid, events, None)
 
 
@@ -783,6 +783,30 @@ def test_pass_at_k_averages_every_k_over_the_same_instances(tmp_path):
             (1, 0, 1, None), (2, 0, 1, None), (3, 0, 1, None)]
         rows = service.run_named(wh, "pass_at_k", {"k": 1, "agent": "a"})
         assert [(r["instances"], r["pass_hat_k"]) for r in rows] == [(2, 0.5)]
+
+
+def test_rates_and_means_round_as_decimals_do(tmp_path):
+    """DuckDB's round of a DOUBLE took a binary value just under a half-way one down: a mean
+    return of -9.1625 was -9.162; and pass^1 of 0.28125 was 0.2812 (exp(lgamma) made 3/4
+    0.7499999999999998), below the success rate it equals."""
+    trials = {"p": (4, 3), "q": (4, 2), "r": (4, 2), "s": (4, 2), "t": (4, 0), "u": (4, 0),
+              "v": (1, 0), "w": (1, 0)}
+
+    def write(store):
+        for seed, (name, (n, c)) in enumerate(trials.items()):
+            for i in range(n):
+                end = ("success", None) if i < c else ("failure", "wrong_decision")
+                _episode(store, f"{name}-{i}", [[]], end, seed=seed, task="license_renewal")
+        for i, value in enumerate((-9.16, -9.165)):
+            _episode(store, f"m-{i}", [[]], ("failure", "wrong_decision"), agent="m", total_return=value)
+
+    with _warehouse_of(tmp_path, write) as wh:
+        [row] = service.run_named(wh, "pass_at_k", {"k": 1, "agent": "a"})
+        assert (row["instances"], row["pass_hat_k"]) == (8, 0.2813)
+        [row] = service.run_named(wh, "success_by_task_and_chaos", {"agent": "m"})
+        assert row["mean_return"] == -9.163
+        [row] = [r for r in service.run_named(wh, "compare_agents", {}) if r["agent"] == "m"]
+        assert row["mean_return"] == -9.163
 
 
 def test_pass_at_k_does_not_pool_other_budgets_or_reward_profiles_as_trials(tmp_path):

@@ -19,7 +19,7 @@ counted AS (
     FROM failed GROUP BY ALL
 )
 SELECT failure_mode, sequence, episodes,
-       round(episodes / sum(episodes) OVER (PARTITION BY failure_mode), 4) AS share_of_mode
+       round_decimal(episodes / sum(episodes) OVER (PARTITION BY failure_mode), 4) AS share_of_mode
 FROM counted
 QUALIFY row_number() OVER (PARTITION BY failure_mode ORDER BY episodes DESC, sequence) <= $top
 ORDER BY sum(episodes) OVER (PARTITION BY failure_mode) DESC, failure_mode, episodes DESC, sequence

@@ -12,11 +12,11 @@ total AS (SELECT count(*) AS n, count(*) FILTER (WHERE ok) AS s FROM e),
 fired AS (SELECT unnest(chaos_mechanisms) AS mechanism, ok FROM e)
 SELECT f.mechanism,
        count(*) AS episodes_with,
-       round(count(*) FILTER (WHERE f.ok) / count(*), 4) AS success_rate_with,
+       round_decimal(count(*) FILTER (WHERE f.ok) / count(*), 4) AS success_rate_with,
        any_value(t.n) - count(*) AS episodes_without,
-       round((any_value(t.s) - count(*) FILTER (WHERE f.ok)) / nullif(any_value(t.n) - count(*), 0), 4)
+       round_decimal((any_value(t.s) - count(*) FILTER (WHERE f.ok)) / nullif(any_value(t.n) - count(*), 0), 4)
            AS success_rate_without,
-       round(count(*) FILTER (WHERE f.ok) / count(*)
+       round_decimal(count(*) FILTER (WHERE f.ok) / count(*)
              - (any_value(t.s) - count(*) FILTER (WHERE f.ok)) / nullif(any_value(t.n) - count(*), 0), 4)
            AS success_rate_delta
 FROM fired f CROSS JOIN total t

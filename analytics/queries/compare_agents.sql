@@ -16,12 +16,12 @@ top AS (  -- ties: the alphabetically first mode
 )
 SELECT coalesce(e.agent, '(unknown)') AS agent,
        count(*) AS episodes,
-       round(count(*) FILTER (WHERE outcome = 'success') / count(*), 4) AS success_rate,
-       round(avg(total_return::DECIMAL(18, 6)), 3) AS mean_return,
-       round(coalesce(stddev_samp(total_return), 0), 3) AS std_return,
-       round(avg(steps), 2) AS mean_steps,
-       round(avg(first_mistake_step), 2) AS mean_first_mistake_step,
-       round(sum(rejected_actions) / nullif(sum(steps), 0), 4) AS rejected_action_rate,
+       round_decimal(count(*) FILTER (WHERE outcome = 'success') / count(*), 4) AS success_rate,
+       round_decimal(avg(total_return::DECIMAL(18, 6)), 3) AS mean_return,
+       round_decimal(coalesce(stddev_samp(total_return), 0), 3) AS std_return,
+       round_decimal(avg(steps), 2) AS mean_steps,
+       round_decimal(avg(first_mistake_step), 2) AS mean_first_mistake_step,
+       round_decimal(sum(rejected_actions) / nullif(sum(steps), 0), 4) AS rejected_action_rate,
        any_value(top.mode) AS top_failure_mode
 FROM e LEFT JOIN top ON top.agent IS NOT DISTINCT FROM e.agent
 GROUP BY e.agent

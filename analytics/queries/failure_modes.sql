@@ -13,7 +13,7 @@ WITH failed AS (
 )
 SELECT coalesce(failure_mode, '(none recorded)') AS failure_mode,
        count(*) AS episodes,
-       round(count(*) / sum(count(*)) OVER (), 6) AS share,
+       round_decimal(count(*) / sum(count(*)) OVER (), 6) AS share,
        list(episode_id ORDER BY first_position)[1:$examples] AS example_episode_ids
 FROM failed
 GROUP BY failure_mode

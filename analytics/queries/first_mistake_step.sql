@@ -16,8 +16,8 @@ top AS (  -- ties: the alphabetically first mode
 )
 SELECT e.step AS first_mistake_step,
        count(*) AS episodes,
-       round(count(*) / sum(count(*)) OVER (), 6) AS share,
-       round(sum(count(*)) OVER (ORDER BY e.step) / sum(count(*)) OVER (), 6) AS cumulative_share,
+       round_decimal(count(*) / sum(count(*)) OVER (), 6) AS share,
+       round_decimal(sum(count(*)) OVER (ORDER BY e.step) / sum(count(*)) OVER (), 6) AS cumulative_share,
        any_value(top.mode) AS most_common_mode
 FROM e LEFT JOIN top ON top.step = e.step
 GROUP BY e.step

@@ -17,15 +17,22 @@ pairs AS (
     FROM trials GROUP BY agent, task
 ),
 ks AS (SELECT range AS k FROM range(1, $k + 1)),
-passes AS (
-    SELECT t.agent, t.task, ks.k,
-           round(avg(t.n), 2) AS mean_trials,
-           round(avg(CASE WHEN t.c < ks.k THEN 0.0
-                          ELSE exp(lgamma(t.c + 1) - lgamma(t.c - ks.k + 1)
-                                   - lgamma(t.n + 1) + lgamma(t.n - ks.k + 1)) END), 4) AS pass_hat_k
+-- C(c,k)/C(n,k) for k = 1, 2, ... as a running product of (c-k+1)/(n-k+1): exact for k = 1 (c/n),
+-- where exp(lgamma(...)) made 3/4 0.7499999999999998; 0 from k = c+1 on
+chances AS (
+    SELECT t.agent, t.task, t.n, ks.k,
+           product((t.c - ks.k + 1) / (t.n - ks.k + 1)) OVER (
+               PARTITION BY t.agent, t.task, t.seed, t.chaos, t.max_steps, t.reward_profile
+               ORDER BY ks.k ROWS UNBOUNDED PRECEDING) AS chance
     FROM trials t CROSS JOIN ks
     WHERE t.n >= $k
-    GROUP BY t.agent, t.task, ks.k
+),
+passes AS (
+    SELECT agent, task, k,
+           round_decimal(avg(n), 2) AS mean_trials,
+           round_decimal(avg(greatest(chance, 0.0)), 4) AS pass_hat_k
+    FROM chances
+    GROUP BY agent, task, k
 )
 SELECT p.agent, p.task, ks.k, p.instances, p.instances_left_out, x.mean_trials, x.pass_hat_k
 FROM pairs p CROSS JOIN ks

@@ -10,9 +10,9 @@ n AS (SELECT count(*) AS episodes FROM e)
 SELECT r.rule,
        sum(r.grants) AS grants,
        count(*) AS episodes_granted,
-       round(count(*) / any_value(n.episodes), 4) AS share_of_episodes,
-       round(sum(r.total::DECIMAL(18, 6)), 3)::DOUBLE AS total_value,
-       round(sum(r.total::DECIMAL(18, 6)) / any_value(n.episodes), 4) AS mean_value_per_episode
+       round_decimal(count(*) / any_value(n.episodes), 4) AS share_of_episodes,
+       round_decimal(sum(r.total::DECIMAL(18, 6)), 3) AS total_value,
+       round_decimal(sum(r.total::DECIMAL(18, 6)) / any_value(n.episodes), 4) AS mean_value_per_episode
 FROM rewards r SEMI JOIN e ON e.episode_id = r.episode_id
 CROSS JOIN n
 GROUP BY r.rule

@@ -5,8 +5,8 @@ SELECT task,
        chaos,
        count(*) AS episodes,
        count(*) FILTER (WHERE outcome = 'success') AS successes,
-       round(count(*) FILTER (WHERE outcome = 'success') / count(*), 4) AS success_rate,
-       round(avg(total_return::DECIMAL(18, 6)), 3) AS mean_return
+       round_decimal(count(*) FILTER (WHERE outcome = 'success') / count(*), 4) AS success_rate,
+       round_decimal(avg(total_return::DECIMAL(18, 6)), 3) AS mean_return
 FROM episodes
 WHERE outcome IS NOT NULL
   AND ($agent IS NULL OR agent = $agent)

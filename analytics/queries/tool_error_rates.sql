@@ -30,7 +30,7 @@ rejections AS (
     FROM per_code GROUP BY tool
 )
 SELECT p.tool, p.calls, p.rejected,
-       round(p.rejected / p.calls, 4) AS error_rate,
+       round_decimal(p.rejected / p.calls, 4) AS error_rate,
        p.chaos_rejections,
        coalesce(r.under_chaos, 0) AS rejected_under_chaos,
        r.code AS top_reject_code
