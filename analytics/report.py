@@ -28,8 +28,9 @@ SELECT count(*) AS episodes,
              / nullif(count(*) FILTER (WHERE outcome IS NOT NULL), 0), 4) AS success_rate,
        round_decimal(avg(total_return::DECIMAL(18, 6)) FILTER (WHERE outcome IS NOT NULL), 3) AS mean_return,
        round_decimal(avg(steps) FILTER (WHERE outcome IS NOT NULL), 2) AS mean_steps,
-       count(DISTINCT coalesce(agent, '(unknown)')) AS agents,  -- as compare_agents labels them
-       count(DISTINCT task) AS tasks
+       -- as compare_agents labels and counts them: agents with a finished episode
+       count(DISTINCT coalesce(agent, '(unknown)')) FILTER (WHERE outcome IS NOT NULL) AS agents,
+       count(DISTINCT task) FILTER (WHERE outcome IS NOT NULL) AS tasks
 FROM episodes
 WHERE ($agent IS NULL OR agent = $agent) AND ($task IS NULL OR task = $task)
 """
@@ -147,8 +148,11 @@ def report_title(data: dict[str, Any]) -> str:
 
 
 def _shown(value: Any) -> Any:
-    """A summary figure as a person reads it: n/a when there is nothing to average."""
-    return "n/a" if value is None else value
+    """A summary figure as a person reads it, as the tables print numbers (11, not 11.0); n/a when
+    there is nothing to average."""
+    if value is None:
+        return "n/a"
+    return number_text(value) if isinstance(value, float) else value
 
 
 def _rate(s: dict[str, Any]) -> str:

@@ -885,11 +885,15 @@ def test_report_counts_agentless_episodes_as_the_unknown_agent_it_lists(tmp_path
     def write(store):
         _episode(store, "a", [[]], ("success", None), agent="a")
         _episode(store, "nobody", [[]], ("success", None), agent=None)
+        _episode(store, "ghost", [[], []], None, agent="ghost", task="bug_escalation")  # still running
 
     with _warehouse_of(tmp_path, write) as wh:
         data = report.build(wh)
+    # counted as the tables list them: a running episode's agent and task are in no table
     assert data["summary"]["agents"] == len(data["compare_agents"]) == 2
-    assert "2 agent(s)" in report.summary_line(data["summary"])
+    line = report.summary_line(data["summary"])
+    assert "2 agent(s), 1 task(s)" in line and "(2 finished, 1 running)" in line
+    assert "mean steps 1," in line and "mean return 0," in line, line  # as the tables print numbers
 
 
 def test_parameters_drop_surrounding_whitespace_whatever_their_type(tmp_path):

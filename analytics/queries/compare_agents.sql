@@ -1,4 +1,4 @@
--- What separates agents: success, return, steps, first mistake and invalid calls per agent, with each agent's most common failure mode.
+-- What separates agents: success, return, steps, first mistake and rejected calls (the agent's own invalid ones and chaos's refusals alike) per agent, with each agent's most common failure mode.
 -- param task TASK = NULL: only this task family
 -- param chaos CHAOS = NULL: only this chaos level (none, low, medium, high or a number)
 WITH e AS (
