@@ -24,25 +24,50 @@ import orjson
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 REQUEST_TIMEOUT_S = 30.0
+MAX_HEAD_BYTES = 64 * 1024
+"""A request's line and headers, together: nginx allows 32 KiB by default. httptools has no limit
+(a client sent 143 MB of one header line within the deadline, and parsing it, in time that grows
+faster than its length, stalled every other connection of the worker)."""
 
 
 class TimelyHttpProtocol(HttpToolsProtocol):
-    """Uvicorn's httptools protocol that drops a connection slow to send its request."""
+    """Uvicorn's httptools protocol that drops a connection slow to send its request, refuses
+    a request head over MAX_HEAD_BYTES (431), and says what is wrong with a request that is not
+    HTTP in the API's JSON (Uvicorn answered plain text)."""
 
     _deadline: asyncio.TimerHandle | None = None
+    _in_head = True  # the current request's line and headers are still arriving
+    _head_bytes = 0
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._arm()
 
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self._in_head and not self.transport.is_closing():
+            self._head_bytes += len(data)  # a chunk that ends inside a head (rarely, a pipelined
+            if self._head_bytes > MAX_HEAD_BYTES:  # request's body came first: counted too)
+                self._refuse(431, "Request Header Fields Too Large", "headers_too_large",
+                             f"the request line and headers are over {MAX_HEAD_BYTES // 1024} KiB")
+
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        self._in_head, self._head_bytes = True, 0
         self._arm()  # a keep-alive connection's next request
 
     def on_headers_complete(self) -> None:
+        self._in_head = False
         if self.parser.should_upgrade() and self._should_upgrade():
             self._disarm()  # a WebSocket handshake: the connection leaves HTTP
         super().on_headers_complete()
+
+    def send_400_response(self, msg: str) -> None:
+        """A request httptools cannot parse (a Content-Length that is no number or given twice, a
+        URL past its limit): the API's JSON refusal, not Uvicorn's plain text."""
+        self._refuse(400, "Bad Request", "bad_request",
+                     "the request is not valid HTTP/1.1 (its request line, a header such as "
+                     "Content-Length, or its framing)")
 
     def on_message_complete(self) -> None:
         self._disarm()
@@ -78,11 +103,21 @@ class TimelyHttpProtocol(HttpToolsProtocol):
             self.transport.write(_timeout_response())
         self.transport.close()
 
+    def _refuse(self, status: int, reason: str, code: str, detail: str) -> None:
+        self.logger.info("refused a request: %s", detail)
+        self._disarm()
+        self.transport.write(_refusal(status, reason, code, detail))
+        self.transport.close()
+
 
 def _timeout_response() -> bytes:
-    """408 with the reason in words, as the API's other refusals say theirs (`detail`, `code`)."""
-    body = orjson.dumps({
-        "detail": f"the request's body did not arrive within {REQUEST_TIMEOUT_S:g} s of its start",
-        "code": "request_timeout"})
-    return (b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
-            b"content-length: " + str(len(body)).encode() + b"\r\nconnection: close\r\n\r\n" + body)
+    return _refusal(408, "Request Timeout", "request_timeout",
+                    f"the request's body did not arrive within {REQUEST_TIMEOUT_S:g} s of its start")
+
+
+def _refusal(status: int, reason: str, code: str, detail: str) -> bytes:
+    """A refusal with the reason in words, as the API's other refusals say theirs (`detail`,
+    `code`), closing the connection."""
+    body = orjson.dumps({"detail": detail, "code": code})
+    return (f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n".encode()
+            + b"content-length: " + str(len(body)).encode() + b"\r\nconnection: close\r\n\r\n" + body)

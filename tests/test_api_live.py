@@ -5,6 +5,7 @@ have: openenv's GenericEnvClient, `openenv validate`'s runtime checks, the MCP P
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import socket
 
@@ -230,6 +231,38 @@ def _read_to_close(conn: socket.socket) -> bytes:
     while chunk := conn.recv(4096):
         answer += chunk
     return answer
+
+
+def test_an_oversized_request_head_is_431_and_a_request_that_is_not_http_a_json_400(sqlite_url):
+    """httptools has no limit on a request's headers: 143 MB of one header line arrived within the
+    deadline, and parsing it stalled every connection of the worker. A request it cannot parse was
+    answered in plain text, not as the API's other refusals are."""
+    from api.httpprotocol import MAX_HEAD_BYTES
+
+    with live_server(sqlite_url) as base:
+        port = int(base.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port)) as big:
+            big.settimeout(20)
+            big.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: ")
+            with contextlib.suppress(OSError):  # the server may close before the last bytes
+                for _ in range(MAX_HEAD_BYTES // 8192 + 2):
+                    big.sendall(b"a" * 8192)
+            answer = _read_to_close(big)
+        assert answer.startswith(b"HTTP/1.1 431 "), answer[:200]
+        assert orjson.loads(answer.partition(b"\r\n\r\n")[2])["code"] == "headers_too_large"
+        for framing in (b"Content-Length: abc\r\n", b"Content-Length: 3\r\nContent-Length: 4\r\n"):
+            with socket.create_connection(("127.0.0.1", port)) as bad:
+                bad.settimeout(20)
+                bad.sendall(b"POST /reset HTTP/1.1\r\nHost: x\r\n" + framing + b"\r\n{}")
+                answer = _read_to_close(bad)
+            assert answer.startswith(b"HTTP/1.1 400 "), answer[:200]
+            head, _, body = answer.partition(b"\r\n\r\n")
+            assert b"application/json" in head and orjson.loads(body)["code"] == "bad_request"
+        with socket.create_connection(("127.0.0.1", port)) as fine:  # a big but allowed head is served
+            fine.settimeout(20)
+            fine.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"p" * 16_000 + b"\r\n\r\n")
+            assert _read_response(fine).startswith(b"HTTP/1.1 200")
+        assert httpx.get(f"{base}/health").status_code == 200
 
 
 def test_a_request_whose_body_stalls_is_answered_408_and_closed(sqlite_url, monkeypatch):
