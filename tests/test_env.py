@@ -634,6 +634,37 @@ def test_serve_says_in_one_line_why_it_cannot_listen(tmp_path):
     assert out.returncode == 2 and "COMPANYOS_API_KEY" in out.stderr and "' '" in out.stderr, out.stderr
 
 
+_SERVE_WITH_FEW_FILES = """
+import resource, sys
+soft, hard = (int(n) for n in sys.argv[1:3])
+resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+import uvicorn
+uvicorn.run = lambda *a, **k: print("open files", resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+from companyos.cli import main
+sys.argv = ["companyos", "serve", "--port", "0", "--db", sys.argv[3]]
+main()
+"""
+
+
+def test_serve_raises_its_open_files_limit_and_says_when_sessions_cannot_fit(tmp_path):
+    """At the usual soft limit of 1,024 files, clients past ~1,000 were dropped without a word,
+    below the default --max-sessions of 1,024, while the hard limit allowed far more."""
+    import resource
+
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard != resource.RLIM_INFINITY and hard < 2048:
+        pytest.skip(f"the hard limit of open files here is {hard}")
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    out = subprocess.run([sys.executable, "-c", _SERVE_WITH_FEW_FILES, "256", "4096", url],
+                         capture_output=True, text=True)
+    assert out.returncode == 0 and "open files 4096" in out.stdout, out.stderr
+    assert "note:" not in out.stderr
+    out = subprocess.run([sys.executable, "-c", _SERVE_WITH_FEW_FILES, "512", "512", url],
+                         capture_output=True, text=True)
+    assert out.returncode == 0 and "open files 512" in out.stdout, out.stderr
+    assert "may open 512 files, too few for --max-sessions 1024" in _unboxed(out.stderr), out.stderr
+
+
 @pytest.mark.parametrize("episode_id", ["a\x00b", "épisode-1", "ends-in-newline\n", "", "x" * 129, 7])
 def test_an_episode_id_no_client_could_name_is_refused_in_process_as_over_http(sqlite_url, episode_id):
     """A NUL failed on PostgreSQL with a driver error; other ids were logged but unreachable

@@ -88,16 +88,45 @@ def serve(
         # the supervisor is this process: its workers stop with it (not a lone server with its shell)
         "COMPANYOS_EXIT_WITH": str(os.getpid()) if workers > 1 else "",
     })
+    descriptors = _raise_descriptor_limit()
     auth = "API key required" if api_key else "no API key"
     store = shown_url(url)
     base = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
     proxied = f" (behind a proxy at {root_path})" if root_path else ""
     typer.echo(f"companyos serve: {base} ({workers} worker(s), store {store}, {auth})\n"
                f"  web UI {base}/ui, API docs {base}/docs{proxied}")
+    if descriptors is not None and descriptors < max_sessions + DESCRIPTOR_HEADROOM:
+        typer.echo(f"note: this process may open {descriptors} files, too few for --max-sessions "
+                   f"{max_sessions} (each session holds a connection): past about "
+                   f"{max(descriptors - DESCRIPTOR_HEADROOM, 0)} clients are dropped without an "
+                   "answer; raise `ulimit -n` or lower --max-sessions", err=True)
     uvicorn.run(APP_FACTORY, factory=True, host=host, port=port, workers=workers,
                 log_level=log_level, root_path=root_path, http=HTTP_PROTOCOL, ws=WS_PROTOCOL,
                 ws_max_size=max_body, ws_ping_interval=20.0, ws_ping_timeout=20.0, backlog=4096,
                 timeout_keep_alive=30)
+
+
+DESCRIPTOR_HEADROOM = 128
+"""Files a worker holds besides its sessions' sockets: the store, the warehouse, probes, logs."""
+
+
+def _raise_descriptor_limit() -> int | None:
+    """Raise this process's soft limit of open files to its hard limit (the workers inherit it),
+    as servers do: at the usual soft 1,024, sockets past ~1,000 were dropped without an answer,
+    below the default --max-sessions. Returns the limit now in force (None where unknown)."""
+    try:
+        import resource
+    except ImportError:  # not POSIX
+        return None
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+            soft = wanted
+        except (ValueError, OSError):  # a limit the kernel will not grant: keep the old one
+            pass
+    return None if soft == resource.RLIM_INFINITY else soft
 
 
 def _check_can_listen(host: str, port: int) -> None:
