@@ -58,7 +58,12 @@ class Guard:
         for name, value in scope.get("headers", ()):
             if name == b"authorization":
                 scheme, _, key = value.partition(b" ")
-                if scheme.lower() == b"bearer" and hmac.compare_digest(key.strip(), self.api_key):
+                if scheme.lower() != b"bearer":  # Basic, a bare key...: not a wrong key, a wrong form
+                    return _json(401, "unauthorized",
+                                 f"the Authorization header's scheme is {scheme[:20].decode('latin-1')!r}; "
+                                 "this server takes Authorization: Bearer <key>",
+                                 [(b"www-authenticate", b"Bearer")])
+                if hmac.compare_digest(key.strip(), self.api_key):
                     return None
                 return _json(403, "forbidden", "wrong API key",
                              [(b"www-authenticate", b'Bearer error="invalid_token"')])

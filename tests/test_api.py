@@ -345,6 +345,10 @@ def test_api_key(sqlite_url):
         r = c.get("/tasks")
         assert r.status_code == 401 and "Authorization" in r.json()["detail"]
         assert c.get("/tasks", headers={"Authorization": "Bearer nope"}).status_code == 403
+        # the right key in another scheme was "wrong API key" (403): the form is what is wrong
+        for header in ("Basic sekret", "sekret"):
+            r = c.get("/tasks", headers={"Authorization": header})
+            assert r.status_code == 401 and "takes Authorization: Bearer <key>" in r.json()["detail"], r.text
         auth = {"Authorization": "Bearer sekret"}
         assert c.get("/tasks", headers=auth).status_code == 200
         assert c.post("/reset", json=RESET).status_code == 401
