@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import json
 from typing import Any
-from urllib.parse import parse_qs
+from urllib.parse import parse_qsl
 
 import orjson
 
 from api import catalog, mcp
+from api.querystring import RepeatedParameter, single_valued
 from api.sessions import ApiError, Session, refusal
 from eventstore.encoding import parse_json as loads
 
@@ -63,11 +64,17 @@ async def websocket_app(server: Any, scope: dict, receive: Any, send: Any) -> No
     conn = _Connection(server)
     try:
         await send({"type": "websocket.accept"})
-        query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
-        key = query.get("session_id", [None])[0]
+        try:  # a repeated session_id resumed the first silently: the other routes refuse it
+            query = single_valued(parse_qsl(scope.get("query_string", b"").decode("latin-1")))
+        except RepeatedParameter as exc:
+            await send({"type": "websocket.send", "text": _error(
+                str(exc), SESSION_ERROR, reason="invalid_query", status=400)})
+            await send({"type": "websocket.close", "code": 1008})
+            return
+        key = query.get("session_id")
         if key:
             headers = dict(scope.get("headers", ()))
-            token = query.get("episode_token", [None])[0] or _header(headers, b"x-episode-token")
+            token = query.get("episode_token") or _header(headers, b"x-episode-token")
             try:
                 await conn.resume(key, token)
             except Exception as exc:

@@ -650,6 +650,16 @@ def test_websocket_resume_after_restart(sqlite_url, tmp_path):
     assert stream_digest(sqlite_url, episode_id) == digest_uninterrupted(tmp_path, ACTIONS)
 
 
+def test_a_websocket_given_a_session_twice_is_refused_as_other_routes_refuse_it(sqlite_url):
+    """`?session_id=x&session_id=<key>` resumed the first silently; every other route says 400."""
+    with client(sqlite_url) as c:
+        episode_id, token, _ = reset(c)
+        with c.websocket_connect(f"/ws?session_id=nope&session_id={episode_id}.{token}") as ws:
+            error = ws.receive_json()
+        assert error["type"] == "error" and error["data"]["reason"] == "invalid_query", error
+        assert "'session_id' is given more than once" in error["data"]["message"]
+
+
 def test_websocket_capacity(sqlite_url):
     with client(sqlite_url, max_sessions=1) as c, c.websocket_connect("/ws") as first:
         with c.websocket_connect("/ws") as second:
