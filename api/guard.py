@@ -58,10 +58,10 @@ class Guard:
         for name, value in scope.get("headers", ()):
             if name == b"authorization":
                 scheme, _, key = value.partition(b" ")
-                if scheme.lower() != b"bearer":  # Basic, a bare key...: not a wrong key, a wrong form
-                    return _json(401, "unauthorized",
-                                 f"the Authorization header's scheme is {scheme[:20].decode('latin-1')!r}; "
-                                 "this server takes Authorization: Bearer <key>",
+                if scheme.lower() != b"bearer":  # Basic, a bare key...: not a wrong key, a wrong
+                    return _json(401, "unauthorized",  # form (not echoed: it may be the key itself)
+                                 "the Authorization header is not of the form Bearer <key>; this "
+                                 "server takes Authorization: Bearer <key>",
                                  [(b"www-authenticate", b"Bearer")])
                 if hmac.compare_digest(key.strip(), self.api_key):
                     return None
