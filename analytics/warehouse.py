@@ -25,6 +25,7 @@ import duckdb
 
 from analytics.paths import why_not_written
 from analytics.sync_progress import Progress, running_sync
+from eventstore import shown_url
 from eventstore.engine import normalise_url, sqlite_file
 
 # Bump when the derived tables' definition changes: a warehouse built by older code is rebuilt.
@@ -128,8 +129,9 @@ def default_path(db_url: str) -> Path:
 
 
 def store_label(db_url: str) -> str:
-    """The store's URL without its password: what the warehouse remembers it was built from."""
-    return normalise_url(db_url).render_as_string(hide_password=True)
+    """The store's URL as the user gave it, without its password: what the warehouse remembers it
+    was built from (it showed the driver SQLAlchemy is given, `postgresql+psycopg://`)."""
+    return shown_url(db_url)
 
 
 ROUND_DECIMAL = ("CREATE OR REPLACE TEMP MACRO round_decimal(x, places) AS "

@@ -19,7 +19,7 @@ import pytest
 from analytics import service, synthetic
 from analytics.named import QueryError, UnknownQuery
 from analytics.sync import sync
-from analytics.warehouse import Warehouse, WarehouseError
+from analytics.warehouse import Warehouse, WarehouseError, store_label
 from eventstore import GENESIS_DIGEST, CorruptCommit, EventStore, NewEvent, chain_digest
 from eventstore.packing import payload_json
 from tests.conftest import start_slow_sync
@@ -379,8 +379,10 @@ def test_warehouse_refuses_another_store(filled, tmp_path):
     sync(url, path)
     other = f"sqlite:///{tmp_path / 'other.db'}"
     fill(other, 5000, 5, seed=9)
-    with pytest.raises(WarehouseError, match="built from another store"):
+    with pytest.raises(WarehouseError, match="built from another store") as refused:
         sync(other, path)
+    assert f"({url})" in str(refused.value)  # the store's URL as given
+    assert store_label("postgresql://cos:s3cret@db/cos") == "postgresql://cos:***@db/cos"  # not +psycopg
 
 
 def test_every_reader_gives_the_same_warehouse(empty_store_url, tmp_path):
