@@ -118,6 +118,11 @@ def _lost(url: str, exc: BaseException, changes: bool = True) -> RemoteConnectio
                                  f"answered ({exc}){doubt}", url)
 
 
+DEFAULT_TIMEOUT_S = 75.0
+"""Longer than a server waits for a store another process holds locked (60 s, then 503: not
+applied): at 30 s a step under such a lock was "may have been applied" here, then applied."""
+
+
 def _timed_out(url: str, timeout: float, changes: bool = True) -> RemoteConnectionError:
     doubt = "; the request may or may not have been applied: `state` tells" if changes else ""
     return RemoteConnectionError(None, "timeout", f"no answer from {url} within {timeout:g} s{doubt}", url)
@@ -350,7 +355,7 @@ class RemoteCompanyEnv:
     metadata = {"render_modes": ["ansi"]}
 
     def __init__(self, base_url: str, *, transport: str = "ws", agent: str | None = None,
-                 timeout: float = 30.0, api_key: str | None = None) -> None:
+                 timeout: float = DEFAULT_TIMEOUT_S, api_key: str | None = None) -> None:
         if transport not in TRANSPORTS:
             raise ValueError(f"transport must be one of {TRANSPORTS}, not {transport!r}")
         if agent is not None and (problem := new_agent_label_problem(agent)):

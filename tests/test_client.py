@@ -364,3 +364,14 @@ def test_error_classes_sort_server_answers():
     assert not isinstance(remote_error(503, "unavailable", "x"), ValueError)
     assert isinstance(remote_error(None, "timeout", "x"), RemoteConnectionError)
     assert all(isinstance(remote_error(s, "c", "d"), RemoteEnvError) for s in (400, 500, None))
+
+
+def test_the_default_timeout_outlasts_the_servers_wait_for_a_locked_store():
+    """At 30 s, a step waiting out another process's lock (60 s, then a 503: not applied) was
+    reported "may have been applied" here, and then applied."""
+    import inspect
+
+    from eventstore.engine import PG_LOCK_TIMEOUT_MS, SQLITE_BUSY_TIMEOUT_MS
+
+    default = inspect.signature(RemoteCompanyEnv).parameters["timeout"].default
+    assert default > max(SQLITE_BUSY_TIMEOUT_MS, PG_LOCK_TIMEOUT_MS) / 1000 + 10
