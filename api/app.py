@@ -279,6 +279,15 @@ def _register_openenv(app: FastAPI, server: Server) -> None:
     sessions = server.sessions
     errors = ERROR_RESPONSES
 
+    @app.get("/ws", include_in_schema=False, status_code=426)
+    async def ws_over_http() -> JSONResponse:
+        """A plain GET of the WebSocket endpoint (a browser, curl, a client missing its upgrade
+        headers) was a bare 404, as if there were no /ws."""
+        return JSONResponse({"detail": "/ws is a WebSocket endpoint: open it with a WebSocket "
+                                       "client (an HTTP request with Upgrade: websocket)",
+                             "code": "upgrade_required"}, status_code=426,
+                            headers={"Upgrade": "websocket", "Connection": "Upgrade"})
+
     @app.get("/health", response_model=HealthResponse, tags=["OpenEnv"])
     async def health() -> JSON:
         """Liveness: the process answers. Needs no API key."""

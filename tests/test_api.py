@@ -660,6 +660,14 @@ def test_a_websocket_given_a_session_twice_is_refused_as_other_routes_refuse_it(
         assert "'session_id' is given more than once" in error["data"]["message"]
 
 
+def test_a_plain_get_of_the_websocket_endpoint_says_to_upgrade(sqlite_url):
+    """It was a bare 404, as if the server had no /ws."""
+    with client(sqlite_url) as c:
+        r = c.get("/ws")
+    assert r.status_code == 426 and r.json()["code"] == "upgrade_required", r.text
+    assert r.headers["upgrade"] == "websocket" and "WebSocket client" in r.json()["detail"]
+
+
 def test_websocket_capacity(sqlite_url):
     with client(sqlite_url, max_sessions=1) as c, c.websocket_connect("/ws") as first:
         with c.websocket_connect("/ws") as second:
