@@ -156,23 +156,30 @@ def test_rerun_shows_the_first_differing_event(logged, tmp_path):
     store.close()
 
 
-def test_rerun_says_a_stored_event_was_altered_when_its_digest_still_chains(logged, tmp_path):
+def _rerun_edited(logged, tmp_path, which: int, event_type: str, column: str, change, nth: int = 0):
+    """`rerun` of played episode `which` once the `nth` event of `event_type` had its `column`
+    changed behind the store's back (in a private copy of the log): (result, that event's version)."""
     url, played = logged
     store = copy_store(url, tmp_path)
-    victim = played[2]["episode_id"]
-    version = tamper.versions_of_type(store.engine, victim, "RewardGranted")[0]
+    try:
+        victim = played[which]["episode_id"]
+        version = tamper.versions_of_type(store.engine, victim, event_type)[nth]
+        tamper.edit_event(store.engine, victim, version, column, change)
+        return rerun(store, victim), version
+    finally:
+        store.close()
 
+
+def test_rerun_says_a_stored_event_was_altered_when_its_digest_still_chains(logged, tmp_path):
     def pay_more(data_json: str) -> str:
         data = orjson.loads(data_json)
         data["value"] += 100
         return canonical_json(data).decode()
 
-    tamper.edit_event(store.engine, victim, version, "data", pay_more)
-    result = rerun(store, victim)
+    result, version = _rerun_edited(logged, tmp_path, 2, "RewardGranted", "data", pay_more)
     assert not result.match and result.first_difference == version
     assert result.stored.digest == result.rerun.digest  # the digest column was left alone
     assert any("altered after it was written" in note for note in result.notes)
-    store.close()
 
 
 def test_rerun_names_the_likely_cause_of_an_edited_action_and_a_deleted_commit(logged, tmp_path):
@@ -203,31 +210,20 @@ def test_rerun_names_the_likely_cause_of_an_edited_action_and_a_deleted_commit(l
 
 def test_rerun_says_when_stored_data_is_the_same_value_in_other_bytes(logged, tmp_path):
     """Data re-spaced by hand showed two identical pretty-printed sides and no note at all."""
-    url, played = logged
-    store = copy_store(url, tmp_path)
-    victim = played[4]["episode_id"]
-    version = tamper.versions_of_type(store.engine, victim, "RewardGranted")[0]
-    tamper.edit_event(store.engine, victim, version, "data", lambda data: data.replace(":", ": "))
-    result = rerun(store, victim)
+    result, version = _rerun_edited(logged, tmp_path, 4, "RewardGranted", "data",
+                                    lambda data: data.replace(":", ": "))
     assert not result.match and result.first_difference == version
     assert result.stored.to_json()["data"] == result.rerun.to_json()["data"]
     assert any("the re-simulated value in other bytes" in note for note in result.notes), result.notes
-    store.close()
 
 
 def test_rerun_points_at_an_action_that_does_not_decode(logged, tmp_path):
     """Every action was decoded before anything was re-simulated, so an undecodable one made the
     first difference the stream's start (EpisodeStarted against no event)."""
-    url, played = logged
-    store = copy_store(url, tmp_path)
-    victim = played[0]["episode_id"]
-    version = tamper.versions_of_type(store.engine, victim, "ActionTaken")[2]
-    tamper.edit_event(store.engine, victim, version, "schema", lambda _: 99)
-    result = rerun(store, victim)
+    result, version = _rerun_edited(logged, tmp_path, 0, "ActionTaken", "schema", lambda _: 99, nth=2)
     assert not result.match and result.first_difference == version, result.to_json()
     assert result.stored.schema_version == 99
     assert "schema version 99" in result.error
-    store.close()
 
 
 def test_rerun_does_not_match_a_stream_whose_versions_were_shifted(logged, tmp_path):

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import typer
 
 from companyos.commands.options import DbOption, named_path
-from companyos.commands.output import csv_text, fail, print_json, stdout_console
+from companyos.commands.output import csv_text, fail, print_json, say_waiting, stdout_console
 from companyos.config import resolve_db
 
 if TYPE_CHECKING:
@@ -78,13 +78,8 @@ def _open_synced(db: str | None, warehouse: Path | None, quiet: bool = False) ->
 
 
 def _say_waiting(result: SyncResult) -> None:
-    """A note on stderr when the answer leaves out events already logged (PostgreSQL: behind an
-    older transaction, in any database of the cluster): the sync said nothing, and an episode
-    just run was silently missing from every answer."""
     if result.waiting:
-        typer.echo(f"note: events logged after position {result.checkpoint} are not in the warehouse "
-                   "yet: a transaction older than them is still running (ask again once it ends)",
-                   err=True)
+        say_waiting(result.checkpoint, "events", "in the warehouse", "ask")
 
 
 def _warehouse_failed(exc: Exception) -> NoReturn:

@@ -16,6 +16,14 @@ def say_error(message: str) -> None:
     typer.echo(f"error: {' '.join(message.split())}", err=True)
 
 
+def say_waiting(upto: int, what: str, where: str, again: str) -> None:
+    """A note on stderr (JSON on stdout stays whole) that what the answer holds stops at `upto`:
+    `what` logged after it waits behind an older transaction (PostgreSQL). Without it, episodes a
+    run had just logged were silently missing from lists and analytics, while `verify` said why."""
+    typer.echo(f"note: {what} logged after position {upto} are not {where} yet: a transaction "
+               f"older than them is still running ({again} again once it ends)", err=True)
+
+
 def fail(message: str, code: int = 2) -> NoReturn:
     """Say the error and exit with `code` (2: the call was wrong, 1: the world was, e.g. a
     warehouse in use)."""

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 import typer
 
 from companyos.commands.options import DbOption, EpisodeArgument, JsonOption, utf8_text
-from companyos.commands.output import fail, print_json, say_error, stdout_console
+from companyos.commands.output import fail, print_json, say_error, say_waiting, stdout_console
 from companyos.config import READ_ONLY_WORDS, read_only_store, resolve_db
 
 
@@ -267,12 +267,8 @@ def _commits_waiting(store) -> int | None:
 
 
 def _say_waiting(upto: int | None, where: str, again: str) -> None:
-    """A note on stderr (JSON on stdout stays whole): without it, episodes a run had just logged
-    were silently missing, while `verify` said why."""
     if upto is not None:
-        typer.echo(f"note: episodes logged after position {upto} are not {where} yet: a "
-                   f"transaction older than them is still running ({again} again once it ends)",
-                   err=True)
+        say_waiting(upto, "episodes", where, again)
 
 
 def rebuild(
@@ -288,10 +284,9 @@ def rebuild(
 
     if projection is not None and projection not in PROJECTION_NAMES:
         fail(f"unknown projection {projection!r}; known: {', '.join(PROJECTION_NAMES)}")
-    store = _open(db)
     if read_only_store(resolve_db(db)):
-        store.close()
         fail(f"the store URL {READ_ONLY_WORDS}, and a rebuild writes the read models; leave mode=ro out")
+    store = _open(db)
     try:
         runner = ProjectionRunner(store, default_projections())
         names = None if projection is None else [projection]
