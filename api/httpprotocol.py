@@ -24,6 +24,8 @@ import orjson
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 REQUEST_TIMEOUT_S = 30.0
+LINGER_S = 2.0
+"""How long a refused connection's input is still read (and dropped) before it is closed."""
 MAX_HEAD_BYTES = 64 * 1024
 """A request's line and headers, together: nginx allows 32 KiB by default. httptools has no limit
 (a client sent 143 MB of one header line within the deadline, and parsing it, in time that grows
@@ -38,12 +40,15 @@ class TimelyHttpProtocol(HttpToolsProtocol):
     _deadline: asyncio.TimerHandle | None = None
     _in_head = True  # the current request's line and headers are still arriving
     _head_bytes = 0
+    _refused: asyncio.TimerHandle | None = None  # the close after a refusal, while input drains
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._arm()
 
     def data_received(self, data: bytes) -> None:
+        if self._refused is not None:  # answered and half-closed: the rest is read and dropped
+            return
         super().data_received(data)
         if self._in_head and not self.transport.is_closing():
             self._head_bytes += len(data)  # a chunk that ends inside a head (rarely, a pipelined
@@ -75,6 +80,8 @@ class TimelyHttpProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        if self._refused is not None:
+            self._refused.cancel()
         super().connection_lost(exc)
 
     def _arm(self) -> None:
@@ -104,10 +111,19 @@ class TimelyHttpProtocol(HttpToolsProtocol):
         self.transport.close()
 
     def _refuse(self, status: int, reason: str, code: str, detail: str) -> None:
+        """Answer and end the connection without losing the answer: closed while the client was
+        still sending, the socket reset the connection, and the reset could discard the answer
+        before the client read it. So the answer is followed by a half-close, and what the client
+        still sends is read and dropped until it closes, or LINGER_S have passed (nginx's
+        lingering close)."""
         self.logger.info("refused a request: %s", detail)
         self._disarm()
         self.transport.write(_refusal(status, reason, code, detail))
-        self.transport.close()
+        if not self.transport.can_write_eof():
+            self.transport.close()
+            return
+        self.transport.write_eof()
+        self._refused = self.loop.call_later(LINGER_S, self.transport.close)
 
 
 def _timeout_response() -> bytes:
