@@ -1,4 +1,5 @@
-"""The WebSocket protocol `companyos serve` runs: Uvicorn's sans-I/O one, answering refused handshakes.
+"""The WebSocket protocol `companyos serve` runs: Uvicorn's sans-I/O one, answering refused
+handshakes and finishing the step under way at shutdown.
 
 The `websockets` library refuses an upgrade request whose URL or one header line is over 8 KiB,
 or that has more than 128 headers, and prepares an answer (414, 431 or 400). Uvicorn's
@@ -8,18 +9,54 @@ that answer and the client waits on an open connection. This subclass sends it a
 It also counts a handshake the application refused with an HTTP answer (`websocket.http.response`,
 e.g. a missing API key) as complete: Uvicorn logged each such refusal as the error "ASGI
 callable returned without completing handshake", a false alarm per refused client.
+
+At shutdown Uvicorn sends close code 1012 and drops the socket at once, so a step the application
+was working on was logged without its answer ever reaching the client. Here shutdown drops only
+the messages the application has not begun (they are never applied), lets it finish and answer
+the one under way, and sends 1012 when it next asks for a message: every logged step is answered.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from starlette.types import Message
+
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+
+
+# The code a socket is closed with when the server shuts down: "service restart" (RFC 6455, IANA).
+SERVICE_RESTART = 1012
 
 
 class AnsweringWebSocketProtocol(WebSocketsSansIOProtocol):
     """Uvicorn's sans-I/O WebSocket protocol (keepalive pings included) that answers a handshake
-    the `websockets` library refused while reading it, instead of leaving the client waiting."""
+    the `websockets` library refused while reading it, instead of leaving the client waiting, and
+    that answers the message under way before it closes a socket at shutdown."""
+
+    stopping = False  # shutdown began while the application held the socket open
+
+    def shutdown(self) -> None:
+        if not self.handshake_complete or self.close_sent or self.disconnected:
+            super().shutdown()
+            return
+        self.stop_keepalive()
+        self.stopping = True
+        while not self.queue.empty():  # received but not begun: never applied, never answered
+            self.queue.get_nowait()
+        self.queue.put_nowait({"type": "websocket.disconnect", "code": SERVICE_RESTART})
+
+    async def receive(self) -> Message:
+        message = await super().receive()
+        if self.stopping and not self.close_sent and not self.disconnected:
+            self._close_for_shutdown()  # the application is between messages: nothing is under way
+        return message
+
+    def _close_for_shutdown(self) -> None:
+        self.close_sent = True
+        self.conn.send_close(SERVICE_RESTART)
+        self.transport.write(b"".join(self.conn.data_to_send()))
+        self.transport.close()  # after writing what is buffered, the step's answer included
 
     def data_received(self, data: bytes) -> None:
         super().data_received(data)

@@ -93,6 +93,15 @@ def command_runner(register, *prefix: str):
 @contextlib.contextmanager
 def live_server(url: str, **config):
     """Uvicorn on a free loopback port in a background thread; yields the base URL."""
+    with live_uvicorn(url, **config) as (base, _server, _sock):
+        yield base
+
+
+@contextlib.contextmanager
+def live_uvicorn(url: str, sock=None, **config):
+    """`live_server` that also yields the `uvicorn.Server`, for tests that shut it down themselves
+    (`server.should_exit = True` is what Ctrl-C and SIGTERM do). `sock`: a listening socket to
+    serve (another server's `sock.dup()` makes two workers of one port, as `--workers` does)."""
     import socket
     import threading
     import time
@@ -103,8 +112,9 @@ def live_server(url: str, **config):
     from api.config import ServerConfig
     from companyos.commands.serve import HTTP_PROTOCOL, WS_PROTOCOL
 
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
+    if sock is None:
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     app = create_app(ServerConfig(db=url, **config))
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", http=HTTP_PROTOCOL, ws=WS_PROTOCOL,
@@ -117,7 +127,7 @@ def live_server(url: str, **config):
             raise RuntimeError("server did not start")
         time.sleep(0.02)
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield f"http://127.0.0.1:{port}", server, sock
     finally:
         server.should_exit = True
         thread.join(timeout=30)

@@ -356,3 +356,4 @@ def test_the_request_deadline_does_not_count_the_wait_for_100_continue(monkeypat
         server.should_exit = True
         thread.join(timeout=30)
         sock.close()
+
