@@ -36,6 +36,7 @@ _INFO_KEYS = ("episode_id", "step", "outcome", "failure_mode", "rejected")
 # OpenEnv's WebSocket error codes that carry no HTTP status of their own
 _WS_STATUS = {"INVALID_JSON": 400, "UNKNOWN_TYPE": 400, "VALIDATION_ERROR": 400, "CAPACITY_REACHED": 503}
 _WS_TOO_BIG = 1009  # the close code of a frame over the server's --max-body
+_WS_SERVICE_RESTART = 1012  # a shutting-down server answers the message under way, drops the rest
 
 
 # -- errors ------------------------------------------------------------------------------------
@@ -260,8 +261,23 @@ class _WebSocketWire:
             self._drop_closed()
             self._conn = self._connect(resume)
             self._send_or_fail(text)
+        raw = self._answer(text)
+        if raw is None:  # the server shut down before it began this message, so it was not
+            # applied: it goes again on a new socket (another worker, or the restarted server,
+            # resumes the episode)
+            self._conn = self._connect(resume)
+            self._send_or_fail(text)
+            raw = self._answer(text)
+            if raw is None:
+                raise RemoteConnectionError(None, "connection_lost", f"{self.url} shut down twice before "
+                                            "it began the message; it was not applied", self.url)
+        return self._read(raw)
+
+    def _answer(self, text: str) -> str | bytes | None:
+        """The reply frame to `text`, or None if a shutting-down server closed the socket before
+        it began it (it answers the message under way first, and applies none after it)."""
         try:
-            raw = self._conn.recv(timeout=self.timeout)
+            return self._conn.recv(timeout=self.timeout)
         except TimeoutError:
             self.drop(abandon=True)  # a late answer must not be read as the next one's
             raise _timed_out(self.url, self.timeout) from None
@@ -272,8 +288,9 @@ class _WebSocketWire:
                 raise RemoteRequestError(413, "message_too_big", f"the server refused a {len(text)}-"
                                          f"character message: {received.reason or 'too big'}",
                                          self.url) from None
+            if received is not None and received.code == _WS_SERVICE_RESTART:
+                return None
             raise _lost(self.url, exc) from None
-        return self._read(raw)
 
     def _send_or_fail(self, text: str) -> None:
         try:
