@@ -86,6 +86,21 @@ def test_info_endpoints(sqlite_url):
         assert all("." not in n for n in names)  # valid OpenAI function names
 
 
+def test_tasks_json_on_the_command_line_is_what_get_tasks_serves(sqlite_url):
+    """`companyos tasks --json` printed a list of {task, description}, `GET /tasks` a document
+    with `tasks` as {name, description} and the chaos levels beside: one shape now, either way."""
+    from companyos.commands import run
+    from tests.conftest import command_runner
+
+    printed = command_runner(run.register)("tasks", "--json")
+    assert printed.exit_code == 0, printed.output
+    with client(sqlite_url) as c:
+        served = c.get("/tasks").json()
+    assert json.loads(printed.output) == served
+    assert {t["name"] for t in served["tasks"]} == {
+        "vendor_onboarding", "expense_report", "bug_escalation", "license_renewal", "handbook_update"}
+
+
 def test_reset_step_state(sqlite_url):
     with client(sqlite_url) as c:
         episode_id, token, first = reset(c)

@@ -125,13 +125,14 @@ def _print_summary(plan, summary: dict) -> None:
 
 
 def tasks(as_json: bool = JsonOption) -> None:
-    """List the task families."""
+    """List the task families (`--json`: the catalogue `GET /tasks` serves, chaos levels, reward
+    profiles and failure modes included, so a script reads one shape from either)."""
     import domain
 
     if as_json:
-        rows = [{"task": name, "description": _describe(family)}
-                for name, family in domain.TASK_FAMILIES.items()]
-        typer.echo(orjson.dumps(rows).decode())
+        from api import catalog
+
+        typer.echo(orjson.dumps(catalog.tasks()).decode())
         return
     for name, family in domain.TASK_FAMILIES.items():
         typer.echo(f"{name:20} {_describe(family)}")
