@@ -21,9 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from starlette.types import Message
-
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
-
 
 # The code a socket is closed with when the server shuts down: "service restart" (RFC 6455, IANA).
 SERVICE_RESTART = 1012
