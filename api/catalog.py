@@ -11,6 +11,7 @@ from importlib import metadata as importlib_metadata
 from typing import Any
 
 import domain
+from companyos.catalogue import task_catalogue
 
 NAME = "companyos"
 DESCRIPTION = ("CompanyOS: an event-sourced RL environment in which an agent completes messy "
@@ -84,15 +85,8 @@ def mcp_tools() -> list[dict[str, Any]]:
             for t in domain.TOOLS]
 
 
-@cache
 def tasks() -> dict[str, Any]:
-    return {
-        "tasks": [{"name": f.name, "description": f.description}
-                  for f in domain.TASK_FAMILIES.values()],
-        "chaos_levels": dict(domain.CHAOS_LEVELS),
-        "reward_profiles": list(domain.REWARD_PROFILES),
-        "failure_modes": dict(domain.FAILURE_MODES),
-    }
+    return task_catalogue()
 
 
 @cache

@@ -130,9 +130,9 @@ def tasks(as_json: bool = JsonOption) -> None:
     import domain
 
     if as_json:
-        from api import catalog
+        from companyos.catalogue import task_catalogue
 
-        typer.echo(orjson.dumps(catalog.tasks()).decode())
+        typer.echo(orjson.dumps(task_catalogue()).decode())
         return
     for name, family in domain.TASK_FAMILIES.items():
         typer.echo(f"{name:20} {_describe(family)}")
