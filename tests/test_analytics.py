@@ -182,6 +182,39 @@ def test_failure_mode_shares_sum_to_one(filled, tmp_path):
                               "AND failure_mode IS NULL").fetchone()[0] == 0
 
 
+FILTERS = {"agent": "random", "task": "expense_report", "chaos": "medium"}
+
+
+def test_each_filter_answers_as_the_query_over_those_episodes_alone(filled, tmp_path):
+    """A filter (agent, task, chaos) answers exactly what its query answers over a warehouse that
+    holds only the episodes it selects. Every query takes all three, but compare_agents, which
+    compares agents, takes no agent (four queries had no chaos filter)."""
+    from analytics import named
+    from domain.chaos import parse_chaos
+
+    url, pending = filled
+    finish(url, pending)
+    whole = tmp_path / "whole.duckdb"
+    sync(url, whole)
+    queries = named.registry()
+    for column, value in FILTERS.items():
+        alone = tmp_path / f"{column}.duckdb"
+        shutil.copyfile(whole, alone)
+        stored = parse_chaos(value) if column == "chaos" else value  # a level is kept as its number
+        with Warehouse(alone) as wh:
+            others = f"SELECT episode_id FROM episodes WHERE {column} IS DISTINCT FROM ?"
+            for table in ("steps", "rewards", "episodes"):
+                wh.con.execute(f"DELETE FROM {table} WHERE episode_id IN ({others})", [stored])
+        takers = sorted(n for n, q in queries.items() if column in {p.name for p in q.params})
+        assert takers == sorted(set(queries) - ({"compare_agents"} if column == "agent" else set()))
+        with Warehouse(whole) as every, Warehouse(alone) as selected:
+            for name in takers:
+                answer = service.run_named(every, name, {column: value})
+                assert answer, (name, column)
+                assert answer == service.run_named(selected, name, {}), (name, column)
+                assert answer != service.run_named(every, name, {}), (name, column)
+
+
 def test_incremental_sync_equals_fresh_full_sync(filled, tmp_path):
     url, pending = filled
     live = tmp_path / "live.duckdb"

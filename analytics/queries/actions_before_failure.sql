@@ -1,6 +1,7 @@
 -- The most common action sequences leading into each failure mode, over finished non-successful episodes: the last k tools up to the decisive step (the step whose mistake decided the failure mode, else the last step).
 -- param agent VARCHAR = NULL: only episodes of this agent
 -- param task TASK = NULL: only this task family
+-- param chaos CHAOS = NULL: only this chaos level (none, low, medium, high or a number)
 -- param k INTEGER[1..5] = 3: tools per sequence
 -- param top INTEGER[1..1000] = 5: sequences per failure mode
 WITH failed AS (
@@ -11,6 +12,7 @@ WITH failed AS (
     WHERE outcome IS NOT NULL AND outcome <> 'success'
       AND ($agent IS NULL OR agent = $agent)
       AND ($task IS NULL OR task = $task)
+      AND ($chaos IS NULL OR chaos = $chaos)
 ),
 counted AS (
     SELECT coalesce(failure_mode, '(none recorded)') AS failure_mode,

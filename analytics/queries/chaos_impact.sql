@@ -1,12 +1,14 @@
 -- Which chaos trap hurts: success rate of finished episodes in which each chaos mechanism fired, against those in which it did not.
 -- param agent VARCHAR = NULL: only episodes of this agent
 -- param task TASK = NULL: only this task family
+-- param chaos CHAOS = NULL: only this chaos level (none, low, medium, high or a number)
 WITH e AS (
     SELECT chaos_mechanisms, outcome = 'success' AS ok
     FROM episodes
     WHERE outcome IS NOT NULL
       AND ($agent IS NULL OR agent = $agent)
       AND ($task IS NULL OR task = $task)
+      AND ($chaos IS NULL OR chaos = $chaos)
 ),
 total AS (SELECT count(*) AS n, count(*) FILTER (WHERE ok) AS s FROM e),
 fired AS (SELECT unnest(chaos_mechanisms) AS mechanism, ok FROM e)

@@ -2,6 +2,7 @@
 -- param k INTEGER[1..64] = 4: largest k reported (rows for 1..k)
 -- param agent VARCHAR = NULL: only episodes of this agent
 -- param task TASK = NULL: only this task family
+-- param chaos CHAOS = NULL: only this chaos level (none, low, medium, high or a number)
 WITH trials AS (
     SELECT coalesce(agent, '(unknown)') AS agent, task, seed, chaos, max_steps, reward_profile,
            count(*) AS n, count(*) FILTER (WHERE outcome = 'success') AS c
@@ -9,6 +10,7 @@ WITH trials AS (
     WHERE outcome IS NOT NULL
       AND ($agent IS NULL OR agent = $agent)
       AND ($task IS NULL OR task = $task)
+      AND ($chaos IS NULL OR chaos = $chaos)
     GROUP BY ALL
 ),
 pairs AS (

@@ -1,10 +1,12 @@
 -- Where the return comes from: grants and value per reward rule over finished episodes, per episode on average.
 -- param agent VARCHAR = NULL: only episodes of this agent
 -- param task TASK = NULL: only this task family
+-- param chaos CHAOS = NULL: only this chaos level (none, low, medium, high or a number)
 WITH e AS (
     SELECT episode_id FROM episodes
     WHERE outcome IS NOT NULL
       AND ($agent IS NULL OR agent = $agent) AND ($task IS NULL OR task = $task)
+      AND ($chaos IS NULL OR chaos = $chaos)
 ),
 n AS (SELECT count(*) AS episodes FROM e)
 SELECT r.rule,

@@ -1,6 +1,7 @@
 -- Success rate per task family and chaos level, over finished episodes.
 -- param agent VARCHAR = NULL: only episodes of this agent
 -- param task TASK = NULL: only this task family
+-- param chaos CHAOS = NULL: only this chaos level (none, low, medium, high or a number)
 SELECT task,
        chaos,
        count(*) AS episodes,
@@ -11,5 +12,6 @@ FROM episodes
 WHERE outcome IS NOT NULL
   AND ($agent IS NULL OR agent = $agent)
   AND ($task IS NULL OR task = $task)
+  AND ($chaos IS NULL OR chaos = $chaos)
 GROUP BY task, chaos
 ORDER BY task, chaos

@@ -1,6 +1,7 @@
 -- How often each tool call is rejected in finished episodes, how many rejections chaos caused, and the most common rejection code.
 -- param agent VARCHAR = NULL: only steps of this agent
 -- param task TASK = NULL: only this task family
+-- param chaos CHAOS = NULL: only this chaos level (none, low, medium, high or a number)
 -- param min_calls INTEGER[0..] = 1: leave out tools called fewer times
 
 -- one pass over the steps, per (tool, code); tools and their top code come from these few rows
@@ -11,6 +12,7 @@ WITH s AS (
     ANTI JOIN (SELECT episode_id FROM episodes WHERE outcome IS NULL) running USING (episode_id)
     WHERE ($agent IS NULL OR agent = $agent)
       AND ($task IS NULL OR task = $task)
+      AND ($chaos IS NULL OR chaos = $chaos)
 ),
 -- counts per tool over every call; codes and the chaos in force only over the rejected ones
 -- (a quarter of the calls): grouping every call by its code cost most of the query
