@@ -1033,7 +1033,7 @@ def test_serve_hands_its_workers_an_absolute_warehouse_and_refuses_a_directory(t
     from companyos.commands import serve
 
     started = {}
-    monkeypatch.setattr(uvicorn, "run", lambda *a, **k: started.update(os.environ))
+    monkeypatch.setattr(uvicorn, "run", lambda *a, **k: started.update(os.environ, port=k["port"]))
     monkeypatch.chdir(tmp_path)
     for var in ("DB", "WAREHOUSE", "MAX_SESSIONS", "CACHE_SIZE", "IDLE_TIMEOUT", "MAX_BODY", "EXIT_WITH"):
         monkeypatch.setenv(f"COMPANYOS_{var}", "")  # serve sets them; monkeypatch undoes it after
@@ -1043,7 +1043,9 @@ def test_serve_hands_its_workers_an_absolute_warehouse_and_refuses_a_directory(t
     assert out.exit_code == 0, out.output
     assert started["COMPANYOS_WAREHOUSE"] == str(tmp_path / "w" / "a.duckdb")
     assert "store postgresql://cos:***@db.example/cos" in out.output and "s3cret" not in out.output
-    assert "web UI http://127.0.0.1:0/ui, API docs http://127.0.0.1:0/docs" in out.output
+    port = started["port"]  # --port 0: the free port the kernel picked, served and shown
+    base = f"http://127.0.0.1:{port}"
+    assert port > 0 and f"web UI {base}/ui, API docs {base}/docs" in out.output
     assert started["COMPANYOS_DB"] == "postgresql://cos:s3cret@db.example/cos"  # the workers need it
     (tmp_path / "d").mkdir()
     out = runner("--port", "0", "--db", "sqlite:///s.db", "--warehouse", "d")

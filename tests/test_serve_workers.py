@@ -65,3 +65,27 @@ def test_workers_stop_when_the_server_process_is_killed_outright(tmp_path, when)
     for p in survivors:
         os.kill(p, signal.SIGKILL)
     assert not survivors, "workers outlived the server process"
+
+
+def test_serve_on_port_0_names_the_port_it_listens_on(tmp_path):
+    """`--port 0` (let the kernel pick) printed `http://127.0.0.1:0` in the banner: no one could
+    find the server. The banner now names the port it serves, and that port answers."""
+    import re
+
+    server = subprocess.Popen([sys.executable, "-m", "companyos", "serve", "--port", "0",
+                               "--db", f"sqlite:///{tmp_path / 's.db'}"],
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        banner = server.stdout.readline()
+        found = re.search(r"http://127\.0\.0\.1:(\d+) ", banner)
+        assert found and found[1] != "0", banner
+        for _ in range(300):
+            try:
+                health = httpx.get(f"http://127.0.0.1:{found[1]}/health", timeout=1)
+                break
+            except httpx.TransportError:
+                time.sleep(0.05)
+        assert health.status_code == 200
+    finally:
+        server.terminate()
+        server.wait(timeout=30)

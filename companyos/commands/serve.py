@@ -74,7 +74,7 @@ def serve(
         fail(f"COMPANYOS_API_KEY: {problem}")  # client's "wrong API key"
     warehouse_file = _warehouse_file(warehouse) if warehouse else ""
     root_path = _prefix(root_path)
-    _check_can_listen(host, port)
+    port = _check_can_listen(host, port)
     url = resolve_db(db)
     _open_store_once(url)  # create / migrate before the workers race to do it
     os.environ.update({
@@ -129,9 +129,10 @@ def _raise_descriptor_limit() -> int | None:
     return None if soft == resource.RLIM_INFINITY else soft
 
 
-def _check_can_listen(host: str, port: int) -> None:
+def _check_can_listen(host: str, port: int) -> int:
     """Say in one line, before the banner, that the address is unknown (exit 2) or taken
-    (exit 1): Uvicorn would log it after the banner and exit with code 3."""
+    (exit 1): Uvicorn would log it after the banner and exit with code 3. Returns the port to
+    serve: for `--port 0` a free one the kernel picked, so the banner names where it listens."""
     try:
         family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
     except (socket.gaierror, UnicodeError) as exc:
@@ -142,6 +143,7 @@ def _check_can_listen(host: str, port: int) -> None:
             probe.bind(address)
         except OSError as exc:
             fail(f"cannot listen on {host}:{port}: {exc.strerror}", 1)
+        return probe.getsockname()[1]
 
 
 def _prefix(root_path: str) -> str:
