@@ -28,7 +28,7 @@ from api.analytics_routes import analytics_router
 from api.apidocs import add_api_docs
 from api.config import ServerConfig
 from api.episodes import EpisodeLog
-from api.guard import BodyTooLarge, Guard, deny_websocket, route_path
+from api.guard import BodyTooLarge, Guard, deny_websocket, no_websocket_at, route_path
 from api.jsonbody import JsonRoute
 from api.models import (
     ERROR_RESPONSES,
@@ -89,6 +89,10 @@ class CompanyOSApp(FastAPI):
                 await deny_websocket(scope, receive, send, *error)
                 return
             await websocket_app(self.server, scope, receive, send)
+            return
+        if scope["type"] == "websocket":  # Starlette refused it with a bare 403, as if forbidden
+            await deny_websocket(scope, receive, send, *(
+                self.guard.auth_error(scope) or no_websocket_at(route_path(scope))))
             return
         if scope["type"] == "http" and scope["method"] == "HEAD":
             # HEAD is GET without the body (RFC 9110): link checkers and uptime monitors send it,

@@ -31,6 +31,12 @@ def _json(status: int, code: str, message: str, extra_headers: list | None = Non
     return status, headers, body
 
 
+def no_websocket_at(path: str) -> tuple:
+    """The answer to a WebSocket handshake for a path other than /ws: 404 in words."""
+    shown = path if len(path) <= 80 else f"{path[:77]}..."
+    return _json(404, "not_found", f"there is no WebSocket endpoint at {shown!r}: it is /ws")
+
+
 def _as_page(status: int, headers: list, body: bytes) -> tuple:
     """The same refusal as an HTML page in words, for the UI's pages: a person reads it."""
     said = orjson.loads(body)["detail"]

@@ -376,6 +376,24 @@ def test_api_key(sqlite_url):
             assert ws.receive_json()["type"] == "observation"
 
 
+@pytest.mark.parametrize("api_key", [None, "sekret"])
+def test_a_websocket_to_another_path_is_told_404_in_words(sqlite_url, api_key):
+    """Starlette refused a WebSocket handshake for a path with no WebSocket route (`/ws/`, `/step`)
+    with a bare 403, as if it were forbidden. It is a 404 that names /ws, after the API key check."""
+    with client(sqlite_url, api_key=api_key) as c:
+        auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        for path in ("/ws/", "/step", "/nowhere"):
+            with pytest.raises(WebSocketDenialResponse) as denied, c.websocket_connect(path, headers=auth):
+                pass
+            assert denied.value.status_code == 404, path
+            assert denied.value.json() == {"code": "not_found", "detail":
+                                           f"there is no WebSocket endpoint at {path!r}: it is /ws"}
+        if api_key:
+            with pytest.raises(WebSocketDenialResponse) as denied, c.websocket_connect("/nowhere"):
+                pass
+            assert denied.value.status_code == 401
+
+
 def test_a_configured_key_is_taken_without_its_surrounding_whitespace(sqlite_url):
     """A key file or secret mount ends in a newline: kept, it locked out every client (a header
     cannot carry it), all told "wrong API key"."""
