@@ -14,6 +14,7 @@ from typing import Any
 from analytics.service import rows_of, run_named
 from analytics.warehouse import Warehouse
 from domain import CHAOS_LEVELS, task_family
+from domain.chaos import parse_chaos
 from domain.labels import control_character
 
 PALETTE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7",
@@ -33,15 +34,19 @@ SELECT count(*) AS episodes,
        count(DISTINCT task) FILTER (WHERE outcome IS NOT NULL) AS tasks
 FROM episodes
 WHERE ($agent IS NULL OR agent = $agent) AND ($task IS NULL OR task = $task)
+  AND ($chaos IS NULL OR chaos = $chaos)
 """
 
 
-def check_filters(agent: str | None, task: str | None) -> None:
+def check_filters(agent: str | None, task: str | None, chaos: str | None = None) -> None:
     """ValueError, in words, for a filter no episode can match (every section would be empty):
-    a task naming no family, an empty agent; so a caller can say so before it syncs."""
+    a task naming no family, an empty agent, a chaos level that is none; so a caller can say so
+    before it syncs."""
     agent, task = _stripped(agent), _stripped(task)
     if task is not None:
         task_family(task)
+    if chaos is not None:
+        parse_chaos(chaos)
     if agent is not None and not agent:
         raise ValueError("--agent is empty: no episode has an empty agent label")
     if agent is not None and (control := control_character(agent)):
@@ -49,22 +54,26 @@ def check_filters(agent: str | None, task: str | None) -> None:
                          f"(it holds {control!r})")
 
 
-def build(wh: Warehouse, agent: str | None = None, task: str | None = None) -> dict[str, Any]:
+def build(wh: Warehouse, agent: str | None = None, task: str | None = None,
+          chaos: str | None = None) -> dict[str, Any]:
     """Every section of the report as rows (JSON-able)."""
     started = time.perf_counter()
-    f = {"agent": _stripped(agent), "task": _stripped(task)}  # as the named queries take them
+    # as the named queries take them; the chaos level as its number, shown as given
+    shown = {"agent": _stripped(agent), "task": _stripped(task), "chaos": _stripped(chaos)}
+    f = {**shown, "chaos": None if chaos is None else parse_chaos(chaos)}
     task = f["task"]
     summary = rows_of(wh.con.execute(_SUMMARY, f))[0]
     by_task_and_chaos = run_named(wh, "success_by_task_and_chaos", f)
     data = {
-        "filters": {k: v for k, v in f.items() if v is not None},
+        "filters": {k: v for k, v in shown.items() if v is not None},
         "summary": summary,
         "success_by_chaos": success_by_chaos(by_task_and_chaos),
         "success_by_task_and_chaos": by_task_and_chaos,
         "failure_modes": run_named(wh, "failure_modes", {**f, "examples": 3}),
         "first_mistake_step": run_named(wh, "first_mistake_step", f),
         "chaos_impact": run_named(wh, "chaos_impact", f),
-        "compare_agents": run_named(wh, "compare_agents", {"task": task}) if agent is None else [],
+        "compare_agents": (run_named(wh, "compare_agents", {"task": task, "chaos": f["chaos"]})
+                           if agent is None else []),
     }
     tools = run_named(wh, "tool_error_rates", {**f, "min_calls": 1})
     data["tool_error_rates"] = tools[:TOOL_ROWS]

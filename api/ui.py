@@ -129,9 +129,8 @@ def ui_router(log: EpisodeLog, db: str | Callable[[], str], warehouse: str | Non
     async def analytics(request: Request) -> HTMLResponse:
         """The failure-mode report over the warehouse, synced with the store first."""
         try:
-            params = _params(request, "agent", "task")
-            filters = {k: params[k] for k in ("agent", "task") if k in params}
-            report.check_filters(filters.get("agent"), filters.get("task"))
+            filters = _params(request, "agent", "task", "chaos")
+            report.check_filters(filters.get("agent"), filters.get("task"), filters.get("chaos"))
         except ValueError as exc:  # BadParameter included
             return error_page(400, str(exc))
         try:
@@ -140,8 +139,7 @@ def ui_router(log: EpisodeLog, db: str | Callable[[], str], warehouse: str | Non
             if job is not None:
                 return syncing_page(job.described(), RETRY_AFTER_S)
             # synced again, at almost no cost: the job may have ended long before this request
-            data = await run_in_threadpool(report_data, db_url(), warehouse,
-                                           filters.get("agent"), filters.get("task"))
+            data = await run_in_threadpool(report_data, db_url(), warehouse, filters)
         except (WarehouseError, UnsyncableStore, StoreUnavailable) as exc:
             return error_page(503, f"the analytics warehouse cannot be used: {exc}")
         except CorruptCommit as exc:
@@ -164,10 +162,11 @@ async def _under_root_path(request: Request) -> None:
     ROOT_PATH.set(request.scope.get("root_path", ""))
 
 
-def report_data(db_url: str, warehouse: str | None, agent: str | None, task: str | None) -> dict[str, Any]:
-    """The report's data over the warehouse, synced with the store first (as GET /analytics/{name})."""
+def report_data(db_url: str, warehouse: str | None, filters: dict[str, str]) -> dict[str, Any]:
+    """The report's data over the warehouse, synced with the store first (as GET /analytics/{name});
+    `filters`: agent, task and chaos, each optional."""
     with service.synced(db_url, warehouse) as wh:
-        return report.build(wh, agent=agent, task=task)
+        return report.build(wh, **filters)
 
 
 def _params(request: Request, *takes: str) -> dict[str, str]:

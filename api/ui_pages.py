@@ -30,7 +30,7 @@ from api.ui_html import (
     views_url,
 )
 from api.ui_timeline import Step
-from domain import FAILURE_MODES, TASK_FAMILIES
+from domain import CHAOS_LEVELS, FAILURE_MODES, TASK_FAMILIES
 from domain.tools import APPS
 from projections.episodes import OUTCOMES
 
@@ -337,6 +337,7 @@ def analytics_page(report_body: str, filters: dict[str, str]) -> HTMLResponse:
     form = Markup(
         f'<form class="filters" method="get" action="{here}">'
         + select("task", "task", TASK_FAMILIES, filters.get("task"))
+        + select("chaos", "chaos", CHAOS_LEVELS, filters.get("chaos"))
         + text_input("agent", "agent", filters.get("agent"))
         + f'<button type="submit">Filter</button><a href="{here}">clear</a></form>')
     return page("Analytics", form + report_body, head=f"<style>{REPORT_CSS}</style>")

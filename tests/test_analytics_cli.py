@@ -341,6 +341,25 @@ def test_a_filter_with_surrounding_spaces_is_the_filter_throughout_the_report(lo
         assert f"{experts} episodes" in out.stdout
 
 
+def test_the_report_narrows_to_one_chaos_level(logged, tmp_path, cli):
+    """`report --chaos` (the queries all took `-p chaos=`, the report did not): every section,
+    the summary and the agents compared, counts only that level's episodes; a level that is none
+    is refused before any sync."""
+    url, reported = logged
+    wh = tmp_path / "w.duckdb"
+    for chaos, number in (("high", 0.8), (" low", 0.25), ("0.5", 0.5)):
+        out = cli("report", "--markdown", "--chaos", chaos, "--db", url, "--warehouse", str(wh))
+        assert out.exit_code == 0, out.output
+        level = [r for r in reported if r["chaos"] == number]
+        assert level and re.search(rf"\b{len(level)} episodes", out.stdout), out.stdout
+        assert f"chaos={chaos.strip()}" in out.stdout
+        agents = {r["agent"] for r in level}
+        assert f"{len(agents)} agent(s)" in out.stdout
+    out = cli("report", "--chaos", "extreme", "--db", url, "--warehouse", str(tmp_path / "x.duckdb"))
+    assert out.exit_code == 2 and "unknown chaos level 'extreme'" in out.output, out.output
+    assert not (tmp_path / "x.duckdb").exists()
+
+
 def test_a_report_over_no_matching_episodes_says_n_a_not_none(logged, tmp_path, cli):
     url, _ = logged
     out = cli("report", "--markdown", "--agent", "nobody", "--db", url,

@@ -395,12 +395,16 @@ def test_analytics_page_holds_the_report_and_its_charts(ui):
     assert page.count("<body>") == 1 and page.count("<html") == 1  # the report's body, in ours
     only = _html_ok(c.get("/ui/analytics", params={"agent": "random-agent", "task": ""}))
     assert "agent=random-agent" in only and "irreversible_action" not in only
+    level = _html_ok(c.get("/ui/analytics", params={"chaos": "high"}))
+    assert "chaos=high" in level and '<option value="high" selected>' in level
+    refused = _html_ok(c.get("/ui/analytics", params={"chaos": "extreme"}), 400)
+    assert "unknown chaos level" in refused
 
 
 @pytest.mark.parametrize(("query", "said"), [
     ({"task": "nope"}, "unknown task"), ({"agent": "  "}, "no episode has an empty agent label"),
     ({"agent": "a\x00b"}, "agent labels hold no control characters"),  # was echoed into the page
-    ({"agnet": "random-agent"}, "this page has no query parameter 'agnet'; it takes agent, task")])
+    ({"agnet": "random-agent"}, "this page has no query parameter 'agnet'; it takes agent, chaos, task")])
 def test_a_bad_analytics_filter_is_a_400_page(ui, query, said):
     c, _, _ = ui
     page = _html_ok(c.get("/ui/analytics", params=query), 400)

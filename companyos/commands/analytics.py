@@ -237,6 +237,8 @@ def _not_a_report(path: Path) -> str | None:
 def report_command(
     agent: str | None = typer.Option(None, "--agent", help="Only this agent's episodes."),
     task: str | None = typer.Option(None, "--task", help="Only this task family."),
+    chaos: str | None = typer.Option(None, "--chaos", help="Only this chaos level (none, low, "
+                                     "medium, high or a number in [0, 1])."),
     markdown: bool = typer.Option(False, "--markdown", help="Print the report as Markdown."),
     html: Path | None = typer.Option(None, "--html", parser=named_path,
                                      help="Write a self-contained HTML report with charts."),
@@ -249,14 +251,14 @@ def report_command(
     if markdown and html:
         fail("choose one of --markdown and --html")
     try:
-        report.check_filters(agent, task)
+        report.check_filters(agent, task, chaos)
     except ValueError as exc:
         fail(str(exc))
     if html and (problem := _not_a_report(html)):
         fail(f"--html {html}: {problem}; name a new file or an earlier report")
     wh = _open_synced(db, warehouse, quiet=markdown)
     try:
-        data = report.build(wh, agent=agent, task=task)
+        data = report.build(wh, agent=agent, task=task, chaos=chaos)
     finally:
         wh.close()
     if html:
