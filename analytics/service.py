@@ -149,7 +149,10 @@ class BackgroundSync:
                 pass
         except BaseException as exc:  # the request that polls next says it
             self.error = exc
-            if not isinstance(exc, WarehouseBusy):
+            if isinstance(exc, WarehouseError):  # said in words (busy, unfit file): no traceback
+                if not isinstance(exc, WarehouseBusy):
+                    log.warning("the analytics sync of %s failed: %s", self.db_url, exc)
+            else:
                 log.warning("the analytics sync of %s failed", self.db_url, exc_info=exc)
         finally:
             self._ended.set_result(None)

@@ -171,6 +171,10 @@ class Warehouse:
         if threads:
             config["threads"] = str(threads)
         self.con = _connect(self.path, read_only, config, BUSY_WAIT_S if wait is None else wait, follow)
+        if problem := _someone_elses(self.con):
+            self.con.close()
+            raise WarehousePathError(f"{self.path} {problem}; pass another --warehouse (a new file "
+                                     "is created): this one is left as it is")
         self.con.execute("SET enable_progress_bar = false")
         self.con.execute(ROUND_DECIMAL)
         if not read_only:
@@ -309,6 +313,19 @@ def _connect(path: Path, read_only: bool, config: dict, wait: float,
 LOCK_CONFLICT = "Could not set lock on file"
 """DuckDB's words when another process holds the file; the message also holds the path, so a
 bare "lock" would match a directory such as `blocks/`."""
+
+
+def _someone_elses(con: duckdb.DuckDBPyConnection) -> str | None:
+    """Why a DuckDB file is no warehouse, if it holds tables or views but no `sync_state` (every
+    warehouse creates that first): another application's database, whose tables of the same
+    names a sync would write into and `--rebuild` empty."""
+    names = [name for (name,) in con.execute(
+        "SELECT table_name FROM information_schema.tables WHERE table_catalog = current_database() "
+        "ORDER BY table_name").fetchall()]
+    if not names or "sync_state" in names:
+        return None
+    shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+    return f"is a DuckDB database of something else, not a CompanyOS warehouse (it holds {shown})"
 
 
 def _lock_conflict(exc: duckdb.IOException) -> bool:

@@ -394,6 +394,11 @@ def _unfit_warehouse(case: str, tmp: pathlib.Path, store: str) -> pathlib.Path:
         (tmp / "blocks").mkdir()
         (tmp / "blocks" / "w.duckdb").write_text("hi")
         return tmp / "blocks" / "w.duckdb"
+    if case == "another-apps-duckdb":  # its own `episodes`: a sync wrote into it, --rebuild emptied it
+        con = duckdb.connect(str(tmp / "analysis.duckdb"))
+        con.execute("CREATE TABLE episodes AS SELECT 'expert' AS agent, 1.0 AS success_rate")
+        con.close()
+        return tmp / "analysis.duckdb"
     (tmp / "afile").write_text("x")
     return tmp / "afile" / "w.duckdb"
 
@@ -402,13 +407,16 @@ def _unfit_warehouse(case: str, tmp: pathlib.Path, store: str) -> pathlib.Path:
     ("the-sqlite-store", "is a SQLite database"), ("not-duckdb", "not a valid DuckDB"),
     ("not-duckdb-under-blocks", "not a valid DuckDB"), ("a-csv-file", "not a valid DuckDB"),
     ("a-json-file", "not a valid DuckDB"),
+    ("another-apps-duckdb", "is a DuckDB database of something else, not a CompanyOS warehouse (it "
+                            "holds episodes); pass another --warehouse"),
     ("a-directory", "is a directory"), ("under-a-file", "cannot create the warehouse")])
 def test_a_warehouse_path_that_cannot_hold_one_is_refused_and_left_alone(logged, tmp_path, cli, case, words):
     url, _ = logged
     path = _unfit_warehouse(case, tmp_path, url.removeprefix("sqlite:///"))
     before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
-    out = cli("query", "failure_modes", "--db", url, "--warehouse", str(path))
-    assert out.exit_code == 2 and "error: " in out.output and words in out.output, out.output
+    for command in (("query", "failure_modes"), ("sync", "--rebuild"), ("report", "--markdown")):
+        out = cli(*command, "--db", url, "--warehouse", str(path))
+        assert out.exit_code == 2 and "error: " in out.output and words in out.output, (command, out.output)
     if case == "under-a-file":  # the file in the way is named, not the OS's bare "File exists"
         assert f"{path.parent} is a file, not a directory" in out.output, out.output
     assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
