@@ -948,7 +948,10 @@ def test_json_keeps_integers_past_64_bits_exact(logged, tmp_path, cli):
     # everything else as it is written without a big integer in the document
     usual = json.loads(cli("sql", f"SELECT {others}", "--format", "json", "--db", logged[0],
                            "--warehouse", wh).stdout)[0]
-    assert row == usual == {"x": 1.5, "s": "a", "n": None, "t": "2024-01-01T12:00:00", "l": [1, 2]}
+    # a time as SQL and the CSV write it (orjson's own ISO form had a `T`)
+    assert row == usual == {"x": 1.5, "s": "a", "n": None, "t": "2024-01-01 12:00:00", "l": [1, 2]}
+    csv = cli("sql", f"SELECT {others}", "--format", "csv", "--db", logged[0], "--warehouse", wh).stdout
+    assert ",2024-01-01 12:00:00," in csv, csv
 
 
 def test_json_writes_decimals_as_exact_numbers(logged, tmp_path, cli):

@@ -37,7 +37,8 @@ def print_json(value: Any) -> None:
     lacks (dates, UUIDs) as text."""
     import orjson
 
-    option = orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS
+    # dates and times as text written as SQL and the CSV write them (orjson's own has a `T`)
+    option = orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS | orjson.OPT_PASSTHROUGH_DATETIME
     try:
         text = orjson.dumps(value, option=option, default=_json_default)
     except TypeError as exc:  # orjson stops at 64 bits; JSON itself has no limit
