@@ -48,7 +48,8 @@ class Param:
 
     def terms(self) -> str:
         """Its range, as the header writes it, and its default: `1..5, default 3`."""
-        default = "required" if self.required else f"default {self.default!r}"
+        default = ("required" if self.required else "optional" if self.default is None  # not "default None"
+                   else f"default {self.default!r}")
         if self.lo is None and self.hi is None:
             return default
         return f"{'' if self.lo is None else self.lo}..{'' if self.hi is None else self.hi}, {default}"

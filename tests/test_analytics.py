@@ -927,7 +927,7 @@ def test_report_counts_agentless_episodes_as_the_unknown_agent_it_lists(tmp_path
     # counted as the tables list them: a running episode's agent and task are in no table
     assert data["summary"]["agents"] == len(data["compare_agents"]) == 2
     line = report.summary_line(data["summary"])
-    assert "2 agent(s), 1 task(s)" in line and "(2 finished, 1 running)" in line
+    assert "2 agents, 1 task" in line and "(2 finished, 1 running)" in line
     assert "mean steps 1," in line and "mean return 0," in line, line  # as the tables print numbers
 
 

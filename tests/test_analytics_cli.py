@@ -96,7 +96,16 @@ def test_query_command_prints_json_csv_and_clear_errors(logged, tmp_path, cli):
     out = cli("query", "success_by_task_and_chaos", "--format", "csv", "--db", url, "--warehouse", wh)
     assert out.stdout.splitlines()[0] == "task,chaos,episodes,successes,success_rate,mean_return"
     out = cli("query", "--format", "json", "--db", url, "--warehouse", wh)
-    assert {q["name"] for q in json.loads(out.stdout)} >= {"pass_at_k", "chaos_impact"}
+    listed = json.loads(out.stdout)
+    assert {q["name"] for q in listed} >= {"pass_at_k", "chaos_impact"}
+    # the list in CSV, a row per query and parameter (it printed the text listing), no other format
+    out = cli("query", "--format", "csv", "--db", url, "--warehouse", wh)
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("query,description,param_name,param_type,param_required,param_default")
+    assert len(lines) == 1 + sum(len(q["params"]) or 1 for q in listed)
+    out = cli("query", "--format", "xml", "--db", url, "--warehouse", wh)
+    assert out.exit_code == 2 and "--format must be table, json or csv, not 'xml'" in out.output
+    assert "(optional)" in cli("query").stdout and "None" not in cli("query").stdout
     out = cli("query", "nope", "--db", url, "--warehouse", wh)
     assert out.exit_code == 2 and "no named query 'nope'" in out.output
     out = cli("query", "pass_at_k", "--param", "k=two", "--db", url, "--warehouse", wh)
@@ -345,6 +354,8 @@ def test_the_report_narrows_to_one_chaos_level(logged, tmp_path, cli):
     """`report --chaos` (the queries all took `-p chaos=`, the report did not): every section,
     the summary and the agents compared, counts only that level's episodes; a level that is none
     is refused before any sync."""
+    from analytics.report import counted
+
     url, reported = logged
     wh = tmp_path / "w.duckdb"
     for chaos, number in (("high", 0.8), (" low", 0.25), ("0.5", 0.5)):
@@ -354,7 +365,7 @@ def test_the_report_narrows_to_one_chaos_level(logged, tmp_path, cli):
         assert level and re.search(rf"\b{len(level)} episodes", out.stdout), out.stdout
         assert f"chaos={chaos.strip()}" in out.stdout
         agents = {r["agent"] for r in level}
-        assert f"{len(agents)} agent(s)" in out.stdout
+        assert counted(len(agents), "agent") in out.stdout
     out = cli("report", "--chaos", "extreme", "--db", url, "--warehouse", str(tmp_path / "x.duckdb"))
     assert out.exit_code == 2 and "unknown chaos level 'extreme'" in out.output, out.output
     assert not (tmp_path / "x.duckdb").exists()

@@ -154,10 +154,10 @@ def query_command(
     """Answer a named question (see `companyos analytics query` for the list)."""
     from analytics import named
 
+    _check_format(fmt)
     if name is None:
         _print_catalogue(fmt)
         return
-    _check_format(fmt)
     try:
         query = named.get(name)
         bound = query.bind(named.parse_assignments(param))
@@ -361,11 +361,19 @@ def _text(value: Any, short: bool = False) -> str:
 
 
 def _print_catalogue(fmt: str) -> None:
-    """The named queries: JSON as `GET /analytics` serves it, or a listing with `--param` usage."""
+    """The named queries: JSON as `GET /analytics` serves it, CSV a row per query and parameter
+    (a query without any has one row with an empty parameter), or a listing with `--param` usage."""
     from analytics import named, service
 
     if fmt == "json":
         print_json(service.describe())
+        return
+    if fmt == "csv":
+        columns = ("name", "type", "required", "default", "min", "max", "description")
+        none = dict.fromkeys(columns)
+        _print_rows(["query", "description", *(f"param_{c}" for c in columns)],
+                    [(q["name"], q["description"], *(p[c] for c in columns))
+                     for q in service.describe() for p in q["params"] or [none]], "csv")
         return
     for q in named.registry().values():
         typer.echo(f"{q.name}\n    {q.description}")
