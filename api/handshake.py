@@ -26,6 +26,11 @@ from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIO
 # The code a socket is closed with when the server shuts down: "service restart" (RFC 6455, IANA).
 SERVICE_RESTART = 1012
 
+SHUTDOWN_GRACE_S = 65.0
+"""How long shutdown waits for the step under way to be answered and its answer read (a step waits
+up to 60 s for a store another process holds locked) before it drops the socket: a client that
+stopped reading held the server open for ever."""
+
 
 class AnsweringWebSocketProtocol(WebSocketsSansIOProtocol):
     """Uvicorn's sans-I/O WebSocket protocol (keepalive pings included) that answers a handshake
@@ -43,6 +48,11 @@ class AnsweringWebSocketProtocol(WebSocketsSansIOProtocol):
         while not self.queue.empty():  # received but not begun: never applied, never answered
             self.queue.get_nowait()
         self.queue.put_nowait({"type": "websocket.disconnect", "code": SERVICE_RESTART})
+        self.loop.call_later(SHUTDOWN_GRACE_S, self._drop_if_open)
+
+    def _drop_if_open(self) -> None:
+        if not self.disconnected:
+            self.transport.abort()  # what it has not read is lost: it stopped reading long ago
 
     async def receive(self) -> Message:
         message = await super().receive()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import numbers
+import time
 from http import HTTPStatus
 from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
@@ -109,6 +110,18 @@ def _unreachable(url: str, exc: BaseException) -> RemoteConnectionError:
     said = str(exc) or type(exc).__name__
     return RemoteConnectionError(None, "unreachable", f"cannot reach the CompanyOS server at {url}: "
                                  f"{said}; is `companyos serve` running there?", url)
+
+
+def _not_sent(url: str, why: object) -> RemoteConnectionError:
+    """The connection closed before the message went out, or before the server began it: it was
+    not applied, so sending it again is safe."""
+    return RemoteConnectionError(None, "not_applied", f"the connection to {url} closed before the "
+                                 f"server began the message ({why}); it was not applied", url)
+
+
+def _restarting(exc: ConnectionClosed) -> bool:
+    """The server closed the socket saying it is restarting (1012): it will listen again."""
+    return exc.rcvd is not None and exc.rcvd.code == _WS_SERVICE_RESTART
 
 
 def _lost(url: str, exc: BaseException, changes: bool = True) -> RemoteConnectionError:
@@ -232,9 +245,22 @@ class _WebSocketWire:
         self._conn: ClientConnection | None = None
         self._scope = contextlib.ExitStack()  # holds the socket as `with connect(...)` would
 
-    def _connect(self, resume: bool = True) -> ClientConnection:
+    def _connect(self, resume: bool = True, until: float | None = None) -> ClientConnection:
         """A new socket; `resume` binds it to the episode this wire last had (a reset needs none:
-        it starts another, and the server may no longer hold the old one)."""
+        it starts another, and the server may no longer hold the old one). `until`: a server that
+        said it is restarting may take a while to listen again; try again until then."""
+        delay = 0.05
+        while True:
+            try:
+                return self._open(resume)
+            except RemoteConnectionError as exc:
+                left = (until or 0.0) - time.monotonic()
+                if exc.code != "unreachable" or left <= 0:
+                    raise
+                time.sleep(min(delay, left))
+                delay = min(delay * 2, 1.0)
+
+    def _open(self, resume: bool) -> ClientConnection:
         key = self.session_key if resume else None
         url = self.url if key is None else f"{self.url}?session_id={quote(key)}"
         try:
@@ -246,32 +272,41 @@ class _WebSocketWire:
             raise _refusal(exc.response.status_code, exc.response.body or b"", self.url) from None
         except TimeoutError:  # no handshake, so nothing was sent
             raise _timed_out(self.url, self.timeout, changes=False) from None
-        except (OSError, InvalidHandshake, InvalidURI) as exc:
+        # closed during the handshake (a server going down): nothing was sent either
+        except (OSError, InvalidHandshake, InvalidURI, ConnectionClosed) as exc:
             raise _unreachable(self.url, exc) from None
 
     def call(self, message: dict[str, Any]) -> Any:
-        """Send one message and return the data of its reply frame."""
+        """Send one message and return the data of its reply frame.
+
+        A message that never went out (the socket was found closed) or that a shutting-down server
+        did not begin (close code 1012) was not applied, so it is sent again on a new socket: once
+        for a socket found closed, and while a restarting server comes back (within `timeout`)."""
         text = _dumps(message).decode()
         resume = message.get("type") != "reset"
-        if self._conn is None:
-            self._conn = self._connect(resume)
-        try:
-            self._conn.send(text)
-        except ConnectionClosed:  # closed before anything went out: safe to send on a new socket
-            self._drop_closed()
-            self._conn = self._connect(resume)
-            self._send_or_fail(text)
-        raw = self._answer(text)
-        if raw is None:  # the server shut down before it began this message, so it was not
-            # applied: it goes again on a new socket (another worker, or the restarted server,
-            # resumes the episode)
-            self._conn = self._connect(resume)
-            self._send_or_fail(text)
+        restarting_until: float | None = None  # set when the server said it is restarting (1012)
+        resent = False
+        while True:
+            if self._conn is None:
+                self._conn = self._connect(resume, restarting_until)
+            try:
+                self._conn.send(text)
+            except ConnectionClosed as exc:  # closed before anything went out: not applied
+                self._drop_closed()  # raises the error frame the server sent before closing, if any
+                if restarting_until is None and _restarting(exc):
+                    restarting_until = time.monotonic() + self.timeout
+                given_up = resent if restarting_until is None else time.monotonic() > restarting_until
+                if given_up:
+                    raise _not_sent(self.url, exc) from None
+                resent = True
+                continue
             raw = self._answer(text)
-            if raw is None:
-                raise RemoteConnectionError(None, "connection_lost", f"{self.url} shut down twice before "
-                                            "it began the message; it was not applied", self.url)
-        return self._read(raw)
+            if raw is not None:
+                return self._read(raw)
+            if restarting_until is None:  # the server shut down before it began it: not applied
+                restarting_until = time.monotonic() + self.timeout
+            elif time.monotonic() > restarting_until:
+                raise _not_sent(self.url, "the server shut down before it began the message, again")
 
     def _answer(self, text: str) -> str | bytes | None:
         """The reply frame to `text`, or None if a shutting-down server closed the socket before
@@ -290,13 +325,6 @@ class _WebSocketWire:
                                          self.url) from None
             if received is not None and received.code == _WS_SERVICE_RESTART:
                 return None
-            raise _lost(self.url, exc) from None
-
-    def _send_or_fail(self, text: str) -> None:
-        try:
-            self._conn.send(text)
-        except ConnectionClosed as exc:
-            self._drop_closed()
             raise _lost(self.url, exc) from None
 
     def _drop_closed(self) -> None:
