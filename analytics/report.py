@@ -223,6 +223,13 @@ def _fit(label: str, px: float) -> str:
     return label if len(label) <= most else label[:most - 1] + "\u2026"
 
 
+def _label_stride(labels: list[str], slot: float) -> int:
+    """Label every how-many-th slot so that the axis labels, up to 18 characters (longer ones are
+    cut), do not run into each other: a sweep of 21 chaos levels cut every label to `0.…`."""
+    widest = min(max((len(label) for label in labels), default=1), 18) * _CHAR_PX + 8
+    return max(1, math.ceil(widest / slot))
+
+
 def bar_chart(labels: list[str], values: list[float], *, title: str, percent: bool = True,
               width: int = 560, color: str = PALETTE[0], notes: list[str] | None = None,
               zoom: bool = False) -> str:
@@ -247,7 +254,7 @@ def bar_chart(labels: list[str], values: list[float], *, title: str, percent: bo
         label = (f"{100 * v:.1f}%" if top_value < 0.2 else f"{100 * v:.0f}%") if percent else f"{v:.3g}"
         parts.append(f'<line x1="{left}" x2="{width - 10}" y1="{y:.1f}" y2="{y:.1f}" stroke="#e5e5e5"/>')
         parts.append(f'<text x="{left - 4}" y="{y + 4:.1f}" text-anchor="end" fill="#666">{label}</text>')
-    every = max(1, round(28 / slot))  # every how many bars an axis label fits, and its room
+    every = _label_stride(labels, slot)  # every how many bars an axis label fits, and its room
     for i, (label, value) in enumerate(zip(labels, values, strict=True)):
         h = 0 if top_value <= 0 else inner_h * max(value, 0) / top_value
         x = left + slot * i + (slot - bar) / 2
@@ -259,7 +266,7 @@ def bar_chart(labels: list[str], values: list[float], *, title: str, percent: bo
         if labelled:
             parts.append(f'<text x="{x + bar / 2:.1f}" y="{y - 3:.1f}" text-anchor="middle">'
                          f'{_esc(shown)}</text>')
-        if labelled or i % every == 0:
+        if i % every == 0:
             parts.append(f'<text x="{x + bar / 2:.1f}" y="{top + inner_h + 14:.1f}" text-anchor="middle" '
                          f'fill="#333">{_esc(_fit(label, slot * every - 4))}</text>')
     parts.append("</svg>")
@@ -299,6 +306,7 @@ def grouped_bar_chart(groups: list[str], series: dict[str, list[float | None]], 
     names = list(series)
     slot = inner_w / max(len(groups), 1)
     bar = min(22.0, slot * 0.8 / max(len(names), 1))
+    every = _label_stride(groups, slot)
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" '
              f'aria-label="{_esc(title)}" font-family="sans-serif" font-size="11">',
              f'<text x="{left}" y="16" font-size="13" font-weight="bold">{_esc(title)}</text>']
@@ -318,8 +326,9 @@ def grouped_bar_chart(groups: list[str], series: dict[str, list[float | None]], 
             parts.append(f'<rect x="{x:.1f}" y="{top + inner_h - h:.1f}" width="{bar - 1:.1f}" '
                          f'height="{h:.1f}" fill="{PALETTE[s % len(PALETTE)]}"><title>{_esc(name)} @ '
                          f'{_esc(group)}: {100 * value:.1f}%</title></rect>')
-        parts.append(f'<text x="{left + slot * g + slot / 2:.1f}" y="{top + inner_h + 14:.1f}" '
-                     f'text-anchor="middle" fill="#333">{_esc(group)}</text>')
+        if g % every == 0:  # the bars' tooltips name every group
+            parts.append(f'<text x="{left + slot * g + slot / 2:.1f}" y="{top + inner_h + 14:.1f}" '
+                         f'text-anchor="middle" fill="#333">{_esc(_fit(group, slot * every - 4))}</text>')
     lx, ly = left, height - 26
     for s, name in enumerate(names):
         parts.append(f'<rect x="{lx}" y="{ly}" width="10" height="10" fill="{PALETTE[s % len(PALETTE)]}"/>')

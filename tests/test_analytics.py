@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import itertools
 import os
 import shutil
 import signal
@@ -1071,3 +1072,30 @@ def test_the_agents_chart_keeps_long_model_names_readable():
     assert all(f"<title>{n}: " in chart for n in names)
     widths = [float(w) for w in re.findall(r'<rect x="190" y="\d+" width="([\d.]+)"', chart)]
     assert widths[0] == pytest.approx(0.9 * (560 - 190 - 60), abs=0.1)  # rates on an absolute scale
+
+
+def test_a_chaos_sweep_keeps_its_axis_labels_readable_and_apart():
+    """A sweep of 21 chaos levels (0, 0.05, ..., 1): the success chart cut every axis label to
+    `0.…` or `me…`, and the task-by-chaos chart printed `low (0.25)` over its neighbours. Labels are
+    now spread out, every so many bars, each whole and clear of the next."""
+    import re
+
+    from analytics import report
+
+    levels = [round(i / 20, 2) for i in range(21)]
+    by_task_and_chaos = [{"task": task, "chaos": c, "episodes": 10, "successes": 5, "success_rate": 0.5}
+                         for task in ("expense_report", "bug_escalation") for c in levels]
+    data = {"success_by_chaos": report.success_by_chaos(by_task_and_chaos),
+            "success_by_task_and_chaos": by_task_and_chaos, "failure_modes": [],
+            "first_mistake_step": [], "compare_agents": []}
+    simple, grouped = report.charts(data)
+    for chart in (simple, grouped):
+        axis_y = max(float(y) for y in re.findall(r'<text x="[\d.]+" y="([\d.]+)" text-anchor="middle" '
+                                                  r'fill="#333">', chart))
+        labels = [(float(x), text) for x, text in re.findall(
+            rf'<text x="([\d.]+)" y="{axis_y}" text-anchor="middle" fill="#333">([^<]*)</text>', chart)]
+        assert len(labels) >= 4, labels
+        assert all("\u2026" not in text for _, text in labels), labels  # whole, not cut
+        assert labels[0][1] == "none (0)"
+        for (x1, a), (x2, b) in itertools.pairwise(labels):  # half of each width either side
+            assert x2 - x1 >= (len(a) + len(b)) / 2 * report._CHAR_PX, (a, b)
