@@ -229,7 +229,8 @@ def test_a_server_closing_during_the_handshake_is_unreachable_not_a_raw_websocke
                 continue
             conn.close()  # gone before the handshake, or during it
 
-    threading.Thread(target=accept_and_close, daemon=True).start()
+    acceptor = threading.Thread(target=accept_and_close, daemon=True)
+    acceptor.start()
     try:
         for _ in range(100):
             wire = _WebSocketWire(f"http://127.0.0.1:{listener.getsockname()[1]}", 5.0, {})
@@ -238,4 +239,5 @@ def test_a_server_closing_during_the_handshake_is_unreachable_not_a_raw_websocke
             assert failed.value.code == "unreachable", failed.value
     finally:
         stop.set()
+        acceptor.join(10)  # out of accept() before its socket closes
         listener.close()
