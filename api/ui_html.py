@@ -46,19 +46,22 @@ def ui_href(suffix: str = "") -> str:
 
 _CSS = """
 body{font-family:system-ui,sans-serif;margin:0 auto;max-width:1200px;color:#222;padding:0 1rem 2rem}
-nav{display:flex;gap:1.2rem;align-items:center;padding:.6rem 0;border-bottom:1px solid #ddd;
-margin-bottom:1rem}
+nav{display:flex;flex-wrap:wrap;gap:.4rem 1.2rem;align-items:center;padding:.6rem 0;
+border-bottom:1px solid #ddd;margin-bottom:1rem}
 nav b{margin-right:1rem}nav a{text-decoration:none}
-h1{font-size:1.4rem}h2{font-size:1.1rem;margin-top:1.6rem;border-bottom:1px solid #ddd}h3{font-size:1rem}
+h1{font-size:1.4rem;overflow-wrap:anywhere}h2{font-size:1.1rem;margin-top:1.6rem;border-bottom:1px solid #ddd}
+h3{font-size:1rem}
+.scroll{overflow-x:auto;max-width:100%}
 table{border-collapse:collapse;font-size:.85rem;margin:.5rem 0}
-td,th{border:1px solid #ddd;padding:3px 8px;text-align:left;vertical-align:top;overflow-wrap:anywhere}
-th{background:#f5f5f5}
-td.num{text-align:right;font-variant-numeric:tabular-nums}
+td,th{border:1px solid #ddd;padding:3px 8px;text-align:left;vertical-align:top;overflow-wrap:break-word}
+th{background:#f5f5f5;white-space:nowrap}
+td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
 code,pre{font-family:ui-monospace,monospace;font-size:.8rem}
 pre{background:#f7f7f7;padding:.5rem;overflow-x:auto;white-space:pre-wrap;word-break:break-word}
 td code{white-space:pre-wrap;word-break:break-word}
-dl.summary{display:grid;grid-template-columns:max-content 1fr;gap:.2rem 1rem}dl.summary dt{font-weight:bold}
-dl.summary dd{margin:0}
+dl.summary{display:grid;grid-template-columns:max-content minmax(0,1fr);gap:.2rem 1rem}
+dl.summary dt{font-weight:bold}dl.summary dd{margin:0;overflow-wrap:anywhere}
+dl.summary code{white-space:pre-wrap;overflow-wrap:anywhere}
 form.filters{display:flex;gap:.8rem;flex-wrap:wrap;align-items:end;margin:.5rem 0}
 form.filters label{display:flex;flex-direction:column;font-size:.8rem}
 .pager{display:flex;gap:1.5rem;margin:.6rem 0}
@@ -139,7 +142,9 @@ def table(headers: Iterable[str], rows: Iterable[Iterable[Any]], *,
         cells = "".join(f'<td class="num">{text_cell(c)}</td>' if i in numeric else f"<td>{text_cell(c)}</td>"
                         for i, c in enumerate(row))
         body.append(f"<tr{' ' + attr if attr else ''}>{cells}</tr>")
-    return Markup(f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>")
+    # in a box that scrolls sideways on a narrow screen, rather than squeezing every column
+    return Markup(f'<div class="scroll"><table><thead><tr>{head}</tr></thead>'
+                  f"<tbody>{''.join(body)}</tbody></table></div>")
 
 
 def summary_list(pairs: Iterable[tuple[str, Any]]) -> Markup:
@@ -175,7 +180,7 @@ def document(title: str, body: str, head: str = "") -> str:
     return ("<!doctype html><html lang='en'><head><meta charset='utf-8'>"
             "<meta name='viewport' content='width=device-width, initial-scale=1'>"
             f"<title>{esc(title)} · CompanyOS</title>{head}<style>{_CSS}</style></head>"
-            f"<body>{nav()}{body}</body></html>")
+            f"<body>{nav()}<main>{body}</main></body></html>")
 
 
 _TITLES = {400: "Bad request", 401: "API key needed", 403: "Wrong API key", 404: "Not found",
