@@ -337,10 +337,16 @@ def analytics_page(report_body: str, filters: dict[str, str]) -> HTMLResponse:
     form = Markup(
         f'<form class="filters" method="get" action="{here}">'
         + select("task", "task", TASK_FAMILIES, filters.get("task"))
-        + select("chaos", "chaos", CHAOS_LEVELS, filters.get("chaos"))
+        + select("chaos", "chaos", _chaos_choices(filters.get("chaos")), filters.get("chaos"))
         + text_input("agent", "agent", filters.get("agent"))
         + f'<button type="submit">Filter</button><a href="{here}">clear</a></form>')
     return page("Analytics", form + report_body, head=f"<style>{REPORT_CSS}</style>")
+
+
+def _chaos_choices(chosen: str | None) -> list[str]:
+    """The named levels, and a number the page was asked for (`?chaos=0.3`, from a sweep), so the
+    form keeps it: with the names alone the select showed "any" and the next Filter dropped it."""
+    return [*CHAOS_LEVELS, chosen] if chosen and chosen not in CHAOS_LEVELS else list(CHAOS_LEVELS)
 
 
 def syncing_page(how_far: str, refresh_s: int) -> HTMLResponse:

@@ -173,6 +173,8 @@ def episode_filters(task: str | None = None, agent: str | None = None,
         raise ValueError(f"unknown outcome {outcome!r}; choose one of {', '.join(OUTCOMES)}")
     if task is not None:
         task_family(task)  # a typo would otherwise list nothing, without a word
+    if isinstance(agent, str):  # as the analytics take it: a label never begins or ends with space
+        agent = agent.strip()  # (a pasted `random ` listed nothing)
     if agent is not None and (problem := agent_label_problem(agent)):
         raise ValueError(f"no episode has that agent: {problem}")
     where = []

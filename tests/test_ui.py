@@ -397,6 +397,8 @@ def test_analytics_page_holds_the_report_and_its_charts(ui):
     assert "agent=random-agent" in only and "irreversible_action" not in only
     level = _html_ok(c.get("/ui/analytics", params={"chaos": "high"}))
     assert "chaos=high" in level and '<option value="high" selected>' in level
+    swept = _html_ok(c.get("/ui/analytics", params={"chaos": "0.3"}))  # a level of a sweep stays chosen
+    assert "chaos=0.3" in swept and '<option value="0.3" selected>' in swept
     refused = _html_ok(c.get("/ui/analytics", params={"chaos": "extreme"}), 400)
     assert "unknown chaos level" in refused
 
@@ -560,6 +562,18 @@ def test_serve_root_path_puts_the_pages_links_under_the_prefix(tmp_path):
         refused = subprocess.run([sys.executable, "-m", "companyos", "serve", "--root-path", bad],
                                  capture_output=True, text=True, timeout=60)
         assert refused.returncode == 2 and f"--root-path '{bad}' is not a URL path prefix" in refused.stderr
+
+
+def test_an_agent_filter_is_taken_without_its_surrounding_spaces(ui):
+    """A pasted label with a trailing space listed no episode on /ui and GET /episodes, where the
+    analytics stripped it (no label begins or ends with space); the list now strips it too."""
+    c, _, _ = ui
+    exact = c.get("/episodes", params={"agent": "random-agent"}).json()
+    assert exact["episodes"]
+    for spaced in (" random-agent", "random-agent ", "\trandom-agent"):
+        assert c.get("/episodes", params={"agent": spaced}).json()["episodes"] == exact["episodes"]
+        page = _html_ok(c.get("/ui", params={"agent": spaced}))
+        assert all(e["episode_id"] in page for e in exact["episodes"])
 
 
 def test_text_colours_meet_wcag_aa_contrast_on_every_row_background():
