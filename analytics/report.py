@@ -9,6 +9,7 @@ from __future__ import annotations
 import html
 import math
 import time
+from collections.abc import Callable
 from typing import Any
 
 from analytics.service import rows_of, run_named
@@ -137,6 +138,12 @@ def _cell(value: Any) -> str:
     if isinstance(value, float):
         return number_text(value)
     return str(value)
+
+
+def _html_cell(column: str, value: Any, episode_href: Callable[[str], str] | None) -> str:
+    if column == "example_episode_ids" and episode_href is not None and isinstance(value, list):
+        return ", ".join(f'<a href="{_esc(episode_href(str(e)))}">{_esc(e)}</a>' for e in value)
+    return _esc(_cell(value))
 
 
 def number_text(value: float) -> str:
@@ -419,9 +426,10 @@ def to_html(data: dict[str, Any]) -> str:
             f"</title><style>{REPORT_CSS}</style></head><body>" + html_body(data) + "</body></html>")
 
 
-def html_body(data: dict[str, Any]) -> str:
+def html_body(data: dict[str, Any], episode_href: Callable[[str], str] | None = None) -> str:
     """The report's markup without the document around it (styled by REPORT_CSS): the web UI
-    puts it in its own page."""
+    puts it in its own page, with `episode_href` making each example episode id a link to that
+    episode's timeline (from why agents fail to how one failed, in a click)."""
     s = data["summary"]
     top_mode = data["failure_modes"][0]["failure_mode"] if data["failure_modes"] else "none"
     kpis = [("episodes", s["episodes"]), ("success rate", _rate(s)),
@@ -439,7 +447,8 @@ def html_body(data: dict[str, Any]) -> str:
         head = "".join(f"<th>{_esc(c)}</th>" for c in cols)
         body.append(f'<h2>{_esc(title)}</h2><div class="scroll"><table><tr>{head}</tr>')
         for r in rows:
-            body.append("<tr>" + "".join(f"<td>{_esc(_cell(r[c]))}</td>" for c in cols) + "</tr>")
+            body.append("<tr>" + "".join(f"<td>{_html_cell(c, r[c], episode_href)}</td>" for c in cols)
+                        + "</tr>")
         body.append("</table></div>")
         if note := data["notes"].get(key):
             body.append(f"<p>{_esc(note)}</p>")

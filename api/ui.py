@@ -36,7 +36,7 @@ from api.analytics_routes import RETRY_AFTER_S, SYNC_WAIT_S  # as long as the JS
 from api.episodes import EpisodeLog
 from api.querystring import RepeatedParameter, single_valued, unknown_parameter, whole_number
 from api.sessions import ApiError
-from api.ui_html import ROOT_PATH, UI, error_page, ui_href
+from api.ui_html import ROOT_PATH, UI, episode_url, error_page, ui_href
 from api.ui_pages import (
     analytics_page,
     episode_list,
@@ -144,7 +144,7 @@ def ui_router(log: EpisodeLog, db: str | Callable[[], str], warehouse: str | Non
             return error_page(503, f"the analytics warehouse cannot be used: {exc}")
         except CorruptCommit as exc:
             return error_page(500, f"{exc}; `companyos verify` names every damaged episode")
-        return analytics_page(report.html_body(data), filters)
+        return analytics_page(report.html_body(data, episode_href=episode_url), filters)
 
     @router.get(UI + "/{rest:path}", response_class=HTMLResponse)
     def not_found(rest: str) -> Response:

@@ -564,6 +564,19 @@ def test_serve_root_path_puts_the_pages_links_under_the_prefix(tmp_path):
         assert refused.returncode == 2 and f"--root-path '{bad}' is not a URL path prefix" in refused.stderr
 
 
+def test_the_report_page_links_each_example_episode_to_its_timeline(ui):
+    """The failure-modes table listed example episode ids as text: from why agents fail to how
+    one failed took a copy and an edited address. Each is a link now, and every link opens (the
+    standalone `report --html` has no server to link to, and keeps them text)."""
+    c, _, ids = ui
+    page = _html_ok(c.get("/ui/analytics"))
+    linked = re.findall(r'<a href="(/ui/episodes/[0-9a-f]+)">([0-9a-f]+)</a>', page)
+    assert linked and all(href.endswith(shown) for href, shown in linked)
+    assert f"/ui/episodes/{ids['failure']}" in {href for href, _ in linked}
+    for href, _ in linked[:3]:
+        _html_ok(c.get(href))
+
+
 def test_an_agent_filter_is_taken_without_its_surrounding_spaces(ui):
     """A pasted label with a trailing space listed no episode on /ui and GET /episodes, where the
     analytics stripped it (no label begins or ends with space); the list now strips it too."""
