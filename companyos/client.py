@@ -286,8 +286,12 @@ class _WebSocketWire:
         resume = message.get("type") != "reset"
         restarting_until: float | None = None  # set when the server said it is restarting (1012)
         resent = False
+        pause = 0.0  # between sends to a server that keeps closing with 1012: none the first time
         while True:
             if self._conn is None:
+                if restarting_until is not None:
+                    time.sleep(min(pause, max(restarting_until - time.monotonic(), 0.0)))
+                    pause = min(max(pause * 2, 0.05), 1.0)
                 self._conn = self._connect(resume, restarting_until)
             try:
                 self._conn.send(text)
