@@ -171,7 +171,8 @@ def report_data(db_url: str, warehouse: str | None, filters: dict[str, str]) -> 
 
 def _params(request: Request, *takes: str) -> dict[str, str]:
     """The query's parameters, one value each, each one the page `takes` (a typo would otherwise
-    show believable, unfiltered data); empty ones (a form's "any") left out."""
+    show believable, unfiltered data); empty or blank ones (a form's "any", a stray space typed
+    in a field) left out."""
     try:
         params = single_valued(request.query_params.multi_items())
     except RepeatedParameter as exc:
@@ -179,7 +180,7 @@ def _params(request: Request, *takes: str) -> dict[str, str]:
     problem = unknown_parameter("this page", params, takes)
     if problem:
         raise BadParameter(problem)
-    return {k: v for k, v in params.items() if v != ""}
+    return {k: v for k, v in params.items() if v.strip() != ""}
 
 
 def _whole(params: dict[str, str], name: str, default: Any, lo: int, hi: int) -> Any:
