@@ -93,7 +93,7 @@ def command_runner(register, *prefix: str):
 @contextlib.contextmanager
 def live_server(url: str, **config):
     """Uvicorn on a free loopback port in a background thread; yields the base URL."""
-    with live_uvicorn(url, **config) as (base, _server, _sock):
+    with live_uvicorn(url, **config) as (base, _server):
         yield base
 
 
@@ -101,7 +101,7 @@ def live_server(url: str, **config):
 def live_uvicorn(url: str, sock=None, **config):
     """`live_server` that also yields the `uvicorn.Server`, for tests that shut it down themselves
     (`server.should_exit = True` is what Ctrl-C and SIGTERM do). `sock`: a listening socket to
-    serve (another server's `sock.dup()` makes two workers of one port, as `--workers` does)."""
+    serve (bound with SO_REUSEADDR, a server restarted on the port of one that stopped)."""
     import socket
     import threading
     import time
@@ -127,7 +127,7 @@ def live_uvicorn(url: str, sock=None, **config):
             raise RuntimeError("server did not start")
         time.sleep(0.02)
     try:
-        yield f"http://127.0.0.1:{port}", server, sock
+        yield f"http://127.0.0.1:{port}", server
     finally:
         server.should_exit = True
         thread.join(timeout=30)

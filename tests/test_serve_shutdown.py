@@ -46,7 +46,7 @@ def test_shutdown_answers_the_websocket_step_under_way_and_applies_none_not_begu
         shutting_down.set()
 
     answers: list[dict] = []
-    with pytest.MonkeyPatch.context() as patch, live_uvicorn(url) as (base, server, _sock):
+    with pytest.MonkeyPatch.context() as patch, live_uvicorn(url) as (base, server):
         patch.setattr(AnsweringWebSocketProtocol, "shutdown", shutdown)
         with connect(f"{base.replace('http', 'ws')}/ws", open_timeout=10) as ws:
             ws.send(orjson.dumps({"type": "reset", "data": {"seed": 3, "task": "expense_report"}}))
@@ -87,7 +87,7 @@ def test_remote_env_sends_again_a_step_that_a_shutting_down_server_did_not_begin
             self.shutdown()  # the frame arrives just after the server began to shut down
         real_arrival(self)
 
-    with pytest.MonkeyPatch.context() as patch, live_uvicorn(url) as (base, _server, _sock):
+    with pytest.MonkeyPatch.context() as patch, live_uvicorn(url) as (base, _server):
         patch.setattr(AnsweringWebSocketProtocol, "send_receive_event_to_app", arrival)
         env = RemoteCompanyEnv(base, transport="ws")
         try:
@@ -120,7 +120,7 @@ def test_a_client_that_stopped_reading_does_not_hold_the_server_open_at_shutdown
         return bytes([0x81]) + size + mask + bytes(c ^ mask[i % 4] for i, c in enumerate(data))
 
     url = f"sqlite:///{tmp_path / 'store.db'}"
-    with pytest.MonkeyPatch.context() as patch, live_uvicorn(url) as (base, server, _sock):
+    with pytest.MonkeyPatch.context() as patch, live_uvicorn(url) as (base, server):
         patch.setattr(handshake, "SHUTDOWN_GRACE_S", 0.5)
         client = socket.create_connection(("127.0.0.1", int(base.rsplit(":", 1)[1])))
         client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
