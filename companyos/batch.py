@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 import domain
 from companyos.agents import make_agent
-from companyos.config import READ_ONLY_WORDS, in_memory_store, read_only_store
+from companyos.config import in_memory_store, read_only_refusal
 from companyos.env import SEED_MAX, CompanyEnv, spec_from_options, task_for_seed
 from companyos.lifecycle import die_with_parent
 from companyos.runtime import DURABILITY, CommitGroup, EpisodeRuntime, UnloggedEpisode
@@ -84,9 +84,8 @@ def validate(plan: RunPlan) -> None:
     if in_memory_store(plan.db):
         raise ValueError(f"the store {plan.db!r} is an in-memory SQLite store: every episode would "
                          "be gone when the run ends; name a file, e.g. sqlite:///companyos.db")
-    if read_only_store(plan.db):
-        raise ValueError(f"the store URL {plan.db!r} {READ_ONLY_WORDS}, and a run logs episodes; "
-                         "leave mode=ro out")
+    if refused := read_only_refusal(plan.db, "a run logs episodes"):
+        raise ValueError(refused)
     if plan.durability not in DURABILITY:
         raise ValueError(f"--durability must be one of {', '.join(DURABILITY)}")
 

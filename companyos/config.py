@@ -44,6 +44,14 @@ def read_only_store(url: str) -> bool:
 READ_ONLY_WORDS = "opens the store read-only (mode=ro)"
 
 
+def read_only_refusal(url: str, writes: str) -> str | None:
+    """Why a command that `writes` (e.g. "a run logs episodes") cannot use `url`, or None: the
+    one refusal `run`, `serve` and `rebuild` give a read-only store URL."""
+    if not read_only_store(url):
+        return None
+    return f"the store URL {url!r} {READ_ONLY_WORDS}, and {writes}; leave mode=ro out"
+
+
 def api_key_problem(key: str) -> str | None:
     """What keeps `key` from working as a Bearer API key, or None. The server and the client both
     ask: a key that cannot travel in an HTTP header (a space, a control character, non-ASCII) would

@@ -14,7 +14,7 @@ import typer
 
 from companyos.commands.options import DbOption, EpisodeArgument, JsonOption, utf8_text
 from companyos.commands.output import fail, print_json, say_error, say_waiting, stdout_console
-from companyos.config import READ_ONLY_WORDS, read_only_store, resolve_db
+from companyos.config import READ_ONLY_WORDS, read_only_refusal, read_only_store, resolve_db
 
 
 def register(app: typer.Typer) -> None:
@@ -284,8 +284,8 @@ def rebuild(
 
     if projection is not None and projection not in PROJECTION_NAMES:
         fail(f"unknown projection {projection!r}; known: {', '.join(PROJECTION_NAMES)}")
-    if read_only_store(resolve_db(db)):
-        fail(f"the store URL {READ_ONLY_WORDS}, and a rebuild writes the read models; leave mode=ro out")
+    if refused := read_only_refusal(resolve_db(db), "a rebuild writes the read models"):
+        fail(refused)
     store = _open(db)
     try:
         runner = ProjectionRunner(store, default_projections())

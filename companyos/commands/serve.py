@@ -169,14 +169,13 @@ def _open_store_once(url: str) -> None:
     """Create or migrate the store; an in-memory SQLite store is refused (exit 2): each worker
     would hold its own, its one connection would be shared by the request threads (a reader's
     rollback ended a writer's transaction: appends were lost), and it is gone when the server stops."""
-    from companyos.config import READ_ONLY_WORDS, in_memory_store, read_only_store
+    from companyos.config import in_memory_store, read_only_refusal
     from eventstore import EventStore
 
     if in_memory_store(url):
         fail(f"the store {url!r} is an in-memory SQLite store, which the server cannot share "
              "between its threads and workers and which is gone when it stops; name a file, "
              "e.g. sqlite:///companyos.db")
-    if read_only_store(url):
-        fail(f"the store URL {url!r} {READ_ONLY_WORDS}, and the server logs episodes and keeps its "
-             "read models up to date; leave mode=ro out")
+    if refused := read_only_refusal(url, "the server logs episodes and keeps its read models up to date"):
+        fail(refused)
     EventStore.open(url).close()
