@@ -90,6 +90,20 @@ def command_runner(register, *prefix: str):
     return invoke
 
 
+def get_once_listening(url: str, tries: int = 400):
+    """GET `url` from a server still starting (a `companyos serve` subprocess): its first answer."""
+    import time
+
+    import httpx
+
+    for _ in range(tries - 1):
+        try:
+            return httpx.get(url, timeout=2)
+        except httpx.TransportError:
+            time.sleep(0.05)
+    return httpx.get(url, timeout=2)
+
+
 @contextlib.contextmanager
 def live_server(url: str, **config):
     """Uvicorn on a free loopback port in a background thread; yields the base URL."""

@@ -12,6 +12,8 @@ import time
 import httpx
 import pytest
 
+from tests.conftest import get_once_listening
+
 pytestmark = pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="reads /proc")
 
 
@@ -79,13 +81,7 @@ def test_serve_on_port_0_names_the_port_it_listens_on(tmp_path):
         banner = server.stdout.readline()
         found = re.search(r"http://127\.0\.0\.1:(\d+) ", banner)
         assert found and found[1] != "0", banner
-        for _ in range(300):
-            try:
-                health = httpx.get(f"http://127.0.0.1:{found[1]}/health", timeout=1)
-                break
-            except httpx.TransportError:
-                time.sleep(0.05)
-        assert health.status_code == 200
+        assert get_once_listening(f"http://127.0.0.1:{found[1]}/health").status_code == 200
     finally:
         server.terminate()
         server.wait(timeout=30)

@@ -535,9 +535,8 @@ def test_serve_root_path_puts_the_pages_links_under_the_prefix(tmp_path):
     import socket
     import subprocess
     import sys
-    import time
 
-    import httpx
+    from tests.conftest import get_once_listening
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -546,12 +545,7 @@ def test_serve_root_path_puts_the_pages_links_under_the_prefix(tmp_path):
                                "--root-path", "cos/", "--db", f"sqlite:///{tmp_path / 's.db'}"],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        for _ in range(400):
-            try:
-                page = httpx.get(f"http://127.0.0.1:{port}/ui", timeout=2)
-                break
-            except httpx.TransportError:
-                time.sleep(0.05)
+        page = get_once_listening(f"http://127.0.0.1:{port}/ui")
         assert page.status_code == 200
         addresses = _addresses(page.text)
         assert "/cos/ui/analytics" in addresses and all(a.startswith("/cos/") for a in addresses)
