@@ -49,6 +49,7 @@ _EVENT_IDS_SQL = sa.text(
 _BOUND_POLL_S = 0.1
 """How often `read_bound` looks again while it waits for older transactions to end."""
 
+
 class _VersionMismatch(Exception):
     def __init__(self, actual: int | None) -> None:
         self.actual = actual
