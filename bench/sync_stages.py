@@ -62,6 +62,7 @@ def measure(store: Path, warehouse: Path, batch_events: int) -> tuple[Counter, i
                 if commits.num_rows == 0:
                     break
                 batch = timed("unpack", unpacker.events, commits, position)
+                del commits  # as the sync's reader drops it: the next page may reuse its buffer
                 batch = timed("annotate", lambda b: annotate(upcast(b)), batch)
                 fresh = timed("derive_fresh", derive_fresh, deriver, batch)
                 con.execute("BEGIN")

@@ -547,6 +547,79 @@ def test_a_commit_whose_compression_is_damaged_is_named_by_the_sync_and_the_stor
         list(store.read_stream(stream))
 
 
+@pytest.mark.parametrize("claim", [1, 10**6])
+def test_a_commit_whose_compressed_size_lies_is_named_by_the_sync(tmp_path, claim):
+    """The sync sizes its payload buffer from each lz4 block's header before decompressing: a
+    header claiming more than the block holds is damage, named, never a buffer overrun or a
+    gigabyte allocated on its word."""
+    def lie(blob: bytes) -> bytes:
+        size = min(int.from_bytes(blob[:4], "little") * claim + 1, 2**31 - 1)
+        return size.to_bytes(4, "little") + blob[4:]
+
+    url, position, stream = _damage_a_commit(tmp_path, "position LIMIT 1 OFFSET 3", lie)
+    with pytest.raises(CorruptCommit, match=f"stream '{stream}': the commit at position {position} "
+                                            "does not unpack: LZ4BlockError"):
+        sync(url, tmp_path / "wh.duckdb")
+
+
+def test_a_page_kept_by_its_reader_keeps_its_payloads_when_the_next_is_read(tmp_path):
+    """Pages are decompressed into a buffer the reader reuses: a page still held elsewhere must not
+    see its bytes overwritten by the next page's."""
+    from analytics.sources import SqliteSource
+
+    path = str(tmp_path / "store.db")
+    url = f"sqlite:///{path}"
+    with EventStore.open(url) as store:
+        for ep in synthetic.episodes(12, seed=0):
+            store.append(ep.episode_id, ep.events, None)  # one compressed commit each
+    con = sqlite3.connect(path)
+    stored = dict(con.execute("SELECT position, payload FROM commits").fetchall())
+    con.close()
+    assert all(isinstance(p, bytes) for p in stored.values())
+
+    def payloads(page):
+        return dict(zip(page["position"].to_pylist(), page["payload"].to_pylist(), strict=True))
+
+    limit = max(stored) // 4  # events a page: a few commits each
+    source = SqliteSource(path)
+    try:
+        first = source.page(0, limit, 10**9)
+        second = source.page(first["position"][-1].as_py(), limit, 10**9)
+        assert first.num_rows and second.num_rows
+        for page in (first, second):
+            assert all(payload_json(stored[k]).decode() == v for k, v in payloads(page).items())
+        del first
+        third = source.page(second["position"][-1].as_py(), limit, 10**9)  # may reuse the first's
+        assert third.num_rows
+        for page in (second, third):
+            assert all(payload_json(stored[k]).decode() == v for k, v in payloads(page).items())
+    finally:
+        source.close()
+
+
+def test_a_page_past_what_32_bit_offsets_reach_is_read_in_chunks(tmp_path, monkeypatch):
+    """A page whose payloads pass 2 GiB cannot be one Arrow string array: it becomes a chunked one
+    (here the limit is lowered to a few commits' worth), and the warehouse is the same."""
+    from analytics import sources
+
+    path = str(tmp_path / "store.db")
+    url = f"sqlite:///{path}"
+    fill(url, 0, 30)
+    whole = tmp_path / "whole.duckdb"
+    sync(url, whole)
+    monkeypatch.setattr(sources, "_CHUNK_LIMIT", 3000)
+    source = sources.SqliteSource(path)
+    try:
+        page = source.page(0, 10**6, 10**9)
+        assert page["payload"].num_chunks > 3
+        assert all(orjson.loads(p)["type"] for p in page["payload"].to_pylist())
+    finally:
+        source.close()
+    chunked = tmp_path / "chunked.duckdb"
+    sync(url, chunked)
+    assert dump(chunked) == dump(whole)
+
+
 def test_a_commit_whose_json_is_not_utf8_is_named_by_the_sync_and_the_store(tmp_path):
     """The sync builds each batch's payloads on one buffer: a payload that decompresses to bytes
     that are not UTF-8 is still named, not handed to DuckDB or taken for another commit's."""
