@@ -4,8 +4,9 @@ The store keeps one row per append (see eventstore.packing): the commit's events
 columnar JSON. Python objects per event cap a reader at a few hundred thousand events/s on this
 class of machine, so every path here moves whole commits and unpacks them in C:
 
-- SQLite: the stdlib cursor, a few thousand commit rows transposed into Arrow (the payloads
-  the store keeps lz4-compressed decompressed on the way, ~5 µs a commit). Never a second
+- SQLite: the stdlib cursor, a page's commit rows gathered into Arrow columns a few hundred
+  at a time, the payloads the store keeps lz4-compressed decompressed on the way into one buffer
+  kept from page to page (`PayloadBuffer`). Never a second
   SQLite library (such as the ADBC driver's): the process also holds the store open through the
   stdlib, and closing another library's handle on the file drops this process's POSIX locks on
   it, so another process closing the store deletes the WAL under a live writer (a server that
@@ -208,7 +209,7 @@ _NEXT_SQL = "SELECT min(position) FROM commits WHERE position > ?"
 
 
 class SqliteSource:
-    """SQLite through the stdlib: commit rows transposed into columns, then one Arrow array each
+    """SQLite through the stdlib: commit rows gathered into columns, then one Arrow array each
     (a row per commit, not per event, so the Python cost is small). Positions are dense there, so
     the commits ending in (after, after + limit] hold at most `limit` events and a page is one
     range scan of the key."""
