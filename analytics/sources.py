@@ -281,7 +281,7 @@ class PayloadBuffer:
         self._buffer = bytearray()
         self._view = memoryview(self._buffer)
         self._chunks: list[pa.Array] = []
-        self._commits: list[tuple[int, str, str | bytes]] = []  # the chunk's, to name a bad one
+        self._commits: list[tuple[int, str]] = []  # the chunk's positions and streams, to name one
         self._ends = [0]
 
     def start(self) -> PayloadBuffer:
@@ -306,7 +306,7 @@ class PayloadBuffer:
             self._grow(end)
         self._view[start:end] = text
         self._ends.append(end)
-        self._commits.append((position, stream_id, payload))
+        self._commits.append((position, stream_id))
 
     def finish(self) -> pa.Array | pa.ChunkedArray:
         """The page's payloads, one string each, in the order added."""
@@ -322,9 +322,9 @@ class PayloadBuffer:
         try:
             array.validate(full=True)
         except pa.ArrowInvalid:
-            for position, stream_id, payload in self._commits:
+            for (position, stream_id), start, stop in zip(self._commits, ends, ends[1:]):  # noqa: B905
                 try:
-                    _utf8(_decompressed(position, stream_id, payload)).decode()
+                    str(self._view[start:stop], "utf-8")
                 except UnicodeDecodeError as exc:
                     raise CorruptCommit(stream_id, position, f"its payload is not UTF-8 ({exc.reason} "
                                         f"at byte {exc.start})") from None
