@@ -10,9 +10,9 @@ thread; `derive_fresh` on the deriver's; inserting the events, `derive_batch` an
 writer's. Here the same functions run one after the other on one thread, batch by batch, into a
 new warehouse, and each stage's thread CPU time and minor page faults are counted (a small store
 overstates the faults: most are the first touch of memory the sync then keeps). However well
-the threads overlap, a
-sync cannot beat (cores / CPU per event): that ceiling is the last line. Issue 6 asks the sync for
-1,000,000 events/s, so on two cores the whole pipeline must cost under 2 CPU-µs per event.
+the threads overlap, a sync cannot beat (cores / CPU per event): that ceiling is the last line.
+Issue 6 asks the sync for 1,000,000 events/s, so on two cores the whole pipeline must cost under
+2 CPU-µs per event.
 """
 
 from __future__ import annotations
