@@ -549,9 +549,9 @@ def test_a_commit_whose_compression_is_damaged_is_named_by_the_sync_and_the_stor
 
 @pytest.mark.parametrize("claim", [1, 10**6])
 def test_a_commit_whose_compressed_size_lies_is_named_by_the_sync(tmp_path, claim):
-    """The sync sizes its payload buffer from each lz4 block's header before decompressing: a
-    header claiming more than the block holds is damage, named, never a buffer overrun or a
-    gigabyte allocated on its word."""
+    """An lz4 block starts with its payload's size, and lz4 allocates that much before it
+    decompresses: a header claiming more than the block holds is damage, named, never a payload
+    written past its end nor a gigabyte allocated on its word."""
     def lie(blob: bytes) -> bytes:
         size = min(int.from_bytes(blob[:4], "little") * claim + 1, 2**31 - 1)
         return size.to_bytes(4, "little") + blob[4:]
