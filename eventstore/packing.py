@@ -57,10 +57,20 @@ def as_text(payload_json: bytes) -> str:
     return payload_json.decode()
 
 
+LZ4_MAX_RATIO = 255
+"""No lz4 block decompresses to more than ~255 times its size: a header claiming more is damage."""
+
+
 def payload_json(stored: str | bytes) -> str | bytes:
     """The JSON of a stored payload, compressed (bytes) or not (text); lz4.block.LZ4BlockError
-    when compressed bytes are damaged."""
-    return _decompress(stored) if type(stored) is bytes else stored
+    when compressed bytes are damaged, a header claiming an impossible size included (lz4 would
+    first allocate whatever it claims). The bulk read (`unpack`) inlines the decompression."""
+    if type(stored) is not bytes:
+        return stored
+    claimed = int.from_bytes(stored[:4], "little")
+    if claimed > LZ4_MAX_RATIO * len(stored):
+        raise lz4.block.LZ4BlockError(f"its header claims {claimed} bytes from {len(stored)}")
+    return _decompress(stored)
 
 
 class Commit(NamedTuple):
