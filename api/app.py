@@ -53,6 +53,7 @@ from api.sessions import ApiError, SessionManager, outage_classes, split_session
 from api.ui import ui_router
 from api.ui_html import error_page, is_ui_path
 from api.ws import websocket_app
+from companyos.catalogue import task_catalogue
 from companyos.config import resolve_db
 from companyos.lifecycle import end_with
 from domain import TASK_FAMILIES
@@ -402,7 +403,7 @@ def _register_log(app: FastAPI, server: Server) -> None:
              responses=errors(400, 401, 403))
     async def tasks() -> JSON:
         """Task families, chaos levels, reward profiles and the failure-mode taxonomy."""
-        return JSON(catalog.tasks())
+        return JSON(task_catalogue())
 
     @app.get("/tools", dependencies=STRICT_QUERY, tags=["Catalogue"],
              responses={200: {"model": list[dict[str, Any]]}, **errors(400, 401, 403)})

@@ -11,7 +11,6 @@ from importlib import metadata as importlib_metadata
 from typing import Any
 
 import domain
-from companyos.catalogue import task_catalogue
 
 NAME = "companyos"
 DESCRIPTION = ("CompanyOS: an event-sourced RL environment in which an agent completes messy "
@@ -83,10 +82,6 @@ def mcp_tools() -> list[dict[str, Any]]:
     return [{"name": t.function_name, "title": t.name,
              "description": t.description, "inputSchema": t.parameters}
             for t in domain.TOOLS]
-
-
-def tasks() -> dict[str, Any]:
-    return task_catalogue()
 
 
 @cache
