@@ -114,6 +114,16 @@ def test_query_command_prints_json_csv_and_clear_errors(logged, tmp_path, cli):
     assert out.exit_code == 2 and "NAME=VALUE" in out.output
 
 
+def test_a_param_without_a_query_name_is_refused_not_ignored(logged, tmp_path, cli):
+    """`analytics query -p k=3` (the name forgotten) listed the queries and exited 0, the
+    parameter silently dropped: a script reading the output took the list for an answer."""
+    url, _ = logged
+    out = cli("query", "--param", "k=3", "--db", url, "--warehouse", str(tmp_path / "w.duckdb"))
+    assert out.exit_code == 2
+    assert "--param needs a query name" in out.output and "pass_at_k" in out.output
+    assert not (tmp_path / "w.duckdb").exists()  # refused before any sync
+
+
 def test_pass_at_k_over_repeated_seeds(logged, tmp_path, cli):
     url, _ = logged
     out = cli("query", "pass_at_k", "--param", "k=2", "--param", "agent=expert", "--format", "json",

@@ -156,6 +156,9 @@ def query_command(
 
     _check_format(fmt)
     if name is None:
+        if param:  # a forgotten name: the list would pass for an answer, the parameter dropped
+            fail(f"--param needs a query name: `companyos analytics query NAME --param ...`; "
+                 f"known queries: {', '.join(named.registry())}")
         _print_catalogue(fmt)
         return
     try:
