@@ -172,7 +172,16 @@ def _shown(value: Any) -> Any:
 
 
 def _rate(s: dict[str, Any]) -> str:
-    return "n/a" if s["success_rate"] is None else f"{100 * s['success_rate']:.1f}%"
+    return "n/a" if s["success_rate"] is None else percent_text(s["success_rate"])
+
+
+def percent_text(fraction: float, places: int = 1) -> str:
+    """A fraction as a percentage rounded as the queries round (half away from zero): f"{x:.1f}"
+    rounds the binary value half to even, so 0.3125 read 31.2% where 0.6125 read 61.3%."""
+    from decimal import ROUND_HALF_UP, Decimal
+
+    shown = (Decimal(repr(fraction)) * 100).quantize(Decimal(1).scaleb(-places), ROUND_HALF_UP)
+    return f"{shown}%"
 
 
 def summary_line(s: dict[str, Any]) -> str:
@@ -273,7 +282,7 @@ def bar_chart(labels: list[str], values: list[float], *, title: str, percent: bo
         h = 0 if top_value <= 0 else inner_h * max(value, 0) / top_value
         x = left + slot * i + (slot - bar) / 2
         y = top + inner_h - h
-        shown = f"{100 * value:.1f}%" if percent else f"{value:g}"
+        shown = percent_text(value) if percent else f"{value:g}"
         tip = f"{label}: {shown}" + (f" ({notes[i]})" if notes else "")
         parts.append(f'<rect x="{x:.1f}" y="{y:.1f}" width="{bar:.1f}" height="{h:.1f}" fill="{color}">'
                      f'<title>{_esc(tip)}</title></rect>')
@@ -303,9 +312,9 @@ def hbar_chart(labels: list[str], values: list[float], *, title: str, width: int
         shown = _esc(_fit(label, label_w - 8))
         parts.append(f'<text x="{label_w - 6}" y="{y + 14}" text-anchor="end">{shown}</text>')
         parts.append(f'<rect x="{label_w}" y="{y + 3}" width="{w:.1f}" height="{row - 6}" '
-                     f'fill="{PALETTE[i % len(PALETTE)]}"><title>{_esc(label)}: {100 * value:.1f}%'
+                     f'fill="{PALETTE[i % len(PALETTE)]}"><title>{_esc(label)}: {percent_text(value)}'
                      f'{_esc(note)}</title></rect>')
-        parts.append(f'<text x="{label_w + w + 4:.1f}" y="{y + 14}">{100 * value:.1f}%</text>')
+        parts.append(f'<text x="{label_w + w + 4:.1f}" y="{y + 14}">{percent_text(value)}</text>')
     parts.append("</svg>")
     return "".join(parts)
 
@@ -335,7 +344,7 @@ def grouped_bar_chart(groups: list[str], series: dict[str, list[float | None]], 
             x = x0 + bar * s
             parts.append(f'<rect x="{x:.1f}" y="{top + inner_h - h:.1f}" width="{bar - 1:.1f}" '
                          f'height="{h:.1f}" fill="{PALETTE[s % len(PALETTE)]}"><title>{_esc(name)} @ '
-                         f'{_esc(group)}: {100 * value:.1f}%</title></rect>')
+                         f'{_esc(group)}: {percent_text(value)}</title></rect>')
         if g % every == 0:  # the bars' tooltips name every group
             parts.append(f'<text x="{left + slot * g + slot / 2:.1f}" y="{top + inner_h + 14:.1f}" '
                          f'text-anchor="middle" fill="#333">{_esc(_fit(group, slot * every - 4))}</text>')

@@ -1005,6 +1005,27 @@ def test_report_counts_agentless_episodes_as_the_unknown_agent_it_lists(tmp_path
     assert "mean steps 1," in line and "mean return 0," in line, line  # as the tables print numbers
 
 
+def test_the_report_rounds_percentages_as_the_queries_round_rates(tmp_path):
+    """5 successes of 16 is 31.25%: the summary said 31.2% (Python's binary half-to-even), where
+    49 of 80 (61.25%) said 61.3%; percentages round half away from zero, as the rates do."""
+    from analytics import report
+
+    def write(store):
+        for i in range(16):
+            end = ("success", None) if i < 5 else ("failure", "wrong_decision")
+            _episode(store, f"e{i}", [[]], end, seed=i)
+
+    with _warehouse_of(tmp_path, write) as wh:
+        data = report.build(wh)
+    assert data["summary"]["success_rate"] == 0.3125
+    assert "success 31.3%" in report.summary_line(data["summary"])
+    assert "success rate<b>31.3%</b>" in report.to_html(data)
+    # and so do the charts' labels
+    data["failure_modes"] = [{"failure_mode": "m", "episodes": 5, "share": 0.3125}]
+    (modes,) = [c for c in report.charts(data) if "Failure modes" in c]
+    assert ">31.3%</text>" in modes and "31.2%" not in modes
+
+
 def test_parameters_drop_surrounding_whitespace_whatever_their_type(tmp_path):
     from analytics import named
 
