@@ -180,7 +180,7 @@ def percent_text(fraction: float, places: int = 1) -> str:
     rounds the binary value half to even, so 0.3125 read 31.2% where 0.6125 read 61.3%."""
     from decimal import ROUND_HALF_UP, Decimal
 
-    shown = (Decimal(repr(fraction)) * 100).quantize(Decimal(1).scaleb(-places), ROUND_HALF_UP)
+    shown = (Decimal(str(fraction)) * 100).quantize(Decimal(1).scaleb(-places), ROUND_HALF_UP)
     return f"{shown}%"
 
 
