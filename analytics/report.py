@@ -10,6 +10,7 @@ import html
 import math
 import time
 from collections.abc import Callable
+from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
 from analytics.service import rows_of, run_named
@@ -178,8 +179,6 @@ def _rate(s: dict[str, Any]) -> str:
 def percent_text(fraction: float, places: int = 1) -> str:
     """A fraction as a percentage rounded as the queries round (half away from zero): f"{x:.1f}"
     rounds the binary value half to even, so 0.3125 read 31.2% where 0.6125 read 61.3%."""
-    from decimal import ROUND_HALF_UP, Decimal
-
     shown = (Decimal(str(fraction)) * 100).quantize(Decimal(1).scaleb(-places), ROUND_HALF_UP)
     return f"{shown}%"
 
