@@ -21,7 +21,7 @@ _PARAM = re.compile(r"^param\s+(?P<name>[a-z_][a-z0-9_]*)\s+(?P<type>[A-Z]+)"
                     r"(?:\s*=\s*(?P<default>'[^']*'|[^:]+?))?\s*:\s*(?P<doc>.*)$")
 """`-- param NAME TYPE[lo..hi] = default: what it means`; the range (INTEGER only, either end may be
 left open) and the default are optional; without a default the parameter is required."""
-TYPES = ("VARCHAR", "INTEGER", "DOUBLE", "BOOLEAN", "CHAOS", "TASK")
+TYPES = ("VARCHAR", "INTEGER", "DOUBLE", "BOOLEAN", "CHAOS", "TASK", "PROFILE")
 MAX_TEXT = 1000
 
 
@@ -133,6 +133,12 @@ def convert(query: str, p: Param, value: Any) -> Any:
             return task_family(text if text is not None else value).name
         except ValueError:
             raise bad(f"a task family ({', '.join(TASK_FAMILIES)})") from None
+    if p.type == "PROFILE":  # as TASK: a typo would answer with empty rows
+        from domain import REWARD_PROFILES
+
+        if text not in REWARD_PROFILES:
+            raise bad(f"a reward profile ({', '.join(REWARD_PROFILES)})")
+        return text
     if p.type == "CHAOS":
         from domain.chaos import parse_chaos
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from analytics.service import rows_of, run_named
 from analytics.warehouse import Warehouse
-from domain import CHAOS_LEVELS, task_family
+from domain import CHAOS_LEVELS, REWARD_PROFILES, task_family
 from domain.chaos import parse_chaos
 from domain.labels import control_character
 
@@ -36,19 +36,22 @@ SELECT count(*) AS episodes,
        count(DISTINCT task) FILTER (WHERE outcome IS NOT NULL) AS tasks
 FROM episodes
 WHERE ($agent IS NULL OR agent = $agent) AND ($task IS NULL OR task = $task)
-  AND ($chaos IS NULL OR chaos = $chaos)
+  AND ($chaos IS NULL OR chaos = $chaos) AND ($profile IS NULL OR reward_profile = $profile)
 """
 
 
-def check_filters(agent: str | None, task: str | None, chaos: str | None = None) -> None:
+def check_filters(agent: str | None, task: str | None, chaos: str | None = None,
+                  profile: str | None = None) -> None:
     """ValueError, in words, for a filter no episode can match (every section would be empty):
-    a task naming no family, an empty agent, a chaos level that is none; so a caller can say so
-    before it syncs."""
-    agent, task = _stripped(agent), _stripped(task)
+    a task naming no family, an empty agent, a chaos level that is none, a reward profile that is
+    none; so a caller can say so before it syncs."""
+    agent, task, profile = _stripped(agent), _stripped(task), _stripped(profile)
     if task is not None:
         task_family(task)
     if chaos is not None:
         parse_chaos(chaos)
+    if profile is not None and profile not in REWARD_PROFILES:
+        raise ValueError(f"no reward profile {profile!r}; the profiles are {', '.join(REWARD_PROFILES)}")
     if agent is not None and not agent:
         raise ValueError("--agent is empty: no episode has an empty agent label")
     if agent is not None and (control := control_character(agent)):
@@ -57,11 +60,12 @@ def check_filters(agent: str | None, task: str | None, chaos: str | None = None)
 
 
 def build(wh: Warehouse, agent: str | None = None, task: str | None = None,
-          chaos: str | None = None) -> dict[str, Any]:
+          chaos: str | None = None, profile: str | None = None) -> dict[str, Any]:
     """Every section of the report as rows (JSON-able)."""
     started = time.perf_counter()
     # as the named queries take them; the chaos level as its number, shown as given
-    shown = {"agent": _stripped(agent), "task": _stripped(task), "chaos": _stripped(chaos)}
+    shown = {"agent": _stripped(agent), "task": _stripped(task), "chaos": _stripped(chaos),
+             "profile": _stripped(profile)}
     f = {**shown, "chaos": None if chaos is None else parse_chaos(chaos)}
     task = f["task"]
     summary = rows_of(wh.con.execute(_SUMMARY, f))[0]
@@ -74,7 +78,8 @@ def build(wh: Warehouse, agent: str | None = None, task: str | None = None,
         "failure_modes": run_named(wh, "failure_modes", {**f, "examples": 3}),
         "first_mistake_step": run_named(wh, "first_mistake_step", f),
         "chaos_impact": run_named(wh, "chaos_impact", f),
-        "compare_agents": (run_named(wh, "compare_agents", {"task": task, "chaos": f["chaos"]})
+        "compare_agents": (run_named(wh, "compare_agents",
+                                     {"task": task, "chaos": f["chaos"], "profile": f["profile"]})
                            if agent is None else []),
     }
     tools = run_named(wh, "tool_error_rates", {**f, "min_calls": 1})

@@ -30,7 +30,7 @@ from api.ui_html import (
     views_url,
 )
 from api.ui_timeline import Step
-from domain import CHAOS_LEVELS, FAILURE_MODES, TASK_FAMILIES
+from domain import CHAOS_LEVELS, FAILURE_MODES, REWARD_PROFILES, TASK_FAMILIES
 from domain.tools import APPS
 from projections.episodes import OUTCOMES
 
@@ -338,6 +338,7 @@ def analytics_page(report_body: str, filters: dict[str, str]) -> HTMLResponse:
         f'<form class="filters" method="get" action="{here}">'
         + select("task", "task", TASK_FAMILIES, filters.get("task"))
         + select("chaos", "chaos", _chaos_choices(filters.get("chaos")), filters.get("chaos"))
+        + select("profile", "profile", REWARD_PROFILES, filters.get("profile"))
         + text_input("agent", "agent", filters.get("agent"))
         + f'<button type="submit">Filter</button><a href="{here}">clear</a></form>')
     return page("Analytics", form + report_body, head=f"<style>{REPORT_CSS}</style>")

@@ -931,6 +931,54 @@ def test_pass_at_k_does_not_pool_other_budgets_or_reward_profiles_as_trials(tmp_
             (1, 1, 2, 1.0), (2, 1, 2, 1.0)]  # only (16 steps, default) ran twice
 
 
+def test_a_reward_profile_filter_answers_as_a_warehouse_of_that_profile_alone(tmp_path):
+    """Returns are only comparable within a reward profile: with `profile`, every query and the
+    report answer exactly as they would over a warehouse holding only that profile's episodes (a
+    mean return mixing default and sparse episodes was all there was)."""
+    from analytics import report
+
+    step = ("RewardGranted", {"rule": "step", "value": -0.1, "cause": 1})
+    done = ("RewardGranted", {"rule": "task_completed", "value": 1.0, "cause": 1})
+
+    def write(profiles):
+        def into(store):
+            for n in range(12):
+                profile = ("default", "sparse")[n % 2]
+                if profile not in profiles:
+                    continue
+                rewards = [step] if profile == "default" else []
+                steps = [rewards + [_refusal("invalid_params")] * (n % 3 == 0), rewards + [done]]
+                end = [("success", None), ("success", None), ("failure", "wrong_decision"),
+                       ("truncated", "rejection_not_handled")][n % 4]
+                if end[0] != "success":
+                    steps[1] = rewards + [_mistake(end[1], "expense")]
+                _episode(store, f"e{n:02}", steps, end, agent=("a", "b")[n % 3 == 1],
+                         task=("expense_report", "vendor_onboarding")[n % 5 == 0], seed=n % 3,
+                         chaos=(0.0, 0.5)[n % 2 == 0 or n > 6], profile=profile,
+                         total_return=(-0.2 if profile == "default" else 0.0) + (end[0] == "success"))
+        return into
+
+    def answers(wh, profile=None):
+        only = {} if profile is None else {"profile": profile}
+        queries = {name: service.run_named(wh, name, only) for name in named.registry()}
+        whole = report.build(wh, profile=profile)
+        del whole["seconds"], whole["filters"]
+        return queries, whole
+
+    from analytics import named
+
+    (tmp_path / "both").mkdir()
+    with _warehouse_of(tmp_path / "both", write({"default", "sparse"})) as both:
+        filtered = {p: answers(both, p) for p in ("default", "sparse")}
+        unfiltered = answers(both)
+    for profile in ("default", "sparse"):
+        (tmp_path / profile).mkdir()
+        with _warehouse_of(tmp_path / profile, write({profile})) as alone:
+            assert filtered[profile] == answers(alone), profile
+    assert unfiltered != filtered["default"] and unfiltered != filtered["sparse"]  # a filter that filters
+    assert filtered["sparse"][1]["summary"]["episodes"] == 6
+
+
 def test_queries_count_finished_episodes_only(tmp_path):
     """A running episode's partial rewards, mistakes and calls are in no query."""
     def write(store):
@@ -1031,8 +1079,8 @@ def test_parameters_drop_surrounding_whitespace_whatever_their_type(tmp_path):
 
     query = named.get("failure_modes")
     assert query.bind(named.parse_assignments(["task= expense_report ", "agent= a", "chaos= medium",
-                                               "examples= 2"])) == {
-        "task": "expense_report", "agent": "a", "chaos": 0.5, "examples": 2}
+                                               "profile= sparse ", "examples= 2"])) == {
+        "task": "expense_report", "agent": "a", "chaos": 0.5, "profile": "sparse", "examples": 2}
     assert query.bind({"agent": " a "})["agent"] == "a"  # JSON and query strings too
 
 

@@ -382,6 +382,32 @@ def test_the_report_narrows_to_one_chaos_level(logged, tmp_path, cli):
     assert not (tmp_path / "x.duckdb").exists()
 
 
+def test_the_report_and_queries_narrow_to_one_reward_profile(tmp_path, cli):
+    """The same episodes scored by both profiles: `report --profile` and `-p profile=` count and
+    average one profile's episodes, as `run --json` reported them; a profile that is none is
+    refused before any sync."""
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    reported = {profile: [r.to_json() for r in run_plan(
+        RunPlan(url, "expert", "all", "medium", 12, 0, "episode", profile), workers=1)]
+        for profile in ("default", "sparse")}
+    wh = str(tmp_path / "w.duckdb")
+    for profile, results in reported.items():
+        out = cli("report", "--markdown", "--profile", profile, "--db", url, "--warehouse", wh)
+        assert out.exit_code == 0, out.output
+        assert re.search(rf"\b{len(results)} episodes", out.stdout) and f"profile={profile}" in out.stdout
+        out = cli("query", "compare_agents", "-p", f"profile={profile}", "--format", "json",
+                  "--db", url, "--warehouse", wh)
+        (row,) = json.loads(out.stdout)
+        mean = sum(r["return"] for r in results) / len(results)
+        assert row["episodes"] == len(results) and row["mean_return"] == pytest.approx(mean, abs=1e-3)
+    assert reported["default"][0]["return"] != reported["sparse"][0]["return"]
+    out = cli("report", "--profile", "dense", "--db", url, "--warehouse", str(tmp_path / "x.duckdb"))
+    assert out.exit_code == 2 and "no reward profile 'dense'" in out.output, out.output
+    assert not (tmp_path / "x.duckdb").exists()
+    out = cli("query", "failure_modes", "-p", "profile=dense", "--db", url, "--warehouse", wh)
+    assert out.exit_code == 2 and "must be a reward profile (default, sparse)" in out.output, out.output
+
+
 def test_a_report_over_no_matching_episodes_says_n_a_not_none(logged, tmp_path, cli):
     url, _ = logged
     out = cli("report", "--markdown", "--agent", "nobody", "--db", url,

@@ -401,12 +401,18 @@ def test_analytics_page_holds_the_report_and_its_charts(ui):
     assert "chaos=0.3" in swept and '<option value="0.3" selected>' in swept
     refused = _html_ok(c.get("/ui/analytics", params={"chaos": "extreme"}), 400)
     assert "unknown chaos level" in refused
+    scored = _html_ok(c.get("/ui/analytics", params={"profile": "sparse"}))  # the fixture logs none
+    assert "profile=sparse" in scored and '<option value="sparse" selected>' in scored
+    assert "0 episodes" in scored and "irreversible_action" not in scored
+    assert "irreversible_action" in _html_ok(c.get("/ui/analytics", params={"profile": "default"}))
 
 
 @pytest.mark.parametrize(("query", "said"), [
     ({"task": "nope"}, "unknown task"),  # (a blank agent field is "any": see the spaces test)
     ({"agent": "a\x00b"}, "agent labels hold no control characters"),  # was echoed into the page
-    ({"agnet": "random-agent"}, "this page has no query parameter 'agnet'; it takes agent, chaos, task")])
+    ({"profile": "dense"}, "no reward profile 'dense'; the profiles are default, sparse"),
+    ({"agnet": "random-agent"},
+     "this page has no query parameter 'agnet'; it takes agent, chaos, profile, task")])
 def test_a_bad_analytics_filter_is_a_400_page(ui, query, said):
     c, _, _ = ui
     page = _html_ok(c.get("/ui/analytics", params=query), 400)

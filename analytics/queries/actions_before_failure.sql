@@ -2,6 +2,7 @@
 -- param agent VARCHAR = NULL: only episodes of this agent
 -- param task TASK = NULL: only this task family
 -- param chaos CHAOS = NULL: only this chaos level (none, low, medium, high or a number)
+-- param profile PROFILE = NULL: only episodes scored by this reward profile (default or sparse)
 -- param k INTEGER[1..5] = 3: tools per sequence
 -- param top INTEGER[1..1000] = 5: sequences per failure mode
 WITH failed AS (
@@ -13,6 +14,7 @@ WITH failed AS (
       AND ($agent IS NULL OR agent = $agent)
       AND ($task IS NULL OR task = $task)
       AND ($chaos IS NULL OR chaos = $chaos)
+      AND ($profile IS NULL OR reward_profile = $profile)
 ),
 counted AS (
     SELECT coalesce(failure_mode, '(none recorded)') AS failure_mode,

@@ -1,11 +1,13 @@
 -- What separates agents: success, return, steps, first mistake and rejected calls (the agent's own invalid ones and chaos's refusals alike) per agent, with each agent's most common failure mode.
 -- param task TASK = NULL: only this task family
 -- param chaos CHAOS = NULL: only this chaos level (none, low, medium, high or a number)
+-- param profile PROFILE = NULL: only episodes scored by this reward profile (default or sparse)
 WITH e AS (
     SELECT * FROM episodes
     WHERE outcome IS NOT NULL
       AND ($task IS NULL OR task = $task)
       AND ($chaos IS NULL OR chaos = $chaos)
+      AND ($profile IS NULL OR reward_profile = $profile)
 ),
 modes AS (
     SELECT agent, failure_mode, count(*) AS n FROM e

@@ -2,6 +2,7 @@
 -- param agent VARCHAR = NULL: only episodes of this agent
 -- param task TASK = NULL: only this task family
 -- param chaos CHAOS = NULL: only this chaos level (none, low, medium, high or a number)
+-- param profile PROFILE = NULL: only episodes scored by this reward profile (default or sparse)
 WITH e AS (
     SELECT first_mistake_step AS step, first_mistake_mode AS mode
     FROM episodes
@@ -9,6 +10,7 @@ WITH e AS (
       AND ($agent IS NULL OR agent = $agent)
       AND ($task IS NULL OR task = $task)
       AND ($chaos IS NULL OR chaos = $chaos)
+      AND ($profile IS NULL OR reward_profile = $profile)
 ),
 modes AS (SELECT step, mode, count(*) AS n FROM e WHERE mode IS NOT NULL GROUP BY ALL),
 top AS (  -- ties: the alphabetically first mode

@@ -3,6 +3,7 @@
 -- param agent VARCHAR = NULL: only episodes of this agent
 -- param task TASK = NULL: only this task family
 -- param chaos CHAOS = NULL: only this chaos level (none, low, medium, high or a number)
+-- param profile PROFILE = NULL: only episodes scored by this reward profile (default or sparse)
 WITH trials AS (
     SELECT coalesce(agent, '(unknown)') AS agent, task, seed, chaos, max_steps, reward_profile,
            count(*) AS n, count(*) FILTER (WHERE outcome = 'success') AS c
@@ -11,6 +12,7 @@ WITH trials AS (
       AND ($agent IS NULL OR agent = $agent)
       AND ($task IS NULL OR task = $task)
       AND ($chaos IS NULL OR chaos = $chaos)
+      AND ($profile IS NULL OR reward_profile = $profile)
     GROUP BY ALL
 ),
 pairs AS (

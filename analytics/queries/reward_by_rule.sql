@@ -2,11 +2,13 @@
 -- param agent VARCHAR = NULL: only episodes of this agent
 -- param task TASK = NULL: only this task family
 -- param chaos CHAOS = NULL: only this chaos level (none, low, medium, high or a number)
+-- param profile PROFILE = NULL: only episodes scored by this reward profile (default or sparse)
 WITH e AS (
     SELECT episode_id FROM episodes
     WHERE outcome IS NOT NULL
       AND ($agent IS NULL OR agent = $agent) AND ($task IS NULL OR task = $task)
       AND ($chaos IS NULL OR chaos = $chaos)
+      AND ($profile IS NULL OR reward_profile = $profile)
 ),
 n AS (SELECT count(*) AS episodes FROM e)
 SELECT r.rule,

@@ -242,6 +242,8 @@ def report_command(
     task: str | None = typer.Option(None, "--task", help="Only this task family."),
     chaos: str | None = typer.Option(None, "--chaos", help="Only this chaos level (none, low, "
                                      "medium, high or a number in [0, 1])."),
+    profile: str | None = typer.Option(None, "--profile", help="Only episodes scored by this reward "
+                                       "profile (default or sparse)."),
     markdown: bool = typer.Option(False, "--markdown", help="Print the report as Markdown."),
     html: Path | None = typer.Option(None, "--html", parser=named_path,
                                      help="Write a self-contained HTML report with charts."),
@@ -254,14 +256,14 @@ def report_command(
     if markdown and html:
         fail("choose one of --markdown and --html")
     try:
-        report.check_filters(agent, task, chaos)
+        report.check_filters(agent, task, chaos, profile)
     except ValueError as exc:
         fail(str(exc))
     if html and (problem := _not_a_report(html)):
         fail(f"--html {html}: {problem}; name a new file or an earlier report")
     wh = _open_synced(db, warehouse, quiet=markdown)
     try:
-        data = report.build(wh, agent=agent, task=task, chaos=chaos)
+        data = report.build(wh, agent=agent, task=task, chaos=chaos, profile=profile)
     finally:
         wh.close()
     if html:
