@@ -328,3 +328,37 @@ def test_verify_waits_for_an_older_transaction_and_never_says_a_bare_ok_over_a_p
     finally:
         holder.dispose()
         store.close()
+
+
+@pytest.mark.parametrize("encoding", ["latin-1", "ascii"])
+def test_output_to_a_terminal_that_cannot_show_every_character(tmp_path, encoding):
+    """A legacy locale (LANG=de_DE.ISO-8859-1, or PYTHONIOENCODING) gives stdout an encoding
+    that lacks characters the output holds: `rerun` crashed with a UnicodeEncodeError traceback
+    on its em dash even for a match, `replay` on the action an agent wrote, and `--json` too."""
+    import os
+    import subprocess
+    import sys
+
+    from companyos.env import CompanyEnv
+
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    comment = "Grüße — 😀"
+    with CompanyEnv(url) as env:
+        env.reset(seed=1, options={"task": "expense_report", "chaos": "none"})
+        env.step({"app": "ticketdesk", "method": "add_comment",
+                  "params": {"ticket_id": "T-101", "text": comment}})
+        episode_id = env.state["episode_id"]
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "companyos", *args, "--db", url],
+                              capture_output=True, env={**os.environ, "PYTHONIOENCODING": encoding})
+
+    for args in (("rerun", episode_id), ("replay", episode_id), ("replay", episode_id, "--step", "1"),
+                 ("run", "--agent", "random", "--episodes", "2")):
+        out = run(*args)
+        assert out.returncode == 0 and b"Traceback" not in out.stderr, (args, out.stderr.decode())
+        assert out.stdout
+    out = run("replay", episode_id, "--step", "1", "--json")
+    assert out.returncode == 0 and b"Traceback" not in out.stderr, out.stderr.decode()
+    # JSON in its own encoding, UTF-8, whatever the terminal's
+    assert json.loads(out.stdout.decode("utf-8"))["action"]["params"]["text"] == comment

@@ -45,7 +45,21 @@ def print_json(value: Any) -> None:
         if "64-bit" not in str(exc):
             raise
         text = orjson.dumps(_big_ints_as_numbers(value), option=option, default=_json_default)
-    sys.stdout.write(text.decode() + "\n")
+    if _encodes_everything(sys.stdout) or not hasattr(sys.stdout, "buffer"):
+        sys.stdout.write(text.decode() + "\n")
+    else:  # JSON is UTF-8 (RFC 8259), whatever the terminal's encoding (as `run --json` writes it)
+        sys.stdout.flush()
+        sys.stdout.buffer.write(text + b"\n")
+
+
+def _encodes_everything(stream: Any) -> bool:
+    """Whether `stream` can write any text: a UTF encoding, not a legacy locale's (latin-1)."""
+    import codecs
+
+    try:
+        return codecs.lookup(stream.encoding or "utf-8").name.startswith("utf")
+    except (AttributeError, LookupError):
+        return False
 
 
 def _json_default(value: Any) -> Any:
@@ -152,8 +166,11 @@ def guard_stdout() -> None:
         return
     old.flush()
     raw = _OutputFile(fd, "w", closefd=False)
+    # a character the terminal's encoding lacks (a legacy locale: latin-1) is shown escaped, as
+    # Python shows it on stderr, not a UnicodeEncodeError's traceback: stored text is anyone's
+    errors = "backslashreplace" if old.errors == "strict" else old.errors
     sys.stdout = io.TextIOWrapper(io.BufferedWriter(raw), encoding=old.encoding,
-                                  errors=old.errors, line_buffering=old.line_buffering)
+                                  errors=errors, line_buffering=old.line_buffering)
 
 
 def discard_stdout() -> None:
