@@ -98,6 +98,11 @@ def create_engine(url: str, synchronous: str | None = None) -> sa.Engine:
     # connect_timeout: a server that does not answer (a partition, a hung host) fails a connect
     # in seconds rather than the kernel's minutes; a URL's own ?connect_timeout= wins.
     connect_args = {} if "connect_timeout" in parsed.query else {"connect_timeout": PG_CONNECT_TIMEOUT_S}
+    # client_encoding: the store's text is Unicode, so it talks UTF-8 whatever libpq would take
+    # from PGCLIENTENCODING or the database (LATIN1 failed on an emoji that a UTF8 database held,
+    # SQL_ASCII made psycopg hand out bytes); a URL's own ?client_encoding= wins.
+    if "client_encoding" not in parsed.query:
+        connect_args["client_encoding"] = "utf8"
     engine = sa.create_engine(parsed, pool_size=8, max_overflow=32, pool_pre_ping=True,
                               connect_args=connect_args)
     event.listen(engine, "connect", _bounded_lock_waits)

@@ -21,6 +21,7 @@ from eventstore import (
     NewEvent,
     StoreUnavailable,
     Upcasters,
+    canonical_json,
     chain_digest,
 )
 from eventstore.records import MAX_EVENT_BYTES
@@ -806,3 +807,31 @@ def test_a_lock_timeout_set_elsewhere_wins_over_the_stores(pg_database_url, monk
         with admin.connect() as conn:
             conn.exec_driver_sql(f'ALTER DATABASE "{database}" RESET lock_timeout')
         admin.dispose()
+
+
+@pytest.mark.parametrize("client_encoding", ["LATIN1", "WIN1252", "SQL_ASCII"])
+def test_postgresql_text_round_trips_whatever_client_encoding_the_environment_sets(
+        pg_database_url, monkeypatch, client_encoding):
+    """libpq takes its client encoding from PGCLIENTENCODING: set to LATIN1 in the shell that
+    ran `companyos rerun` or `verify`, an episode logged with an emoji in an action failed
+    ("has no equivalent in encoding LATIN1"), and SQL_ASCII crashed the store's open with a
+    TypeError traceback (psycopg then hands out bytes). The store's text is Unicode: it talks
+    UTF-8, unless the URL itself names a client_encoding."""
+    stream = unique_stream()
+    data = {"text": "Grüße — 😀", "name": "Zoë"}
+    store = EventStore.open(pg_database_url)
+    try:
+        store.append(stream, [NewEvent("Said", data)], expected_version=None)
+    finally:
+        store.close()
+    monkeypatch.setenv("PGCLIENTENCODING", client_encoding)
+    store = EventStore.open(pg_database_url)
+    try:
+        [event] = list(store.read_stream(stream))
+        assert event.data == data
+        store.append(stream, [NewEvent("Said", data)], expected_version=0)
+        assert [e.data for e in store.read_stream(stream)] == [data, data]
+        text = canonical_json(data).decode()  # the bytes logged before the variable was set
+        assert store.stream_digest(stream) == chain_digest(chain_digest("", "Said", 1, text), "Said", 1, text)
+    finally:
+        store.close()
