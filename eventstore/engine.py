@@ -112,10 +112,15 @@ def create_engine(url: str, synchronous: str | None = None) -> sa.Engine:
 def _bounded_lock_waits(dbapi_conn, _record) -> None:
     """Give a new PostgreSQL connection the store's lock_timeout, unless something already set
     one: the URL's `?options=`, PGOPTIONS, or `ALTER ROLE/DATABASE ... SET lock_timeout` (a
-    startup option would override the last two, and a fixed `options` would drop PGOPTIONS)."""
+    startup option would override the last two, and a fixed `options` would drop PGOPTIONS).
+
+    In the same round trip, floats are sent to it with every digit (`extra_float_digits = 3`):
+    set to 0 by a role, database or PGOPTIONS, the read models' floats read back rounded to 15
+    digits, and `verify` called a sound log's read models broken."""
     with dbapi_conn.cursor() as cursor:
         # the setting's source, not its value: a lock_timeout of 0 set on purpose stays 0
-        cursor.execute("SELECT source FROM pg_settings WHERE name = 'lock_timeout'")
+        cursor.execute("SELECT source, set_config('extra_float_digits', '3', false) "
+                       "FROM pg_settings WHERE name = 'lock_timeout'")
         if cursor.fetchone()[0] == "default":
             cursor.execute(f"SET lock_timeout = {int(PG_LOCK_TIMEOUT_MS)}")
     dbapi_conn.commit()

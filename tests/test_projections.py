@@ -871,3 +871,33 @@ def test_episodes_and_rebuild_say_when_a_running_transaction_holds_new_episodes_
     finally:
         holder.dispose()
         store.close()
+
+
+def test_verify_and_the_episode_list_keep_every_digit_whatever_extra_float_digits_says(
+        pg_database_url, monkeypatch):
+    """PostgreSQL writes floats to text clients with `extra_float_digits` more digits; a role,
+    database or PGOPTIONS that set it to 0 (15 significant digits, as before PostgreSQL 12) made
+    the stored read models read back rounded: `verify` called a sound log broken ("total_return:
+    stored -13.5 != rebuilt -13.499999999999996") and the episode list showed a return other
+    than the run's."""
+    store = EventStore.open(pg_database_url)
+    try:
+        # the random agent's -0.1 steps add up to returns with 16-17 significant digits
+        played = [play(store, "vendor_onboarding", seed, "medium", "random")["episode_id"]
+                  for seed in range(3)]
+        ProjectionRunner(store, default_projections()).catch_up()
+        with store.engine.connect() as conn:
+            returns = {e["episode_id"]: e["total_return"] for e in list_episodes(conn, limit=None)}
+        assert any(len(repr(returns[p])) > 16 for p in played)  # digits a rounding would lose
+    finally:
+        store.close()
+    monkeypatch.setenv("PGOPTIONS", "-c extra_float_digits=0")
+    store = EventStore.open(pg_database_url)
+    try:
+        report = verify(store)
+        assert not any(p in report.problems for p in played), report.problems
+        with store.engine.connect() as conn:
+            listed = {e["episode_id"]: e["total_return"] for e in list_episodes(conn, limit=None)}
+        assert {p: listed[p] for p in played} == {p: returns[p] for p in played}
+    finally:
+        store.close()
