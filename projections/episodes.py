@@ -40,6 +40,7 @@ class EpisodesProjection(Projection):
             if type_ != "EpisodeStarted" or record.version != 0:
                 return None  # not an episode stream (verify reports it)
             data = _loads(record.data_json)
+            _check_fields(data, _STARTED_FIELDS)
             meta = _loads(record.meta_json)
             state = {
                 "task": data.get("task"), "seed": data.get("seed"), "chaos": data.get("chaos"),
@@ -55,6 +56,7 @@ class EpisodesProjection(Projection):
             state["steps"] += 1
         elif type_ == "EpisodeEnded":
             data = _loads(record.data_json)
+            _check_fields(data, _ENDED_FIELDS)
             state["outcome"] = data.get("outcome")
             state["failure_mode"] = data.get("failure_mode")
             state["steps"] = data.get("steps", state["steps"])
@@ -105,6 +107,37 @@ def summarize(stream_id: str, records: Sequence[RecordedEvent],
     if entry is None or entry.state is None:
         return None
     return projection.row(stream_id, entry.state, entry.last)
+
+
+_INT32 = (-2**31, 2**31 - 1)
+_INT64 = (-2**63, 2**63 - 1)
+_NUMBER = (int, float)
+# field -> (types it may hold, whether it may be missing or null, limit: (low, high) for a
+# number, the column's length for text); what the read model's columns can hold
+_STARTED_FIELDS = {"task": (str, False, 100), "seed": (int, False, _INT64),
+                   "chaos": (_NUMBER, False, None), "reward_profile": (str, False, 100),
+                   "max_steps": (int, True, _INT32)}
+_ENDED_FIELDS = {"outcome": (str, True, 20), "failure_mode": (str, True, 100),
+                 "steps": (int, True, _INT32), "total_return": (_NUMBER, True, None)}
+
+
+def _check_fields(data: dict[str, Any], fields: dict[str, tuple]) -> None:
+    """ValueError naming the first field the read model's columns cannot hold: an event edited
+    behind the store's back (a seed made text, a key dropped) then leaves its episode out of the
+    read model, named by `rebuild` and `verify`, instead of failing the write of every row
+    (a NOT NULL or type error from the database) or `verify` with a traceback."""
+    for name, (kinds, optional, limit) in fields.items():
+        value = data.get(name)
+        if value is None:
+            if optional:
+                continue
+            raise ValueError(f"{name} is missing")
+        if isinstance(value, bool) or not isinstance(value, kinds):
+            raise ValueError(f"{name} is {type(value).__name__} {value!r:.40}")
+        if isinstance(limit, int) and len(value) > limit:
+            raise ValueError(f"{name} is longer than {limit} characters")
+        if isinstance(limit, tuple) and not limit[0] <= value <= limit[1]:
+            raise ValueError(f"{name} {value} is out of range")
 
 
 def _settle_return(state: dict[str, Any]) -> float:

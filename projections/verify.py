@@ -13,6 +13,7 @@ of stream ids; each worker reads only its own streams through the (stream_id, ve
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -260,7 +261,8 @@ def normalise(table: sa.Table, row: dict[str, Any]) -> dict[str, Any]:
     for name, kind in _column_kinds(table):
         value = row.get(name)
         if value is not None and kind is not None:
-            value = kind(value)
+            with contextlib.suppress(TypeError, ValueError):  # SQLite keeps text in a number
+                value = kind(value)  # column: left as it is, the row differs from its rebuild
         out[name] = value
     return out
 

@@ -901,3 +901,59 @@ def test_verify_and_the_episode_list_keep_every_digit_whatever_extra_float_digit
         assert {p: listed[p] for p in played} == {p: returns[p] for p in played}
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("damage", [
+    ("EpisodeStarted", "task", None),  # dropped
+    ("EpisodeStarted", "seed", "x"),
+    ("EpisodeStarted", "chaos", "high"),
+    ("EpisodeStarted", "task", "t" * 150),  # past the column's 100 characters
+    ("EpisodeEnded", "outcome", "s" * 30),
+    ("EpisodeEnded", "total_return", "x"),
+])
+def test_an_episode_whose_start_or_end_the_read_model_cannot_hold_is_left_out_and_named(
+        empty_store_url, damage):
+    """An EpisodeStarted or EpisodeEnded whose data has a field of the wrong type or size (an
+    edit behind the store's back, or a writer other than the environment): the episodes
+    projection wrote it as it was, so one such episode failed every `rebuild` and episode list
+    (a NOT NULL or type error from the database, `error: the store failed`), or `verify` with a
+    ValueError traceback, instead of leaving that episode out and naming it."""
+    type_, field, value = damage
+    store = EventStore.open(empty_store_url)
+    try:
+        good = play(store, "expense_report", 1, "none", "expert")["episode_id"]
+        started, *_rest, ended = list(store.read_stream(good))
+        events = {"EpisodeStarted": started.data, "EpisodeEnded": ended.data}
+        data = dict(events[type_])
+        if value is None:
+            del data[field]
+        else:
+            data[field] = value
+        events[type_] = data
+        store.append("damaged", [NewEvent("EpisodeStarted", events["EpisodeStarted"]),
+                                 NewEvent("EpisodeEnded", events["EpisodeEnded"])], expected_version=None)
+        runner = ProjectionRunner(store, default_projections())
+        runner.rebuild()
+        assert runner.unfolded["episodes"] == {"damaged"}
+        with store.engine.connect() as conn:
+            assert [e["episode_id"] for e in list_episodes(conn)] == [good]
+        report = verify(store)
+        assert set(report.problems) == {"damaged"}
+        assert f"{field} is" in " ".join(report.problems["damaged"])
+    finally:
+        store.close()
+
+
+def test_verify_reports_a_read_model_row_holding_text_in_a_number_column(tmp_path):
+    """SQLite keeps what it is given: a read model row edited to hold text where a number
+    belongs made `verify` stop with a ValueError traceback, instead of naming the row."""
+    store = EventStore.open(f"sqlite:///{tmp_path / 'store.db'}")
+    try:
+        episode = play(store, "expense_report", 1, "none", "expert")["episode_id"]
+        ProjectionRunner(store, default_projections()).catch_up()
+        _sql(store, "UPDATE episodes SET seed = 'x', chaos = 'high' WHERE episode_id = :s", s=episode)
+        report = verify(store)
+        assert set(report.problems) == {episode}
+        assert "seed: stored 'x' != rebuilt 1" in report.problems[episode][0]
+    finally:
+        store.close()
