@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from domain import sim_time, task_family
 from domain.labels import control_character
 from eventstore import EventStore, RecordedEvent
-from projections.runner import Projection, fold_records, read_rows
+from projections.runner import Projection, fold_records, read_rows, row_of
 from projections.schema import episodes
 
 _loads = orjson.loads
@@ -104,9 +104,7 @@ def summarize(stream_id: str, records: Sequence[RecordedEvent],
     projection = EpisodesProjection()
     projection.on_error = on_error
     entry = fold_records(projection, records).get(stream_id)
-    if entry is None or entry.state is None:
-        return None
-    return projection.row(stream_id, entry.state, entry.last)
+    return None if entry is None else row_of(projection, stream_id, entry)
 
 
 _INT32 = (-2**31, 2**31 - 1)
@@ -146,7 +144,11 @@ def _settle_return(state: dict[str, Any]) -> float:
     if pending:
         total = state["total_return"]
         for data_json in pending:
-            total += _loads(data_json)["value"]
+            data = _loads(data_json)
+            value = data.get("value") if isinstance(data, dict) else None
+            if isinstance(value, bool) or not isinstance(value, _NUMBER):
+                raise ValueError(f"a RewardGranted's value is {value!r:.40}, not a number")
+            total += value
         state["total_return"] = total
         state["_rewards"] = []
     return state["total_return"]

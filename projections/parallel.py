@@ -137,7 +137,8 @@ def _rebuild_range(where: tuple[str, Any, int], lo: str, hi: str | None, upto: i
         with transaction(store.engine) as conn:
             for projection in projections:
                 mine = entries[projection.name]
-                write_rows(conn, projection, *rows_of(projection, mine, list(mine)))
+                write_rows(conn, projection, *rows_of(projection, mine, list(mine),
+                                                      unfolded[projection.name]))
         tail = records[-1].stream_id  # stream order: only the last stream can continue
         for projection in projections:
             entry = entries[projection.name].get(tail)

@@ -131,18 +131,35 @@ def fold_records(projection: Projection, records: Iterable[RecordedEvent],
     return entries
 
 
-def rows_of(projection: Projection, entries: dict[str, Entry],
-            stream_ids: Iterable[str]) -> tuple[list[dict[str, Any]], list[str]]:
+def row_of(projection: Projection, stream_id: str, entry: Entry,
+           unfolded: set[str] | None = None) -> dict[str, Any] | None:
+    """The stream's row, or None when the work the fold left to the row fails (the episodes
+    projection sums a running episode's rewards there): that stream is then left out and named
+    in `unfolded`, as for an event the fold cannot digest, instead of failing every row."""
+    if entry.state is None:
+        return None
+    try:
+        return projection.row(stream_id, entry.state, entry.last)
+    except Exception as exc:
+        entry.state = None
+        if unfolded is not None:
+            unfolded.add(stream_id)
+        if projection.on_error is not None:
+            projection.on_error(projection.name, entry.last, exc)
+        return None
+
+
+def rows_of(projection: Projection, entries: dict[str, Entry], stream_ids: Iterable[str],
+            unfolded: set[str] | None = None) -> tuple[list[dict[str, Any]], list[str]]:
     """(rows to upsert, keys to delete) for the given streams' entries."""
     rows = []
     gone = []
-    row = projection.row
     for sid in stream_ids:
-        entry = entries[sid]
-        if entry.state is None:
+        row = row_of(projection, sid, entries[sid], unfolded)
+        if row is None:
             gone.append(sid)
         else:
-            rows.append(row(sid, entry.state, entry.last))
+            rows.append(row)
     return rows, gone
 
 
@@ -288,7 +305,7 @@ class ProjectionRunner:
                 if name not in touched:
                     continue
                 write_rows(conn, projection, *rows_of(projection, self._entries[name],
-                                                      touched[name]))
+                                                      touched[name], self.unfolded[name]))
                 moved = conn.execute(
                     sa.update(projection_checkpoints)
                     .where(projection_checkpoints.c.name == name,

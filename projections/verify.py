@@ -24,7 +24,7 @@ import sqlalchemy as sa
 import domain
 from eventstore import GENESIS_DIGEST, EventStore, RecordedEvent, canonical_json, chain_digest
 from projections.reader import STAND_IN, fetch_page, stream_records
-from projections.runner import Entry, Projection, fold_records
+from projections.runner import Entry, Projection, fold_records, row_of
 from projections.schema import projection_checkpoints
 
 MAX_DETAILS = 20  # differing rows explained column by column; the rest are only named
@@ -312,9 +312,8 @@ class Fold:
             entry.dirty = False
 
     def _hash(self, sid: str, entry: Entry) -> None:
-        projection = self.projection
-        self.hashes[sid] = (None if entry.state is None else _row_hash(
-            projection.table, projection.row(sid, entry.state, entry.last)))
+        row = row_of(self.projection, sid, entry)
+        self.hashes[sid] = None if row is None else _row_hash(self.projection.table, row)
 
     def close(self) -> None:
         """Hash the rows of streams still open at the checkpoint."""
@@ -327,10 +326,8 @@ class Fold:
         records = stream_records(store, stream_id, self.checkpoint)
         records.sort(key=lambda r: r.position)
         entry = fold_records(self.projection, records).get(stream_id)
-        if entry is None or entry.state is None:
-            return None
-        return normalise(self.projection.table,
-                         self.projection.row(stream_id, entry.state, entry.last))
+        row = None if entry is None else row_of(self.projection, stream_id, entry)
+        return None if row is None else normalise(self.projection.table, row)
 
     def compare(self, store: EventStore, report: VerifyReport) -> dict[str, Any]:
         projection = self.projection

@@ -957,3 +957,33 @@ def test_verify_reports_a_read_model_row_holding_text_in_a_number_column(tmp_pat
         assert "seed: stored 'x' != rebuilt 1" in report.problems[episode][0]
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("reward", [{"rule": "step", "value": "x", "cause": 1}, {"rule": "step", "cause": 1}])
+def test_a_running_episode_whose_reward_is_no_number_is_left_out_and_named(
+        empty_store_url, reward, workers):
+    """The episodes projection sums a running episode's rewards when it writes the row, outside
+    the fold that leaves a damaged stream out: one reward edited to text (or without a value)
+    failed every rebuild, catch-up and episode list with a TypeError or KeyError traceback."""
+    store = EventStore.open(empty_store_url)
+    try:
+        good = play(store, "expense_report", 1, "none", "expert")["episode_id"]
+        started = next(store.read_stream(good)).data
+        store.append("damaged", [NewEvent("EpisodeStarted", started), NewEvent("RewardGranted", reward)],
+                     expected_version=None)
+        runner = ProjectionRunner(store, default_projections())
+        runner.rebuild(workers=workers)
+        assert runner.unfolded["episodes"] == {"damaged"}
+        with store.engine.connect() as conn:
+            assert [e["episode_id"] for e in list_episodes(conn)] == [good]
+        report = verify(store)
+        assert set(report.problems) == {"damaged"}
+        assert "not a number" in " ".join(report.problems["damaged"])
+        caught_up = ProjectionRunner(store, default_projections())
+        _sql(store, "DELETE FROM episodes")
+        _sql(store, "UPDATE projection_checkpoints SET position = 0")
+        caught_up.catch_up()
+        assert caught_up.unfolded["episodes"] == {"damaged"}
+    finally:
+        store.close()
