@@ -22,6 +22,15 @@ someone else (a `LOCK TABLE` in a maintenance session, a transaction left open i
 every step."""
 
 
+class UnsuitableEncoding(Exception):
+    """A PostgreSQL database whose encoding cannot hold every character: agents send any Unicode
+    (an emoji in an action), which a LATIN1 database refused in the middle of an episode."""
+
+
+STORE_ENCODINGS = ("UTF8", "SQL_ASCII")
+"""Server encodings that keep any UTF-8 text: UTF8, and SQL_ASCII, which stores the bytes as sent."""
+
+
 class BadSynchronous(ValueError):
     """A `synchronous=` the store cannot apply: a value it does not know, or any for PostgreSQL."""
 
@@ -116,12 +125,17 @@ def _bounded_lock_waits(dbapi_conn, _record) -> None:
 
     In the same round trip, floats are sent to it with every digit (`extra_float_digits = 3`):
     set to 0 by a role, database or PGOPTIONS, the read models' floats read back rounded to 15
-    digits, and `verify` called a sound log's read models broken."""
+    digits, and `verify` called a sound log's read models broken; and a database whose encoding
+    cannot hold every character is refused (UnsuitableEncoding) before anything is written."""
     with dbapi_conn.cursor() as cursor:
         # the setting's source, not its value: a lock_timeout of 0 set on purpose stays 0
-        cursor.execute("SELECT source, set_config('extra_float_digits', '3', false) "
-                       "FROM pg_settings WHERE name = 'lock_timeout'")
-        if cursor.fetchone()[0] == "default":
+        cursor.execute("SELECT source, set_config('extra_float_digits', '3', false), "
+                       "current_setting('server_encoding') FROM pg_settings WHERE name = 'lock_timeout'")
+        source, _, encoding = cursor.fetchone()
+        if encoding not in STORE_ENCODINGS:
+            dbapi_conn.close()
+            raise UnsuitableEncoding(encoding)
+        if source == "default":
             cursor.execute(f"SET lock_timeout = {int(PG_LOCK_TIMEOUT_MS)}")
     dbapi_conn.commit()
 

@@ -21,7 +21,14 @@ from eventstore.backends import (
     backend_for,
 )
 from eventstore.encoding import GENESIS_DIGEST, canonical_json, chain_digests, decode_json
-from eventstore.engine import BadSynchronous, create_engine, normalise_url, sqlite_file, sqlite_uri_mode
+from eventstore.engine import (
+    BadSynchronous,
+    UnsuitableEncoding,
+    create_engine,
+    normalise_url,
+    sqlite_file,
+    sqlite_uri_mode,
+)
 from eventstore.ids import new_event_id, new_event_ids
 from eventstore.packing import Commit, make_commit, unpack
 from eventstore.records import (
@@ -117,6 +124,12 @@ class EventStore:
         except migrate.NewerStore as exc:
             engine.dispose()
             raise StoreUnavailable(f"the store at {shown} is at {exc}") from None
+        except UnsuitableEncoding as exc:
+            engine.dispose()
+            raise StoreUnavailable(
+                f"the database at {shown} has the encoding {exc}, which cannot hold every character "
+                "agents send: the store needs a UTF8 database (CREATE DATABASE ... ENCODING 'UTF8' "
+                "TEMPLATE template0)") from None
         except migrate.ForeignTables as exc:
             engine.dispose()
             raise StoreUnavailable(

@@ -20,14 +20,15 @@ def _pg_engine(database: str | None = None) -> sa.Engine:
 
 
 @contextlib.contextmanager
-def _throwaway_pg_database():
-    """Create an empty PostgreSQL database, yield its URL, drop it afterwards."""
+def _throwaway_pg_database(options: str = ""):
+    """Create an empty PostgreSQL database (`options`: the rest of its CREATE DATABASE), yield its
+    URL, drop it afterwards."""
     if not PG_URL:
         pytest.skip("COMPANYOS_TEST_PG_URL is not set")
     name = f"companyos_test_{uuid.uuid4().hex[:12]}"
     admin = _pg_engine()
     with admin.connect() as conn:
-        conn.exec_driver_sql(f"CREATE DATABASE {name}")
+        conn.exec_driver_sql(f"CREATE DATABASE {name} {options}")
     try:
         yield sa.make_url(PG_URL).set(database=name).render_as_string(hide_password=False)
     finally:

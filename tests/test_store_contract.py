@@ -835,3 +835,41 @@ def test_postgresql_text_round_trips_whatever_client_encoding_the_environment_se
         assert store.stream_digest(stream) == chain_digest(chain_digest("", "Said", 1, text), "Said", 1, text)
     finally:
         store.close()
+
+
+
+_ENCODED = "ENCODING '{}' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0"
+
+
+@pytest.mark.parametrize("encoding", ["LATIN1", "WIN1252"])
+def test_a_postgresql_database_that_cannot_hold_every_character_is_refused_at_open(encoding):
+    """A LATIN1 database took the first episodes and then failed a step whose action held an
+    emoji with psycopg's UntranslatableCharacter (over HTTP a bare 500): it is refused when the
+    store opens, in words, before anything is written."""
+    from tests.conftest import _pg_engine, _throwaway_pg_database
+
+    with _throwaway_pg_database(_ENCODED.format(encoding)) as url:
+        with pytest.raises(StoreUnavailable, match=f"has the encoding {encoding}, .* needs a UTF8 database"):
+            EventStore.open(url)
+        engine = _pg_engine(url.rsplit("/", 1)[1])
+        try:
+            with engine.connect() as conn:
+                assert conn.exec_driver_sql("SELECT count(*) FROM pg_tables WHERE schemaname = 'public'"
+                                            ).scalar() == 0
+        finally:
+            engine.dispose()
+
+
+def test_a_sql_ascii_postgresql_database_keeps_any_text_as_sent():
+    """SQL_ASCII stores the bytes it is sent, so UTF-8 text round-trips: it serves as a store."""
+    from tests.conftest import _throwaway_pg_database
+
+    data = {"text": "Grüße — 😀"}
+    with _throwaway_pg_database(_ENCODED.format("SQL_ASCII")) as url:
+        store = EventStore.open(url)
+        try:
+            store.append("s", [NewEvent("Said", data)], expected_version=None)
+            assert [e.data for e in store.read_stream("s")] == [data]
+            assert store.stream_digest("s") == chain_digest("", "Said", 1, canonical_json(data).decode())
+        finally:
+            store.close()
