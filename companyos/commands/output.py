@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import io
 import os
 import sys
@@ -54,8 +55,6 @@ def print_json(value: Any) -> None:
 
 def _encodes_everything(stream: Any) -> bool:
     """Whether `stream` can write any text: a UTF encoding, not a legacy locale's (latin-1)."""
-    import codecs
-
     try:
         return codecs.lookup(stream.encoding or "utf-8").name.startswith("utf")
     except (AttributeError, LookupError):
