@@ -293,9 +293,15 @@ def _connect(path: Path, read_only: bool, config: dict, wait: float,
     deadline = time.monotonic() + wait
     delay = 0.05
     while True:
+        new = not path.exists()
         try:
             return duckdb.connect(str(path), read_only=read_only, config=config)
         except duckdb.IOException as exc:
+            if COULD_NOT_WRITE in str(exc):  # a full disk: a condition of the machine, not the path
+                if new:  # DuckDB made the file, then could not write its header: an empty file
+                    _drop_if_empty(path)  # every later open would refuse as no DuckDB file
+                reason = _first_line(exc).removeprefix("IO Error: ")
+                raise WarehouseError(f"cannot write the warehouse {path}: {reason}") from exc
             if not _lock_conflict(exc):
                 raise WarehousePathError(f"cannot open the warehouse {path}: {_first_line(exc)}") from exc
             running = running_sync(path, _holder_pid(str(exc))) if follow is not None else None
@@ -326,6 +332,16 @@ def _someone_elses(con: duckdb.DuckDBPyConnection) -> str | None:
         return None
     shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
     return f"is a DuckDB database of something else, not a CompanyOS warehouse (it holds {shown})"
+
+
+COULD_NOT_WRITE = "Could not write file"
+"""DuckDB's words when the OS refuses a write (a full disk, a file size limit)."""
+
+
+def _drop_if_empty(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        if path.stat().st_size == 0:
+            path.unlink()
 
 
 def _lock_conflict(exc: duckdb.IOException) -> bool:

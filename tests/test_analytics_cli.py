@@ -1071,6 +1071,37 @@ def test_a_warehouse_that_cannot_be_written_is_one_error_line_and_the_next_sync_
         assert opened.counts()["episodes"] == len(reported)
 
 
+def test_a_warehouse_the_disk_had_no_room_to_create_is_made_by_the_next_command(
+        logged, tmp_path, cli, monkeypatch):
+    """A full disk as the warehouse was created left an empty file there (DuckDB makes the file,
+    then fails to write its header), said as a wrong call (exit 2); every later command, with
+    room on the disk again, was refused with "not a valid DuckDB database file" until the user
+    found and deleted it."""
+    from analytics import warehouse
+
+    url, reported = logged
+    wh = tmp_path / "w.duckdb"
+    connect = duckdb.connect
+
+    def full_disk(database, *args, **kwargs):  # as DuckDB fails on a full disk
+        if not pathlib.Path(database).exists():
+            pathlib.Path(database).touch()
+            raise duckdb.IOException(f'IO Error: Could not write file "{database}": No space left on device')
+        return connect(database, *args, **kwargs)
+
+    monkeypatch.setattr(warehouse.duckdb, "connect", full_disk)
+    full = cli("query", "failure_modes", "--db", url, "--warehouse", str(wh), "--format", "json")
+    assert full.exit_code == 1, full.output
+    assert full.output.startswith(f"error: cannot write the warehouse {wh}: ")
+    assert "No space left on device" in full.output and full.output.count("\n") == 1, full.output
+    assert not wh.exists()
+    monkeypatch.setattr(warehouse.duckdb, "connect", connect)  # room on the disk again
+    after = cli("query", "failure_modes", "--db", url, "--warehouse", str(wh), "--format", "json")
+    assert after.exit_code == 0, after.output
+    with Warehouse(wh, read_only=True) as opened:
+        assert opened.counts()["episodes"] == len(reported)
+
+
 @pytest.mark.parametrize("args", [["export", ""], ["report", "--html", ""],
                                   ["query", "failure_modes", "--warehouse", ""]])
 def test_an_empty_path_is_refused_not_taken_for_the_current_directory(logged, tmp_path, args):
