@@ -220,7 +220,8 @@ class RunFailed(Exception):
 
 
 class WorkerDied(RuntimeError):
-    """A worker process ended without finishing its chunk (killed, or out of memory)."""
+    """A worker process ended without finishing its chunk (killed, or out of memory), or could
+    not be started (no file descriptors or processes left)."""
 
 
 class ChunkFailed(Exception):
@@ -363,16 +364,23 @@ def _run_pooled(plan: RunPlan, chunks, workers: int, stops: Stops, results: list
     """
     halt = stops.halt
     EventStore.open(plan.db).close()  # migrate once, before the workers race to
-    ensure_resource_tracker()  # now: starting later, it would unblock the signals held below
     others = set(mp.active_children())  # a library caller's own processes, never killed here
-    executor = ProcessPoolExecutor(min(workers, len(chunks)), mp_context=mp.get_context("spawn"),
-                                   initializer=_init_worker, initargs=(plan.db, os.getpid(), halt))
+    try:
+        ensure_resource_tracker()  # now: starting later, it would unblock the signals held below
+        executor = ProcessPoolExecutor(min(workers, len(chunks)), mp_context=mp.get_context("spawn"),
+                                       initializer=_init_worker,
+                                       initargs=(plan.db, os.getpid(), halt))
+    except OSError as exc:
+        raise _cannot_start(exc) from None
     failure: BaseException | None = None
     try:
         # the workers start with the stop signals blocked (see _init_worker); one that comes
         # meanwhile reaches this process's handler when they are unblocked
         with stops.held(), _stop_signals_blocked():
-            futures = [executor.submit(_work, chunk) for chunk in chunks]
+            try:
+                futures = [executor.submit(_work, chunk) for chunk in chunks]
+            except OSError as exc:
+                raise _cannot_start(exc) from None
         for future in futures:
             try:
                 chunk = future.result()
@@ -397,6 +405,12 @@ def _run_pooled(plan: RunPlan, chunks, workers: int, stops: Stops, results: list
     executor.shutdown()
     if failure is not None:
         raise failure
+
+
+def _cannot_start(exc: OSError) -> WorkerDied:
+    """No file descriptors or processes left to start the workers: said in words (it was a
+    traceback of multiprocessing's internals)."""
+    return WorkerDied(f"cannot start the run's worker processes: {exc.strerror or exc}")
 
 
 @contextmanager

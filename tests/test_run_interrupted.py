@@ -204,6 +204,27 @@ def test_a_stop_while_the_workers_start_prints_no_traceback(tmp_path):
     assert len(err.strip().splitlines()) == 1 and json.loads(out)["interrupted"] is True
 
 
+def test_worker_processes_the_system_cannot_start_are_said_in_words(tmp_path, monkeypatch, capsys):
+    """Out of file descriptors (or processes) as the workers start: starting one raises OSError,
+    which the run printed as a Rich traceback of multiprocessing's internals."""
+    import errno
+
+    class Exhausted(batch.ProcessPoolExecutor):
+        def submit(self, *args, **kwargs):
+            raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr(batch, "ProcessPoolExecutor", Exhausted)
+    monkeypatch.setattr("sys.argv", ["companyos", "run", "--episodes", "200", "--workers", "2",
+                                     "--db", f"sqlite:///{tmp_path / 's.db'}", "--json"])
+    with pytest.raises(SystemExit) as stopped:
+        cli.main()
+    out = capsys.readouterr()
+    assert stopped.value.code == 1
+    assert out.err.strip().splitlines() == ["error: cannot start the run's worker processes: "
+                                            "Too many open files"], out.err
+    assert json.loads(out.out) == {"summary": batch.summarise([]), "episodes": [], "failed": True}
+
+
 def test_no_more_worker_processes_start_than_there_are_chunks(tmp_path, monkeypatch):
     """100 episodes are two chunks: `--workers 64` started 64 processes, each importing the package
     and opening the store, and the run took twenty times as long as with one."""
