@@ -86,6 +86,30 @@ def test_ctrl_c_finishes_the_episode_under_way_and_says_which_finished(
         assert sorted(e["seed"] for e in logged if e["outcome"]) == list(range(100, 109))
 
 
+def test_a_stop_signal_while_the_json_report_is_written_leaves_it_whole(tmp_path, monkeypatch, capsys):
+    """A Ctrl-C (or SIGTERM) just after the last episode, or a second Ctrl-C right after the
+    first, landed while the report was being encoded or written: the reader of --json got a
+    truncated document, or none. The report is written whole, then the signal takes effect."""
+    import types
+
+    from companyos.commands import run as run_command
+
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    dumps = run_command.orjson.dumps
+
+    def ctrl_c_while_encoding(document, *args, **kwargs):
+        os.kill(os.getpid(), signal.SIGINT)
+        return dumps(document, *args, **kwargs)
+
+    monkeypatch.setattr(run_command, "orjson", types.SimpleNamespace(dumps=ctrl_c_while_encoding))
+    code, stdout, stderr = _run_json(monkeypatch, capsys, url, 0, lambda: None)
+    assert code == 130 and stderr.strip() == "error: interrupted", stderr
+    report = json.loads(stdout)
+    assert report["summary"]["episodes"] == len(report["episodes"]) == 20
+    assert {(e["seed"], e["digest"]) for e in report["episodes"]} == {
+        (e["seed"], e["digest"]) for e in _logged(url)}
+
+
 def _children(pid: int) -> list[int]:
     with open(f"/proc/{pid}/task/{pid}/children") as listed:
         return [int(child) for child in listed.read().split()]

@@ -80,17 +80,20 @@ def run(
 def _report(plan, results: list, as_json: bool, cut_short: str | None = None) -> None:
     """The run's summary and, with --json, every episode's result, on stdout; a run cut short is
     marked `"interrupted": true` (Ctrl-C) or `"failed": true` (an error)."""
-    from companyos.batch import summarise
+    from companyos.batch import _stop_signals_blocked, summarise
 
-    summary = summarise(results)
-    if as_json:
-        document = {"summary": summary, "episodes": [r.to_json() for r in results]}
-        if cut_short:
-            document[cut_short] = True
-        sys.stdout.buffer.write(orjson.dumps(document) + b"\n")
-        sys.stdout.flush()
-        return
-    _print_summary(plan, summary)
+    # a stop signal (a second Ctrl-C, a SIGTERM as the run ends) takes effect once the report
+    # is out: cutting it short left a reader of --json a truncated document, or none
+    with _stop_signals_blocked():
+        summary = summarise(results)
+        if as_json:
+            document = {"summary": summary, "episodes": [r.to_json() for r in results]}
+            if cut_short:
+                document[cut_short] = True
+            sys.stdout.buffer.write(orjson.dumps(document) + b"\n")
+            sys.stdout.flush()
+            return
+        _print_summary(plan, summary)
 
 
 def seed_ranges(seeds: list[int], shown: int | None = 6) -> str:
