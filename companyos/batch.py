@@ -376,7 +376,7 @@ def _run_pooled(plan: RunPlan, chunks, workers: int, stops: Stops, results: list
     try:
         # the workers start with the stop signals blocked (see _init_worker); one that comes
         # meanwhile reaches this process's handler when they are unblocked
-        with stops.held(), _stop_signals_blocked():
+        with stops.held(), stop_signals_blocked():
             try:
                 futures = [executor.submit(_work, chunk) for chunk in chunks]
             except OSError as exc:
@@ -414,7 +414,7 @@ def _cannot_start(exc: OSError) -> WorkerDied:
 
 
 @contextmanager
-def _stop_signals_blocked() -> Iterator[None]:
+def stop_signals_blocked() -> Iterator[None]:
     """Hold the stop signals while processes start: they inherit the mask, so one is never
     delivered to a worker still importing (a KeyboardInterrupt traceback each). Multiprocessing's
     resource tracker must be running already: starting, it unblocks them."""
