@@ -415,8 +415,9 @@ def _cannot_start(exc: OSError) -> WorkerDied:
 
 @contextmanager
 def stop_signals_blocked() -> Iterator[None]:
-    """Hold the stop signals while processes start: they inherit the mask, so one is never
-    delivered to a worker still importing (a KeyboardInterrupt traceback each). Multiprocessing's
+    """Hold the stop signals (one that comes meanwhile takes effect on leaving): while processes
+    start, which inherit the mask, so one is never delivered to a worker still importing (a
+    KeyboardInterrupt traceback each), and while `run` writes its report. Multiprocessing's
     resource tracker must be running already: starting, it unblocks them."""
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     try:
