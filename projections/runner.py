@@ -180,6 +180,17 @@ class ProjectionRunner:
 
     # -- checkpoints ---------------------------------------------------------------------------
 
+    def stored_checkpoints(self) -> dict[str, int]:
+        """Each projection's checkpoint as stored, writing nothing (for a read-only store): one
+        never started, or folded by another version of its code, counts as 0."""
+        table = projection_checkpoints
+        with self.store.engine.connect() as conn:
+            stored = {name: (position, version) for name, position, version in conn.execute(
+                sa.select(table.c.name, table.c.position, table.c.version))}
+        return {p.name: position if version == p.version else 0
+                for p in self.projections
+                for position, version in [stored.get(p.name, (0, p.version))]}
+
     def checkpoints(self) -> dict[str, int]:
         """The stored checkpoint of each projection (creating missing ones, rebuilding stale ones)."""
         table = projection_checkpoints

@@ -301,6 +301,23 @@ def test_a_read_only_url_lists_what_the_read_models_hold_and_refuses_to_write(cl
     assert json.loads(cli("episodes", "--db", url, "--json").stdout)["episodes"][0]["episode_id"] != first
 
 
+def test_a_read_only_url_lists_a_store_whose_read_models_were_never_built(cli, tmp_path):
+    """The README's `episodes --db sqlite:///file:x.db?mode=ro&uri=true` straight after the quick
+    start's `run` (no `episodes` before it) failed with "attempt to write a readonly database",
+    exit 1: creating the missing checkpoint rows wrote to the store."""
+    from tests.test_projections import play
+
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    with EventStore.open(url) as store:
+        play(store, "expense_report", 1, "none", "expert")
+    ro = f"sqlite:///file:{tmp_path / 'store.db'}?mode=ro&uri=true"
+    out = cli("episodes", "--db", ro, "--json")
+    assert out.exit_code == 0, out.output
+    assert json.loads(out.stdout)["episodes"] == []
+    assert "behind the log" in out.stderr
+    assert len(json.loads(cli("episodes", "--db", url, "--json").stdout)["episodes"]) == 1
+
+
 def test_verify_waits_for_an_older_transaction_and_never_says_a_bare_ok_over_a_part(cli, fresh_pg_url):
     """PostgreSQL readers stop below the oldest running transaction of the whole cluster: a
     transaction held open anywhere made verify check nothing and print "ok", exit 0."""

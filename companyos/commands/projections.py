@@ -75,9 +75,10 @@ def episodes(
     unread = 0
     try:
         runner = ProjectionRunner(store, default_projections())
-        behind = min(runner.checkpoints().values())
+        read_only = read_only_store(resolve_db(db))
+        behind = min((runner.stored_checkpoints() if read_only else runner.checkpoints()).values())
         waiting = _commits_waiting(store)
-        if read_only_store(resolve_db(db)):  # the read models stay as they are: a list of what
+        if read_only:  # the read models stay as they are: a list of what
             unread = store.count_events(behind)  # they hold, and a word on what they miss
         else:
             with _progress(store.count_events(behind), "catching up") as advance:
