@@ -40,6 +40,8 @@ class TimelyHttpProtocol(HttpToolsProtocol):
     _deadline: asyncio.TimerHandle | None = None
     _in_head = True  # the current request's line and headers are still arriving
     _head_bytes = 0
+    _head_tail = b""  # the last bytes of a head still arriving, for an end split between chunks
+    _between = False  # the last request is complete, and no byte of the next has been parsed
     _refused: asyncio.TimerHandle | None = None  # the close after a refusal, while input drains
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -49,16 +51,27 @@ class TimelyHttpProtocol(HttpToolsProtocol):
     def data_received(self, data: bytes) -> None:
         if self._refused is not None:  # answered and half-closed: the rest is read and dropped
             return
+        if self._in_head or self._between:
+            # a chunk that completes a head is measured before it is parsed: counted after, a head
+            # of 70 KiB sent in one go was served, since parsing it had ended the head
+            so_far, tail = (0, b"") if self._between else (self._head_bytes, self._head_tail)
+            if so_far + _head_end(tail, data) > MAX_HEAD_BYTES:
+                self._too_large()
+                return
         super().data_received(data)
         if self._in_head and not self.transport.is_closing():
             self._head_bytes += len(data)  # a chunk that ends inside a head (rarely, a pipelined
-            if self._head_bytes > MAX_HEAD_BYTES:  # request's body came first: counted too)
-                self._refuse(431, "Request Header Fields Too Large", "headers_too_large",
-                             f"the request line and headers are over {MAX_HEAD_BYTES // 1024} KiB")
+            self._head_tail = data[-2:]  # request's body came first: counted too)
+            if self._head_bytes > MAX_HEAD_BYTES:
+                self._too_large()
+
+    def _too_large(self) -> None:
+        self._refuse(431, "Request Header Fields Too Large", "headers_too_large",
+                     f"the request line and headers are over {MAX_HEAD_BYTES // 1024} KiB")
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        self._in_head, self._head_bytes = True, 0
+        self._in_head, self._head_bytes, self._head_tail, self._between = True, 0, b"", False
         self._arm()  # a keep-alive connection's next request
 
     def on_headers_complete(self) -> None:
@@ -75,6 +88,7 @@ class TimelyHttpProtocol(HttpToolsProtocol):
                      "Content-Length, or its framing)")
 
     def on_message_complete(self) -> None:
+        self._between = True  # the connection's next bytes begin a head
         self._disarm()
         super().on_message_complete()
 
@@ -124,6 +138,14 @@ class TimelyHttpProtocol(HttpToolsProtocol):
             return
         self.transport.write_eof()
         self._refused = self.loop.call_later(LINGER_S, self.transport.close)
+
+
+def _head_end(tail: bytes, data: bytes) -> int:
+    """How many bytes of `data` belong to the head under way: up to the empty line that ends it
+    (CRLF or a bare LF, possibly begun in `tail`, the end of the chunk before), else all."""
+    window = tail + data
+    ends = [at + len(mark) for mark in (b"\n\r\n", b"\n\n") if (at := window.find(mark)) >= 0]
+    return max(min(ends) - len(tail), 0) if ends else len(data)
 
 
 def _timeout_response() -> bytes:

@@ -265,6 +265,40 @@ def test_an_oversized_request_head_is_431_and_a_request_that_is_not_http_a_json_
         assert httpx.get(f"{base}/health").status_code == 200
 
 
+def test_a_request_head_over_64_kib_sent_whole_is_431_also_on_a_kept_alive_connection(sqlite_url):
+    """The README: "a request line and headers over 64 KiB together get 431". Counted only after
+    a chunk was parsed, a head that arrived whole (70 KiB in one write, or one 60 KiB chunk and
+    the rest) had already ended when it was measured, and was served 200."""
+    from api.httpprotocol import MAX_HEAD_BYTES
+
+    head = (b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (MAX_HEAD_BYTES + 6_000)
+            + b"\r\n\r\n")
+    with live_server(sqlite_url) as base:
+        port = int(base.rsplit(":", 1)[1])
+        for first, then in ((b"", head), (b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n", head)):
+            with socket.create_connection(("127.0.0.1", port)) as conn:
+                conn.settimeout(20)
+                if first:  # a kept-alive connection's second request
+                    conn.sendall(first)
+                    assert _read_response(conn).startswith(b"HTTP/1.1 200")
+                with contextlib.suppress(OSError):
+                    conn.sendall(then)
+                answer = _read_to_close(conn)
+            assert answer.startswith(b"HTTP/1.1 431 "), answer[:200]
+        with socket.create_connection(("127.0.0.1", port)) as conn:  # in two chunks, the second
+            conn.settimeout(20)  # ending the head
+            conn.sendall(head[:60_000])
+            with contextlib.suppress(OSError):
+                conn.sendall(head[60_000:])
+            assert _read_to_close(conn).startswith(b"HTTP/1.1 431 ")
+        body = b"{" + b" " * 200_000 + b"}"  # a big body is no part of the head
+        with socket.create_connection(("127.0.0.1", port)) as conn:
+            conn.settimeout(20)
+            conn.sendall(b"POST /reset HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\n"
+                         b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+            assert _read_response(conn).startswith(b"HTTP/1.1 200")
+
+
 def test_a_request_whose_body_stalls_is_answered_408_and_closed(sqlite_url, monkeypatch):
     """A body sent a byte at a time held its connection for good, as slow headers did: the request
     as a whole has the deadline, and the client is told why its request was dropped."""
