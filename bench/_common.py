@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import statistics
 import tempfile
 import uuid
@@ -15,21 +17,48 @@ from eventstore import NewEvent
 PG_URL = os.environ.get("COMPANYOS_BENCH_PG_URL") or os.environ.get("COMPANYOS_TEST_PG_URL")
 
 
+_made_dirs: list[str] = []
+_made_databases: list[str] = []
+
+
 def fresh_sqlite_url() -> str:
-    return f"sqlite:///{tempfile.mkdtemp(prefix='companyos-bench-')}/bench.db"
+    """A store in a new temporary directory, removed when the benchmark exits."""
+    directory = tempfile.mkdtemp(prefix="companyos-bench-")
+    _made_dirs.append(directory)
+    return f"sqlite:///{directory}/bench.db"
+
+
+def _admin() -> sa.Engine:
+    return sa.create_engine(sa.make_url(PG_URL).set(drivername="postgresql+psycopg"),
+                            isolation_level="AUTOCOMMIT")
 
 
 def fresh_pg_url() -> str | None:
-    """A new empty schema-less database on the PostgreSQL server named by the env, or None."""
+    """A new empty schema-less database on the PostgreSQL server named by the env, or None;
+    dropped when the benchmark exits."""
     if not PG_URL:
         return None
     name = f"bench_{uuid.uuid4().hex[:10]}"
-    admin = sa.create_engine(sa.make_url(PG_URL).set(drivername="postgresql+psycopg"),
-                             isolation_level="AUTOCOMMIT")
+    admin = _admin()
     with admin.connect() as conn:
         conn.exec_driver_sql(f"CREATE DATABASE {name}")
     admin.dispose()
+    _made_databases.append(name)
     return str(sa.make_url(PG_URL).set(database=name).render_as_string(hide_password=False))
+
+
+@atexit.register
+def _remove_fresh_stores() -> None:
+    """Every run left its stores behind: a default `store_read.py` three SQLite stores of 1M
+    events, and a database on the PostgreSQL server per PostgreSQL figure."""
+    for directory in _made_dirs:
+        shutil.rmtree(directory, ignore_errors=True)
+    if _made_databases:
+        admin = _admin()
+        with admin.connect() as conn:
+            for name in _made_databases:
+                conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        admin.dispose()
 
 
 def step_events(step: int) -> list[NewEvent]:
