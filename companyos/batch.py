@@ -415,15 +415,36 @@ def _cannot_start(exc: OSError) -> WorkerDied:
 
 @contextmanager
 def stop_signals_blocked() -> Iterator[None]:
-    """Hold the stop signals (one that comes meanwhile takes effect on leaving): while processes
-    start, which inherit the mask, so one is never delivered to a worker still importing (a
-    KeyboardInterrupt traceback each), and while `run` writes its report. Multiprocessing's
+    """Hold the stop signals while processes start: they inherit the mask, so one is never
+    delivered to a worker still importing (a KeyboardInterrupt traceback each). Multiprocessing's
     resource tracker must be running already: starting, it unblocks them."""
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     try:
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+
+
+@contextmanager
+def stop_signals_deferred() -> Iterator[None]:
+    """A stop signal that comes meanwhile takes effect on leaving, as it would have then (a
+    KeyboardInterrupt, or SIGTERM's default end). A thread's signal mask would not do: the kernel
+    hands a signal sent to the process to any thread that does not block it, and Python then runs
+    the handler in the main thread at once. Only the main thread may set handlers; elsewhere
+    nothing is deferred."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    came: list[int] = []
+    previous = {stop: signal.signal(stop, lambda number, _frame: came.append(number))
+                for stop in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for stop, handler in previous.items():
+            signal.signal(stop, handler)
+        if came:
+            signal.raise_signal(came[0])
 
 
 def summarise(results: list[EpisodeResult]) -> dict[str, Any]:

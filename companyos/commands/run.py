@@ -80,11 +80,11 @@ def run(
 def _report(plan, results: list, as_json: bool, cut_short: str | None = None) -> None:
     """The run's summary and, with --json, every episode's result, on stdout; a run cut short is
     marked `"interrupted": true` (Ctrl-C) or `"failed": true` (an error)."""
-    from companyos.batch import stop_signals_blocked, summarise
+    from companyos.batch import stop_signals_deferred, summarise
 
     # a stop signal (a second Ctrl-C, a SIGTERM as the run ends) takes effect once the report
     # is out: cutting it short left a reader of --json a truncated document, or none
-    with stop_signals_blocked():
+    with stop_signals_deferred():
         summary = summarise(results)
         if as_json:
             document = {"summary": summary, "episodes": [r.to_json() for r in results]}
