@@ -30,6 +30,9 @@ MAX_HEAD_BYTES = 64 * 1024
 """A request's line and headers, together: nginx allows 32 KiB by default. httptools has no limit
 (a client sent 143 MB of one header line within the deadline, and parsing it, in time that grows
 faster than its length, stalled every other connection of the worker)."""
+_REQUEST_LINE = b"OPTIONS  HTTP/1.1\r\n\r\n"
+"""What a request line and the head's end add to its URL and headers, at most (the method's word,
+two spaces, the version, the line ends)."""
 
 
 class TimelyHttpProtocol(HttpToolsProtocol):
@@ -39,31 +42,37 @@ class TimelyHttpProtocol(HttpToolsProtocol):
 
     _deadline: asyncio.TimerHandle | None = None
     _in_head = True  # the current request's line and headers are still arriving
-    _head_bytes = 0
-    _head_tail = b""  # the last bytes of a head still arriving, for an end split between chunks
-    _between = False  # the last request is complete, and no byte of the next has been parsed
+    _head_bytes = 0  # of the head still arriving, in the chunks before the one being parsed
+    _began_here = False  # the current request began in the chunk being parsed
+    _taken = 0  # bytes of the chunk being parsed that earlier requests took (heads and bodies)
     _refused: asyncio.TimerHandle | None = None  # the close after a refusal, while input drains
+    _answered = False  # refused: nothing more of this connection is parsed into a request
+    _owed: tuple[int, str, str, str] | None = None  # a refusal that waits for earlier answers
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._arm()
 
     def data_received(self, data: bytes) -> None:
-        if self._refused is not None:  # answered and half-closed: the rest is read and dropped
+        if self._answered:  # refused and half-closed: the rest is read and dropped
             return
-        if self._in_head or self._between:
-            # a chunk that completes a head is measured before it is parsed: counted after, a head
-            # of 70 KiB sent in one go was served, since parsing it had ended the head
-            so_far, tail = (0, b"") if self._between else (self._head_bytes, self._head_tail)
-            if so_far + _head_end(tail, data) > MAX_HEAD_BYTES:
-                self._too_large()
-                return
+        self._taken = 0
         super().data_received(data)
         if self._in_head and not self.transport.is_closing():
-            self._head_bytes += len(data)  # a chunk that ends inside a head (rarely, a pipelined
-            self._head_tail = data[-2:]  # request's body came first: counted too)
+            # a head still arriving, counted before it ends (one 143 MB header line stalled the
+            # worker): the chunk it began in, but for what requests before it took (a pipelined
+            # request's body), then every chunk whole. One that ends is measured in
+            # on_headers_complete, however it arrived
+            self._head_bytes += len(data) - (self._taken if self._began_here else 0)
+            self._began_here = False
             if self._head_bytes > MAX_HEAD_BYTES:
                 self._too_large()
+
+    def _parsed_head(self) -> int:
+        """The bytes of the request line and the headers parsed so far (a header still arriving
+        is not counted yet)."""
+        return len(self.url) + len(_REQUEST_LINE) + sum(len(name) + len(value) + 4
+                                                        for name, value in self.headers)
 
     def _too_large(self) -> None:
         self._refuse(431, "Request Header Fields Too Large", "headers_too_large",
@@ -71,14 +80,26 @@ class TimelyHttpProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        self._in_head, self._head_bytes, self._head_tail, self._between = True, 0, b"", False
+        self._in_head, self._head_bytes, self._began_here = True, 0, True
         self._arm()  # a keep-alive connection's next request
 
     def on_headers_complete(self) -> None:
         self._in_head = False
+        if self._answered:  # the rest of a refused connection's chunk: not served
+            return
+        head = self._parsed_head()
+        if head > MAX_HEAD_BYTES:  # however it arrived: in one chunk, or several
+            self._too_large()
+            return
+        self._taken += max(head - self._head_bytes, 0)  # its part of the chunk being parsed
         if self.parser.should_upgrade() and self._should_upgrade():
             self._disarm()  # a WebSocket handshake: the connection leaves HTTP
         super().on_headers_complete()
+
+    def on_body(self, body: bytes) -> None:
+        self._taken += len(body)
+        if not self._answered:
+            super().on_body(body)
 
     def send_400_response(self, msg: str) -> None:
         """A request httptools cannot parse (a Content-Length that is no number or given twice, a
@@ -88,9 +109,22 @@ class TimelyHttpProtocol(HttpToolsProtocol):
                      "Content-Length, or its framing)")
 
     def on_message_complete(self) -> None:
-        self._between = True  # the connection's next bytes begin a head
         self._disarm()
-        super().on_message_complete()
+        if not self._answered:
+            super().on_message_complete()
+
+    def _answering(self) -> bool:
+        """Whether a request before this one is still being answered, or waits to be."""
+        cycle = getattr(self, "cycle", None)
+        return bool(self.pipeline) or (cycle is not None and not cycle.response_complete)
+
+    def on_response_complete(self) -> None:
+        """After each answer, a refusal owed to a later request, once nothing comes before it."""
+        super().on_response_complete()
+        if self._owed is not None and not self._answering() and not self.transport.is_closing():
+            owed, self._owed = self._owed, None
+            self._answered = False
+            self._refuse(*owed)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
@@ -130,6 +164,12 @@ class TimelyHttpProtocol(HttpToolsProtocol):
         before the client read it. So the answer is followed by a half-close, and what the client
         still sends is read and dropped until it closes, or LINGER_S have passed (nginx's
         lingering close)."""
+        if self._answered:  # a refusal found while the parser ends its chunk: one answer
+            return
+        self._answered = True
+        if self._answering():  # pipelined after requests still being answered: it comes after them
+            self._owed = (status, reason, code, detail)
+            return
         self.logger.info("refused a request: %s", detail)
         self._disarm()
         self.transport.write(_refusal(status, reason, code, detail))
@@ -138,14 +178,6 @@ class TimelyHttpProtocol(HttpToolsProtocol):
             return
         self.transport.write_eof()
         self._refused = self.loop.call_later(LINGER_S, self.transport.close)
-
-
-def _head_end(tail: bytes, data: bytes) -> int:
-    """How many bytes of `data` belong to the head under way: up to the empty line that ends it
-    (CRLF or a bare LF, possibly begun in `tail`, the end of the chunk before), else all."""
-    window = tail + data
-    ends = [at + len(mark) for mark in (b"\n\r\n", b"\n\n") if (at := window.find(mark)) >= 0]
-    return max(min(ends) - len(tail), 0) if ends else len(data)
 
 
 def _timeout_response() -> bytes:

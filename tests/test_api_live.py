@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import re
 import socket
+import time
 
 import httpx
 import orjson
@@ -297,6 +298,39 @@ def test_a_request_head_over_64_kib_sent_whole_is_431_also_on_a_kept_alive_conne
             conn.sendall(b"POST /reset HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\n"
                          b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
             assert _read_response(conn).startswith(b"HTTP/1.1 200")
+
+
+def test_a_request_head_is_measured_alone_however_its_bytes_are_cut(sqlite_url):
+    """The head is the request line and headers of one request, wherever the chunks fall: a head
+    whose blank line came a byte at a time was taken for one that never ended (its body counted
+    in: 431), a pipelined request's body was counted into the next head (431), and a second head
+    over 64 KiB in the same write as a first request was served."""
+    from api.httpprotocol import MAX_HEAD_BYTES
+
+    body = b"{" + b" " * 100_000 + b"}"
+    post = (b"POST /reset HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\n"
+            b"Content-Length: " + str(len(body)).encode() + b"\r\n")
+    pad = b"X-Pad: " + b"p" * 5_000 + b"\r\n"
+    closing = b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+    cases = {  # the pieces, sent apart; the statuses, in order
+        "blank line a byte at a time": ([post, b"\r", b"\n" + body], [200]),
+        "a body, then the next head": ([post + b"Connection: keep-alive\r\n\r\n" + body + closing,
+                                        pad + b"\r\n"], [200, 200]),
+        "a second head too big": ([b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n" + closing + b"X-Big: "
+                                   + b"a" * (MAX_HEAD_BYTES + 6_000) + b"\r\n\r\n"], [200, 431]),
+    }
+    with live_server(sqlite_url) as base:
+        port = int(base.rsplit(":", 1)[1])
+        for case, (pieces, statuses) in cases.items():
+            with socket.create_connection(("127.0.0.1", port)) as conn:
+                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                conn.settimeout(20)
+                for piece in pieces:
+                    conn.sendall(piece)
+                    time.sleep(0.3)  # the server reads each piece as a chunk of its own
+                answer = _read_to_close(conn)
+            found = [int(s) for s in re.findall(rb"HTTP/1.1 (\d{3}) ", answer)]
+            assert found == statuses, (case, answer[:300])
 
 
 def test_a_request_whose_body_stalls_is_answered_408_and_closed(sqlite_url, monkeypatch):
