@@ -298,8 +298,8 @@ def _connect(path: Path, read_only: bool, config: dict, wait: float,
             return duckdb.connect(str(path), read_only=read_only, config=config)
         except duckdb.IOException as exc:
             if COULD_NOT_WRITE in str(exc):  # a full disk: a condition of the machine, not the path
-                if new:  # DuckDB made the file, then could not write its header: an empty file
-                    _drop_if_empty(path)  # every later open would refuse as no DuckDB file
+                if new:  # DuckDB made the file, then could not write it whole: every later open
+                    _drop_new(path)  # would refuse it as no DuckDB file
                 reason = _first_line(exc).removeprefix("IO Error: ")
                 raise WarehouseError(f"cannot write the warehouse {path}: {reason}") from exc
             if not _lock_conflict(exc):
@@ -338,10 +338,11 @@ COULD_NOT_WRITE = "Could not write file"
 """DuckDB's words when the OS refuses a write (a full disk, a file size limit)."""
 
 
-def _drop_if_empty(path: Path) -> None:
-    with contextlib.suppress(OSError):
-        if path.stat().st_size == 0:
-            path.unlink()
+def _drop_new(path: Path) -> None:
+    """Remove what a failed first open left (an empty file, or part of its header), and its WAL."""
+    for made in (path, path.with_name(f"{path.name}.wal")):
+        with contextlib.suppress(OSError):
+            made.unlink()
 
 
 def _lock_conflict(exc: duckdb.IOException) -> bool:

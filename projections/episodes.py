@@ -110,31 +110,37 @@ def summarize(stream_id: str, records: Sequence[RecordedEvent],
 _INT32 = (-2**31, 2**31 - 1)
 _INT64 = (-2**63, 2**63 - 1)
 _NUMBER = (int, float)
-# field -> (types it may hold, whether it may be missing or null, limit: (low, high) for a
-# number, the column's length for text); what the read model's columns can hold
-_STARTED_FIELDS = {"task": (str, False, 100), "seed": (int, False, _INT64),
-                   "chaos": (_NUMBER, False, None), "reward_profile": (str, False, 100),
-                   "max_steps": (int, True, _INT32)}
-_ENDED_FIELDS = {"outcome": (str, True, 20), "failure_mode": (str, True, 100),
-                 "steps": (int, True, _INT32), "total_return": (_NUMBER, True, None)}
+_REQUIRED, _MAY_LACK, _NULLABLE = "required", "may be missing", "may be missing or null"
+# field -> (types it may hold, whether it must be there, limit: (low, high) for an integer, the
+# column's length for text); what the read model's columns can hold
+_STARTED_FIELDS = {"task": (str, _REQUIRED, 100), "seed": (int, _REQUIRED, _INT64),
+                   "chaos": (_NUMBER, _REQUIRED, _INT64), "reward_profile": (str, _REQUIRED, 100),
+                   "max_steps": (int, _NULLABLE, _INT32)}
+_ENDED_FIELDS = {"outcome": (str, _NULLABLE, 20), "failure_mode": (str, _NULLABLE, 100),
+                 "steps": (int, _MAY_LACK, _INT32), "total_return": (_NUMBER, _MAY_LACK, _INT64)}
 
 
 def _check_fields(data: dict[str, Any], fields: dict[str, tuple]) -> None:
     """ValueError naming the first field the read model's columns cannot hold: an event edited
-    behind the store's back (a seed made text, a key dropped) then leaves its episode out of the
-    read model, named by `rebuild` and `verify`, instead of failing the write of every row
-    (a NOT NULL or type error from the database) or `verify` with a traceback."""
-    for name, (kinds, optional, limit) in fields.items():
-        value = data.get(name)
+    behind the store's back (a seed made text, a key dropped, a return made null or an integer
+    past 64 bits) then leaves its episode out of the read model, named by `rebuild` and `verify`,
+    instead of failing the write of every row (a NOT NULL, type or overflow error) or `verify`
+    with a traceback."""
+    for name, (kinds, presence, limit) in fields.items():
+        if name not in data:
+            if presence == _REQUIRED:
+                raise ValueError(f"{name} is missing")
+            continue
+        value = data[name]
         if value is None:
-            if optional:
+            if presence == _NULLABLE:
                 continue
-            raise ValueError(f"{name} is missing")
+            raise ValueError(f"{name} is null")
         if isinstance(value, bool) or not isinstance(value, kinds):
             raise ValueError(f"{name} is {type(value).__name__} {value!r:.40}")
         if isinstance(limit, int) and len(value) > limit:
             raise ValueError(f"{name} is longer than {limit} characters")
-        if isinstance(limit, tuple) and not limit[0] <= value <= limit[1]:
+        if isinstance(limit, tuple) and isinstance(value, int) and not limit[0] <= value <= limit[1]:
             raise ValueError(f"{name} {value} is out of range")
 
 
@@ -146,8 +152,10 @@ def _settle_return(state: dict[str, Any]) -> float:
         for data_json in pending:
             data = _loads(data_json)
             value = data.get("value") if isinstance(data, dict) else None
-            if isinstance(value, bool) or not isinstance(value, _NUMBER):
-                raise ValueError(f"a RewardGranted's value is {value!r:.40}, not a number")
+            if isinstance(value, bool) or not isinstance(value, _NUMBER) or (
+                    isinstance(value, int) and not _INT64[0] <= value <= _INT64[1]):
+                raise ValueError(f"a RewardGranted's value is {value!r:.40}, not a number the "
+                                 "read model holds")
             total += value
         state["total_return"] = total
         state["_rewards"] = []

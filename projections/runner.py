@@ -133,15 +133,17 @@ def fold_records(projection: Projection, records: Iterable[RecordedEvent],
 
 def row_of(projection: Projection, stream_id: str, entry: Entry,
            unfolded: set[str] | None = None) -> dict[str, Any] | None:
-    """The stream's row, or None when the work the fold left to the row fails (the episodes
-    projection sums a running episode's rewards there): that stream is then left out and named
-    in `unfolded`, as for an event the fold cannot digest, instead of failing every row."""
+    """The stream's row, or None when the work the fold left to the row fails on damaged data (the
+    episodes projection sums a running episode's rewards there): that stream then has no row and
+    is named in `unfolded`, as for an event the fold cannot digest, instead of failing every row.
+    Its state is kept: a later event may settle it (an EpisodeEnded with its return), so the read
+    model does not depend on when rows were built (a catch-up of the running episode, or a rebuild
+    after it ended)."""
     if entry.state is None:
         return None
     try:
         return projection.row(stream_id, entry.state, entry.last)
-    except Exception as exc:
-        entry.state = None
+    except (ArithmeticError, LookupError, TypeError, ValueError) as exc:
         if unfolded is not None:
             unfolded.add(stream_id)
         if projection.on_error is not None:

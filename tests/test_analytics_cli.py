@@ -1071,8 +1071,9 @@ def test_a_warehouse_that_cannot_be_written_is_one_error_line_and_the_next_sync_
         assert opened.counts()["episodes"] == len(reported)
 
 
+@pytest.mark.parametrize("written", [b"", b"DUCK" * 1_000], ids=["empty", "part of a header"])
 def test_a_warehouse_the_disk_had_no_room_to_create_is_made_by_the_next_command(
-        logged, tmp_path, cli, monkeypatch):
+        logged, tmp_path, cli, monkeypatch, written):
     """A full disk as the warehouse was created left an empty file there (DuckDB makes the file,
     then fails to write its header), said as a wrong call (exit 2); every later command, with
     room on the disk again, was refused with "not a valid DuckDB database file" until the user
@@ -1085,7 +1086,7 @@ def test_a_warehouse_the_disk_had_no_room_to_create_is_made_by_the_next_command(
 
     def full_disk(database, *args, **kwargs):  # as DuckDB fails on a full disk
         if not pathlib.Path(database).exists():
-            pathlib.Path(database).touch()
+            pathlib.Path(database).write_bytes(written)  # a file size limit stops it part-way
             raise duckdb.IOException(f'IO Error: Could not write file "{database}": No space left on device')
         return connect(database, *args, **kwargs)
 
