@@ -441,8 +441,10 @@ def stop_signals_deferred() -> Iterator[None]:
     try:
         yield
     finally:
-        for stop, handler in previous.items():
-            signal.signal(stop, handler)
+        # SIGINT's own handler last: a Ctrl-C that comes as it is restored raises at once, and
+        # must not leave SIGTERM's recorder in place
+        for stop in sorted(previous, key=lambda stop: stop == signal.SIGINT):
+            signal.signal(stop, previous[stop])
         if came:
             signal.raise_signal(came[0])
 
