@@ -134,11 +134,12 @@ def convert(query: str, p: Param, value: Any) -> Any:
         except ValueError:
             raise bad(f"a task family ({', '.join(TASK_FAMILIES)})") from None
     if p.type == "PROFILE":  # as TASK: a typo would answer with empty rows
-        from domain import REWARD_PROFILES
+        from domain import REWARD_PROFILES, reward_profile
 
-        if text not in REWARD_PROFILES:
-            raise bad(f"a reward profile ({', '.join(REWARD_PROFILES)})")
-        return text
+        try:
+            return reward_profile(text)
+        except ValueError:
+            raise bad(f"a reward profile ({', '.join(REWARD_PROFILES)})") from None
     if p.type == "CHAOS":
         from domain.chaos import parse_chaos
 

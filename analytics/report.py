@@ -15,7 +15,7 @@ from typing import Any
 
 from analytics.service import rows_of, run_named
 from analytics.warehouse import Warehouse
-from domain import CHAOS_LEVELS, REWARD_PROFILES, task_family
+from domain import CHAOS_LEVELS, reward_profile, task_family
 from domain.chaos import parse_chaos
 from domain.labels import control_character
 
@@ -50,8 +50,8 @@ def check_filters(agent: str | None, task: str | None, chaos: str | None = None,
         task_family(task)
     if chaos is not None:
         parse_chaos(chaos)
-    if profile is not None and profile not in REWARD_PROFILES:
-        raise ValueError(f"no reward profile {profile!r}; the profiles are {', '.join(REWARD_PROFILES)}")
+    if profile is not None:
+        reward_profile(profile)
     if agent is not None and not agent:
         raise ValueError("--agent is empty: no episode has an empty agent label")
     if agent is not None and (control := control_character(agent)):

@@ -30,7 +30,7 @@ MAX_HEAD_BYTES = 64 * 1024
 """A request's line and headers, together: nginx allows 32 KiB by default. httptools has no limit
 (a client sent 143 MB of one header line within the deadline, and parsing it, in time that grows
 faster than its length, stalled every other connection of the worker)."""
-_REQUEST_LINE = b"OPTIONS  HTTP/1.1\r\n\r\n"
+_REQUEST_LINE_BYTES = len(b"OPTIONS  HTTP/1.1\r\n\r\n")
 """What a request line and the head's end add to its URL and headers, at most (the method's word,
 two spaces, the version, the line ends)."""
 
@@ -71,7 +71,7 @@ class TimelyHttpProtocol(HttpToolsProtocol):
     def _parsed_head(self) -> int:
         """The bytes of the request line and the headers parsed so far (a header still arriving
         is not counted yet)."""
-        return len(self.url) + len(_REQUEST_LINE) + sum(len(name) + len(value) + 4
+        return len(self.url) + _REQUEST_LINE_BYTES + sum(len(name) + len(value) + 4
                                                         for name, value in self.headers)
 
     def _too_large(self) -> None:

@@ -40,7 +40,7 @@ from domain.events import (
     to_json_value,
 )
 from domain.outcomes import is_success, judge, truncation_mode
-from domain.rewards import ONCE_RULES, REWARD_PROFILES, grants
+from domain.rewards import ONCE_RULES, grants, reward_profile
 from domain.tasks import task_family
 from domain.tools import Invalid, parse_action
 from domain.world import INITIAL_WORLD, World
@@ -149,9 +149,7 @@ def fold(events: Iterable, state: EpisodeState = INITIAL_STATE) -> EpisodeState:
 def reset(spec: EpisodeSpec) -> tuple[EpisodeState, list, StepInfo]:
     """A new episode: EpisodeStarted, the initial world's events and the static chaos."""
     family = task_family(spec.task)
-    if spec.reward_profile not in REWARD_PROFILES:
-        raise ValueError(f"unknown reward profile {spec.reward_profile!r}; profiles: "
-                         f"{', '.join(REWARD_PROFILES)}")
+    reward_profile(spec.reward_profile)
     if isinstance(spec.seed, bool) or not isinstance(spec.seed, int):
         raise ValueError(f"seed must be an integer, not {spec.seed!r}")
     if spec.max_steps is not None and (isinstance(spec.max_steps, bool)

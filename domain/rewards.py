@@ -86,6 +86,14 @@ SPARSE = (
 REWARD_PROFILES: dict[str, tuple[RewardRule, ...]] = {"default": DEFAULT, "sparse": SPARSE}
 
 
+def reward_profile(name: str) -> str:
+    """`name`, when it names a profile; a ValueError naming every profile otherwise (the one check of
+    a profile name, as task_family is of a task name: for the reset and every analytics filter)."""
+    if not isinstance(name, str) or name not in REWARD_PROFILES:
+        raise ValueError(f"no reward profile {name!r}; the profiles are {', '.join(REWARD_PROFILES)}")
+    return name
+
+
 def _index(rules) -> dict[type, tuple]:
     idx: dict[type, tuple] = {}
     for r in rules:

@@ -151,6 +151,13 @@ def row_of(projection: Projection, stream_id: str, entry: Entry,
         return None
 
 
+def _stored_checkpoints(conn: sa.Connection) -> dict[str, tuple[int, int]]:
+    """Each stored checkpoint: projection name -> (position, version of its fold)."""
+    table = projection_checkpoints
+    return {name: (position, version) for name, position, version in conn.execute(
+        sa.select(table.c.name, table.c.position, table.c.version))}
+
+
 def rows_of(projection: Projection, entries: dict[str, Entry], stream_ids: Iterable[str],
             unfolded: set[str] | None = None) -> tuple[list[dict[str, Any]], list[str]]:
     """(rows to upsert, keys to delete) for the given streams' entries."""
@@ -185,10 +192,8 @@ class ProjectionRunner:
     def stored_checkpoints(self) -> dict[str, int]:
         """Each projection's checkpoint as stored, writing nothing (for a read-only store): one
         never started, or folded by another version of its code, counts as 0."""
-        table = projection_checkpoints
         with self.store.engine.connect() as conn:
-            stored = {name: (position, version) for name, position, version in conn.execute(
-                sa.select(table.c.name, table.c.position, table.c.version))}
+            stored = _stored_checkpoints(conn)
         return {p.name: position if version == p.version else 0
                 for p in self.projections
                 for position, version in [stored.get(p.name, (0, p.version))]}
@@ -197,8 +202,7 @@ class ProjectionRunner:
         """The stored checkpoint of each projection (creating missing ones, rebuilding stale ones)."""
         table = projection_checkpoints
         with transaction(self.store.engine) as conn:
-            stored = {name: (position, version) for name, position, version in conn.execute(
-                sa.select(table.c.name, table.c.position, table.c.version))}
+            stored = _stored_checkpoints(conn)
             result = {}
             for projection in self.projections:
                 position, version = stored.get(projection.name, (None, None))
