@@ -14,7 +14,6 @@ Commit order and positions:
 
 from __future__ import annotations
 
-import fcntl
 import os
 import sqlite3
 import threading
@@ -25,9 +24,11 @@ from typing import Any, NoReturn
 
 import sqlalchemy as sa
 
-from eventstore.engine import SQLITE_BUSY_TIMEOUT_MS, sqlite_file
+from eventstore import engine
+from eventstore.engine import sqlite_file
 from eventstore.packing import COMMIT_COLUMNS, READ_COLUMNS, Commit, PayloadEncoder, as_text, compress
 from eventstore.records import WriterBusy
+from eventstore.writerlock import TimedFlock
 
 WAIT_FOR_WRITERS: ContextVar[bool] = ContextVar("companyos_wait_for_writers", default=True)
 """False: an SQLite append that would wait for another writer (a thread or process holding the
@@ -160,6 +161,7 @@ def _own_writers_after_fork() -> None:
             _INHERITED_WRITERS.append(backend._writer)
             backend._writer = None
         backend._lock_fd = None  # the parent's descriptor stays open here, unused (O_CLOEXEC)
+        backend._file_lock = None  # and its helper thread does not exist here
 
 
 os.register_at_fork(after_in_child=_own_writers_after_fork)
@@ -171,6 +173,8 @@ class SqliteBackend(Backend):
     Writer processes of one file also queue on an `flock` of `<db>-writer.lock` before BEGIN
     IMMEDIATE: SQLite's own busy handler sleeps 1, 2, 5, ... ms between tries, which left a
     second `companyos run` worker idle half the time; the kernel wakes a flock waiter at once.
+    That wait ends, as SQLite's own does, after the busy timeout: a writer stopped while it holds
+    the lock (Ctrl-Z, SIGSTOP) used to keep every other writer waiting for ever.
     """
 
     mark = "?"
@@ -184,20 +188,22 @@ class SqliteBackend(Backend):
         database = sqlite_file(engine.url)
         self._lock_path = None if database is None else f"{os.path.abspath(database)}-writer.lock"
         self._lock_fd: int | None = None
+        self._file_lock: TimedFlock | None = None
         _SQLITE_BACKENDS.add(self)
 
-    def _process_lock_fd(self) -> int | None:
-        """This process's descriptor of the lock file (None for an in-memory database)."""
+    def _process_file_lock(self) -> TimedFlock | None:
+        """This process's lock of the lock file (None for an in-memory database)."""
         if self._lock_path is None:
             return None
-        if self._lock_fd is None:  # a forked child starts without one (_own_writers_after_fork)
+        if self._file_lock is None:  # a forked child starts without one (_own_writers_after_fork)
             try:
                 self._lock_fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
                                         0o644)
             except OSError:  # e.g. a read-only directory: SQLite's own locking still holds
                 self._lock_path = None
                 return None
-        return self._lock_fd
+            self._file_lock = TimedFlock(self._lock_fd)
+        return self._file_lock
 
     def _write_connection(self, wait: bool = True):
         """The writer's connection, its busy timeout set as `wait` says (switched only when it
@@ -206,7 +212,7 @@ class SqliteBackend(Backend):
             self._writer = self.engine.raw_connection()
             self._writer_waits = True
         if wait is not self._writer_waits:
-            self._writer.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS if wait else 0}")
+            self._writer.execute(f"PRAGMA busy_timeout={engine.SQLITE_BUSY_TIMEOUT_MS if wait else 0}")
             self._writer_waits = wait
         return self._writer
 
@@ -215,9 +221,11 @@ class SqliteBackend(Backend):
             if self._writer is not None:  # this process's own: a child drops what it inherits
                 self._writer.close()
             self._writer = None
+            if self._file_lock is not None:
+                self._file_lock.close()
             if self._lock_fd is not None:
                 os.close(self._lock_fd)
-            self._lock_fd = None
+            self._lock_fd = self._file_lock = None
 
     def append(self, stream_id: str, build: BuildCommit, expected_version: int | None,
                cached_head: Head | None) -> tuple[int, Commit]:
@@ -230,32 +238,32 @@ class SqliteBackend(Backend):
         if not self._lock.acquire(blocking=wait):
             raise WriterBusy("another thread of this process is writing")
         try:
-            lock_fd = self._lock_file(wait)
+            file_lock = self._lock_file(wait)
             try:
                 return self._insert(stream_id, build, commit, expected_version, cached_head, wait)
             finally:
-                if lock_fd is not None:
-                    fcntl.flock(lock_fd, fcntl.LOCK_UN)
+                if file_lock is not None:
+                    file_lock.release()
         finally:
             self._lock.release()
 
-    def _lock_file(self, wait: bool = True) -> int | None:
+    def _lock_file(self, wait: bool = True) -> TimedFlock | None:
         """Queue behind the file's other writer processes (the caller holds the thread lock);
-        the descriptor to unlock, None when there is no lock file."""
-        lock_fd = self._process_lock_fd()
-        if lock_fd is not None:
-            try:
-                fcntl.flock(lock_fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                raise WriterBusy("another process is writing") from None
-        return lock_fd
+        the lock to release, None when there is no lock file."""
+        file_lock = self._process_file_lock()
+        timeout = engine.SQLITE_BUSY_TIMEOUT_MS / 1000
+        if file_lock is not None and not file_lock.acquire(wait, timeout):
+            if not wait:
+                raise WriterBusy("another process is writing")
+            raise _writer_lock_timeout(self._lock_path)
+        return file_lock
 
     def insert_new(self, commits: Sequence[Commit]) -> None:
         """New streams' commits in one transaction (built already: no head to look up)."""
         rows = [(commit.count, *commit[:5]) for commit in commits]
         supplied = [row for commit in commits for row in commit.supplied_ids]
         with self._lock:
-            lock_fd = self._lock_file()
+            file_lock = self._lock_file()
             try:
                 cur = self._write_connection().cursor()
                 cur.execute("BEGIN IMMEDIATE")
@@ -269,8 +277,8 @@ class SqliteBackend(Backend):
                 finally:
                     cur.close()
             finally:
-                if lock_fd is not None:
-                    fcntl.flock(lock_fd, fcntl.LOCK_UN)
+                if file_lock is not None:
+                    file_lock.release()
 
     def _insert(self, stream_id: str, build: BuildCommit, commit: Commit | None,
                 expected_version: int | None, cached_head: Head | None,
@@ -301,6 +309,18 @@ class SqliteBackend(Backend):
         finally:
             cur.close()
         return position, commit
+
+
+def _writer_lock_timeout(lock_path: str | None) -> sqlite3.OperationalError:
+    """What SQLite itself raises when another connection keeps its write lock past the busy
+    timeout (so every caller that handles a locked store handles this), in words that say why."""
+    exc = sqlite3.OperationalError(
+        f"database is locked: another process has held the store's writer lock ({lock_path}) for "
+        f"{engine.SQLITE_BUSY_TIMEOUT_MS / 1000:g} s; a writer stopped with Ctrl-Z or SIGSTOP "
+        "keeps it until it is resumed or ends")
+    exc.sqlite_errorcode = sqlite3.SQLITE_BUSY
+    exc.sqlite_errorname = "SQLITE_BUSY"
+    return exc
 
 
 def _roll_back(cur: Any, exc: BaseException) -> NoReturn:

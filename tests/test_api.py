@@ -1178,6 +1178,26 @@ def test_ready_answers_503_in_bounded_time_while_the_database_hangs(sqlite_url, 
         assert c.get("/ready").json()["status"] == "ready"
 
 
+def test_a_step_behind_a_stopped_sqlite_writer_is_a_503_not_a_hang(sqlite_url, tmp_path, monkeypatch):
+    """Another writer process suspended while it holds `<db>-writer.lock` kept /step waiting for
+    ever. After SQLite's busy timeout (shortened here) the step is answered 503
+    `store_unavailable`, nothing applied; once the lock is let go, the same step is step 1."""
+    import fcntl
+
+    from eventstore import engine
+
+    monkeypatch.setattr(engine, "SQLITE_BUSY_TIMEOUT_MS", 300)
+    with client(sqlite_url) as c:
+        episode_id, token, _ = reset(c)
+        with open(f"{tmp_path / 'store.db'}-writer.lock", "a+") as held:
+            fcntl.flock(held.fileno(), fcntl.LOCK_EX)
+            r = step(c, episode_id, token, ACTIONS[0])
+            assert r.status_code == 503 and r.json()["code"] == "store_unavailable", r.text
+            assert c.get("/health").status_code == 200
+        r = step(c, episode_id, token, ACTIONS[0])
+        assert r.status_code == 200 and r.json()["metadata"]["step"] == 1, r.text
+
+
 def test_a_pool_that_gives_up_waiting_is_an_outage_not_a_bug(sqlite_url, monkeypatch):
     """Every pooled PostgreSQL connection busy past pool_timeout (sqlalchemy's TimeoutError) was
     a 500 that trainers read as a server bug; it is a 503 they retry."""

@@ -873,3 +873,121 @@ def test_a_sql_ascii_postgresql_database_keeps_any_text_as_sent():
             assert store.stream_digest("s") == chain_digest("", "Said", 1, canonical_json(data).decode())
         finally:
             store.close()
+
+
+_LOCK_HOLDER = """
+import fcntl, sys
+held = open(sys.argv[1], "a+")
+fcntl.flock(held.fileno(), fcntl.LOCK_EX)
+print("held", flush=True)
+sys.stdin.read()  # until the test closes our stdin
+"""
+
+
+def _free(lock_path: str) -> bool:
+    """Whether a new open file description (another writer process's view) can take the lock."""
+    import fcntl
+
+    with open(lock_path, "a+") as probe:
+        try:
+            fcntl.flock(probe.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        fcntl.flock(probe.fileno(), fcntl.LOCK_UN)
+        return True
+
+
+def _appending(store: EventStore, stream: str, expected: int) -> tuple[threading.Thread, list]:
+    outcome: list = []
+
+    def append() -> None:
+        try:
+            outcome.append(store.append(stream, [NewEvent("Noted", {})], expected))
+        except BaseException as exc:  # noqa: BLE001 - the test inspects it
+            outcome.append(exc)
+
+    attempt = threading.Thread(target=append, daemon=True)
+    attempt.start()
+    return attempt, outcome
+
+
+def test_a_sqlite_append_behind_a_stopped_writer_fails_in_words_not_hangs(tmp_path, monkeypatch):
+    """Writer processes queue on an flock of `<db>-writer.lock`, which has no timeout: a writer
+    stopped (Ctrl-Z, SIGSTOP) while it held it kept every other writer waiting for ever. The wait
+    now ends after SQLite's busy timeout (a test shortens it) as a locked SQLite store does,
+    an outage naming the lock; nothing is written, and once the holder is gone, writes go on
+    and leave the lock free."""
+    import signal
+
+    from api.sessions import outage_classes
+    from eventstore import engine
+
+    monkeypatch.setattr(engine, "SQLITE_BUSY_TIMEOUT_MS", 300)
+    db = tmp_path / "s.db"
+    lock_path = f"{db}-writer.lock"
+    with EventStore.open(f"sqlite:///{db}") as store:
+        store.append("s", [NewEvent("Opened", {})], None)
+        holder = subprocess.Popen([sys.executable, "-c", _LOCK_HOLDER, lock_path],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        try:
+            assert holder.stdout.readline() == "held\n"
+            os.kill(holder.pid, signal.SIGSTOP)  # the writer is suspended, its lock held
+            attempt, outcome = _appending(store, "s", 0)
+            attempt.join(60)  # a guard, not a measurement: before, it never returned
+            assert not attempt.is_alive(), "the append still waits for the stopped writer"
+            assert len(outcome) == 1 and isinstance(outcome[0], outage_classes()), outcome
+            assert isinstance(outcome[0], sqlite3.OperationalError)
+            assert outcome[0].sqlite_errorcode == sqlite3.SQLITE_BUSY
+            assert "database is locked" in str(outcome[0]) and lock_path in str(outcome[0])
+            assert [e.type for e in store.read_stream("s")] == ["Opened"]
+        finally:
+            os.kill(holder.pid, signal.SIGCONT)
+            holder.stdin.close()  # it lets go of the lock as it exits
+            holder.wait(30)
+        # the given-up wait gets the lock once the holder is gone, and lets it go: another
+        # process can take it, though this one has not written since
+        deadline = time.monotonic() + 30
+        while not _free(lock_path):
+            assert time.monotonic() < deadline, "the abandoned wait kept the writer lock"
+            time.sleep(0.01)
+        store.append("s", [NewEvent("Noted", {})], 0)
+        assert store.stream_version("s") == 1 and _free(lock_path)
+
+
+def test_an_append_that_takes_over_a_given_up_wait_writes_under_the_lock(tmp_path, monkeypatch):
+    """After a timed-out wait, the process's request for the lock is still queued in the kernel.
+    The next append waits on that same request; it must hold the lock while it writes, and leave
+    it free afterwards."""
+    import fcntl
+
+    from eventstore import engine
+    from eventstore.backends import SqliteBackend
+
+    db = tmp_path / "s.db"
+    lock_path = f"{db}-writer.lock"
+    with EventStore.open(f"sqlite:///{db}") as store, open(lock_path, "a+") as held:
+        store.append("s", [NewEvent("Opened", {})], None)
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX)  # another writer process
+        monkeypatch.setattr(engine, "SQLITE_BUSY_TIMEOUT_MS", 200)
+        attempt, outcome = _appending(store, "s", 0)
+        attempt.join(60)
+        assert isinstance(outcome[0], sqlite3.OperationalError), outcome
+
+        monkeypatch.setattr(engine, "SQLITE_BUSY_TIMEOUT_MS", 60_000)
+        lock_free_while_writing: list[bool] = []
+        real_insert = SqliteBackend._insert
+
+        def insert(self, *args, **kwargs):
+            lock_free_while_writing.append(_free(lock_path))
+            return real_insert(self, *args, **kwargs)
+
+        monkeypatch.setattr(SqliteBackend, "_insert", insert)
+        attempt, outcome = _appending(store, "s", 0)
+        time.sleep(0.2)  # it waits (not a measurement: the assertions hold however long)
+        assert outcome == [] and lock_free_while_writing == []
+        fcntl.flock(held.fileno(), fcntl.LOCK_UN)
+        attempt.join(60)
+        assert not attempt.is_alive() and len(outcome) == 1, outcome
+        assert [r.type for r in outcome[0]] == ["Noted"]
+        assert lock_free_while_writing == [False]
+        assert _free(lock_path) and store.stream_version("s") == 1

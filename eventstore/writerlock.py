@@ -1,0 +1,107 @@
+"""An exclusive `flock` that a caller can stop waiting for.
+
+Linux has no timed `flock`, and Python retries a blocked one after a signal on any thread but
+the main one. Without a limit, a writer process stopped while it holds the SQLite store's writer
+lock (Ctrl-Z, SIGSTOP, a debugger) made every other writer wait for ever, where a plain SQLite
+lock gives "database is locked" after the busy timeout.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import threading
+
+
+class TimedFlock:
+    """The exclusive flock of one open file description: taken at once when it is free, else by
+    a helper thread blocked in `flock` while the caller waits on a condition with a timeout.
+
+    An flock belongs to the open file description, not to a thread. While the helper's request
+    is pending, no one else in the process may try the lock on that description: a grant would
+    then be a no-op conversion of a lock the caller already holds, and the helper's unlock of an
+    abandoned wait would drop it. So a caller who finds a request pending adopts it, and the
+    helper unlocks a grant only when no caller waits for it.
+    """
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._state = threading.Condition(threading.Lock())
+        self._pending = False  # the helper is in (or about to enter) a blocking flock
+        self._waiting = False  # a caller waits for the helper's grant
+        self._granted = False
+        self._failure: OSError | None = None  # what the helper's flock raised instead
+        self._closed = False
+        self._requests = threading.Semaphore(0)
+        self._helper: threading.Thread | None = None
+
+    def acquire(self, wait: bool, timeout: float) -> bool:
+        """Take the lock; False if it is held elsewhere and `wait` is False, or after `timeout`
+        seconds of waiting. The caller serializes its own acquires (one holder per process)."""
+        with self._state:
+            if not self._pending:
+                try:
+                    fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    return True
+                except BlockingIOError:
+                    if not wait:
+                        return False
+                self._pending = True
+                self._start_helper()
+                self._requests.release()
+            elif not wait:
+                return False
+            self._waiting = True
+            try:
+                granted = self._state.wait_for(lambda: self._granted or self._failure, timeout)
+            finally:
+                self._waiting = False
+            failure, self._failure, self._granted = self._failure, None, False
+            if failure is not None:
+                raise failure
+            return bool(granted)
+
+    def release(self) -> None:
+        """Let the lock go (the caller holds it: no request is pending)."""
+        fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+    def close(self) -> None:
+        """Stop the helper once it is idle; the caller closes its own descriptor."""
+        with self._state:
+            self._closed = True
+        self._requests.release()
+
+    def _start_helper(self) -> None:
+        if self._helper is None:
+            # its own descriptor of the same description: the caller may close theirs while the
+            # helper still waits, and a reused descriptor number must not be unlocked by mistake
+            self._helper = threading.Thread(target=self._serve, args=(os.dup(self._fd),),
+                                            name="companyos-writer-lock", daemon=True)
+            self._helper.start()
+
+    def _serve(self, fd: int) -> None:
+        try:
+            while True:
+                self._requests.acquire()
+                with self._state:
+                    if not self._pending:  # woken by close()
+                        if self._closed:
+                            return
+                        continue
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX)  # blocks, without the GIL
+                except OSError as exc:  # not EINTR: Python retries that itself
+                    with self._state:
+                        self._pending = False
+                        self._failure = exc if self._waiting else None
+                        self._state.notify()
+                    continue
+                with self._state:
+                    self._pending = False
+                    if self._waiting:
+                        self._granted = True
+                        self._state.notify()
+                    else:  # the caller gave up: let the lock go to whoever asks next
+                        fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
