@@ -426,9 +426,10 @@ def stop_signals_blocked() -> Iterator[None]:
 
 
 @contextmanager
-def stop_signals_deferred() -> Iterator[None]:
+def stop_signals_deferred(stopping: bool = False) -> Iterator[None]:
     """A stop signal that comes meanwhile takes effect on leaving, as it would have then (a
-    KeyboardInterrupt, or SIGTERM's default end). A thread's signal mask would not do: the kernel
+    KeyboardInterrupt, or SIGTERM's default end); with `stopping` (the caller ends for a stop
+    already, and says why) it is dropped. A thread's signal mask would not do: the kernel
     hands a signal sent to the process to any thread that does not block it, and Python then runs
     the handler in the main thread at once. Only the main thread may set handlers; elsewhere
     nothing is deferred."""
@@ -445,7 +446,7 @@ def stop_signals_deferred() -> Iterator[None]:
         # must not leave SIGTERM's recorder in place
         for stop in sorted(previous, key=lambda stop: stop == signal.SIGINT):
             signal.signal(stop, previous[stop])
-        if came:
+        if came and not stopping:
             signal.raise_signal(came[0])
 
 

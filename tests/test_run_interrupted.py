@@ -120,6 +120,33 @@ def test_a_stop_signal_while_the_json_report_is_written_leaves_it_whole(tmp_path
         (e["seed"], e["digest"]) for e in _logged(url)}
 
 
+def test_a_ctrl_c_while_an_interrupted_runs_report_is_written_keeps_its_words(
+        tmp_path, monkeypatch, capsys):
+    """A second Ctrl-C while the interrupted run's report was written (the run stopping slowly,
+    say) took effect after it, and replaced the line saying which episodes finished with a bare
+    "error: interrupted". The run is ending for a stop already: the report and the line stay."""
+    import types
+
+    from companyos.commands import run as run_command
+
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    dumps = run_command.orjson.dumps
+
+    def ctrl_c_while_encoding(document, *args, **kwargs):
+        os.kill(os.getpid(), signal.SIGINT)
+        return dumps(document, *args, **kwargs)
+
+    monkeypatch.setattr(run_command, "orjson", types.SimpleNamespace(dumps=ctrl_c_while_encoding))
+    code, stdout, stderr = _run_json(monkeypatch, capsys, url, 4,
+                                     lambda: os.kill(os.getpid(), signal.SIGINT))
+    assert code == 130
+    assert stderr.strip().splitlines() == [
+        "error: interrupted: 5 episode(s) finished, logged and reported (seeds 100..104); "
+        "no other episode was begun or left half-logged"], stderr
+    report = json.loads(stdout)
+    assert report["interrupted"] is True and report["summary"]["episodes"] == 5
+
+
 def _children(pid: int) -> list[int]:
     with open(f"/proc/{pid}/task/{pid}/children") as listed:
         return [int(child) for child in listed.read().split()]

@@ -83,8 +83,9 @@ def _report(plan, results: list, as_json: bool, cut_short: str | None = None) ->
     from companyos.batch import stop_signals_deferred, summarise
 
     # a stop signal (a second Ctrl-C, a SIGTERM as the run ends) takes effect once the report
-    # is out: cutting it short left a reader of --json a truncated document, or none
-    with stop_signals_deferred():
+    # is out: cutting it short left a reader of --json a truncated document, or none. A run
+    # interrupted already ends with its own line and exit 130; a bare "interrupted" replaced it
+    with stop_signals_deferred(stopping=cut_short == "interrupted"):
         summary = summarise(results)
         if as_json:
             document = {"summary": summary, "episodes": [r.to_json() for r in results]}
