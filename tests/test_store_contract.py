@@ -983,8 +983,12 @@ def test_an_append_that_takes_over_a_given_up_wait_writes_under_the_lock(tmp_pat
 
         monkeypatch.setattr(SqliteBackend, "_insert", insert)
         attempt, outcome = _appending(store, "s", 0)
-        time.sleep(0.2)  # it waits (not a measurement: the assertions hold however long)
-        assert outcome == [] and lock_free_while_writing == []
+        waiting = store._backend._file_lock
+        deadline = time.monotonic() + 30
+        while not waiting._waiting:  # until it waits on the given-up request (a guard, no timing)
+            assert time.monotonic() < deadline and outcome == [], outcome
+            time.sleep(0.01)
+        assert waiting._pending and outcome == [] and lock_free_while_writing == []
         fcntl.flock(held.fileno(), fcntl.LOCK_UN)
         attempt.join(60)
         assert not attempt.is_alive() and len(outcome) == 1, outcome
