@@ -53,13 +53,21 @@ class TimedFlock:
                 return False
             self._waiting = True
             try:
-                granted = self._state.wait_for(lambda: self._granted or self._failure, timeout)
+                self._state.wait_for(lambda: self._granted or self._failure, timeout)
+            except BaseException:
+                # A Ctrl-C (KeyboardInterrupt) can end the wait just as the helper is granted the
+                # lock: no one would use or let go of that grant, and a stale `_granted` would
+                # pass the next wait at once. The condition's lock is held again here.
+                if self._granted:
+                    fcntl.flock(self._fd, fcntl.LOCK_UN)
+                raise
             finally:
-                self._waiting = False
-            failure, self._failure, self._granted = self._failure, None, False
+                granted, failure = self._granted, self._failure
+                self._waiting = self._granted = False
+                self._failure = None
             if failure is not None:
                 raise failure
-            return bool(granted)
+            return granted
 
     def release(self) -> None:
         """Let the lock go (the caller holds it: no request is pending)."""

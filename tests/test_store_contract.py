@@ -995,3 +995,50 @@ def test_an_append_that_takes_over_a_given_up_wait_writes_under_the_lock(tmp_pat
         assert [r.type for r in outcome[0]] == ["Noted"]
         assert lock_free_while_writing == [False]
         assert _free(lock_path) and store.stream_version("s") == 1
+
+
+def test_a_ctrl_c_as_the_writer_lock_is_granted_lets_it_go(tmp_path):
+    """A Ctrl-C (KeyboardInterrupt) can end an append's wait for the writer lock just as the
+    helper thread is granted it. That lock was then used and let go by no one: every other writer
+    process waited behind this idle one until it wrote again or ended (an interactive session
+    that caught the Ctrl-C could hold it for hours), and its next contended wait ended at once as
+    'granted' while the helper's new request still queued behind the other writer."""
+    import fcntl
+
+    db = tmp_path / "s.db"
+    lock_path = f"{db}-writer.lock"
+    waiting = threading.Event()
+
+    class CtrlCAsGranted(threading.Condition):
+        """The append's wait: the Ctrl-C arrives as the helper's grant wakes it."""
+
+        def wait(self, timeout=None):
+            waiting.set()
+            super().wait(timeout)  # only the helper's notify ends it (the timeout is 60 s)
+            raise KeyboardInterrupt
+
+    with EventStore.open(f"sqlite:///{db}") as store, open(lock_path, "a+") as held:
+        store.append("s", [NewEvent("Opened", {})], None)
+        file_lock = store._backend._process_file_lock()
+        file_lock._state = CtrlCAsGranted(threading.Lock())
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX)  # another writer process
+        attempt, outcome = _appending(store, "s", 0)
+        assert waiting.wait(60)
+        fcntl.flock(held.fileno(), fcntl.LOCK_UN)  # the helper is granted the lock
+        attempt.join(60)
+        assert not attempt.is_alive() and len(outcome) == 1, outcome
+        assert isinstance(outcome[0], KeyboardInterrupt), outcome
+        assert _free(lock_path), "the interrupted append left this process holding the lock"
+        assert store.stream_version("s") == 0
+
+        file_lock._state = threading.Condition(threading.Lock())
+        store.append("s", [NewEvent("Noted", {})], 0)  # uncontended
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)  # another writer again
+        attempt, outcome = _appending(store, "s", 1)
+        time.sleep(0.2)  # it waits (not a measurement: the assertions hold however long)
+        assert outcome == [], "an append went on while another process held the writer lock"
+        fcntl.flock(held.fileno(), fcntl.LOCK_UN)
+        attempt.join(60)
+        assert not attempt.is_alive() and len(outcome) == 1, outcome
+        assert [r.type for r in outcome[0]] == ["Noted"]
+        assert _free(lock_path) and store.stream_version("s") == 2
