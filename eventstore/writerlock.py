@@ -46,9 +46,11 @@ class TimedFlock:
                 except BlockingIOError:
                     if not wait:
                         return False
-                self._pending = True
+                # pending only once the helper has the request: if it cannot start (EMFILE for
+                # its dup, no thread) every later wait would adopt a request no one serves
                 self._start_helper()
                 self._requests.release()
+                self._pending = True  # the helper reads it under this lock, after we let go
             elif not wait:
                 return False
             self._waiting = True
@@ -83,9 +85,15 @@ class TimedFlock:
         if self._helper is None:
             # its own descriptor of the same description: the caller may close theirs while the
             # helper still waits, and a reused descriptor number must not be unlocked by mistake
-            self._helper = threading.Thread(target=self._serve, args=(os.dup(self._fd),),
-                                            name="companyos-writer-lock", daemon=True)
-            self._helper.start()
+            fd = os.dup(self._fd)
+            helper = threading.Thread(target=self._serve, args=(fd,), name="companyos-writer-lock",
+                                      daemon=True)
+            try:
+                helper.start()
+            except Exception:  # it did not start ("can't start new thread"); not a Ctrl-C in
+                os.close(fd)  # start(), which can come once it runs with `fd`
+                raise
+            self._helper = helper  # only a started one: the next request tries again
 
     def _serve(self, fd: int) -> None:
         try:

@@ -1042,3 +1042,45 @@ def test_a_ctrl_c_as_the_writer_lock_is_granted_lets_it_go(tmp_path):
         assert not attempt.is_alive() and len(outcome) == 1, outcome
         assert [r.type for r in outcome[0]] == ["Noted"]
         assert _free(lock_path) and store.stream_version("s") == 2
+
+
+@pytest.mark.parametrize("shortage", ["descriptor", "thread"])
+def test_a_wait_the_helper_could_not_take_on_leaves_later_appends_working(tmp_path, monkeypatch,
+                                                                         shortage):
+    """Handing a contended wait to the helper thread can fail: no descriptor left for its `dup`
+    (EMFILE), no thread to be had. The lock still counted that request as pending, which no helper
+    would ever serve: every later append of the process waited for a grant that never came and
+    failed 'database is locked' (the server's steps: 503), with the lock free."""
+    import errno
+    import fcntl
+
+    from eventstore import engine
+
+    db = tmp_path / "s.db"
+    lock_path = f"{db}-writer.lock"
+    monkeypatch.setattr(engine, "SQLITE_BUSY_TIMEOUT_MS", 2000)  # a stuck wait fails sooner
+    with EventStore.open(f"sqlite:///{db}") as store, open(lock_path, "a+") as held:
+        store.append("s", [NewEvent("Opened", {})], None)
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX)  # another writer process
+        with monkeypatch.context() as short:
+            if shortage == "descriptor":
+                def dup(fd):
+                    raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+                short.setattr(os, "dup", dup)
+            else:
+                def start(self):
+                    raise RuntimeError("can't start new thread")
+                short.setattr(threading.Thread, "start", start)
+            with pytest.raises((OSError, RuntimeError)):
+                store.append("s", [NewEvent("Noted", {})], 0)
+        fcntl.flock(held.fileno(), fcntl.LOCK_UN)
+        store.append("s", [NewEvent("Noted", {})], 0)  # the lock is free
+
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX)  # and a wait is served again
+        attempt, outcome = _appending(store, "s", 1)
+        time.sleep(0.2)  # it waits (not a measurement)
+        fcntl.flock(held.fileno(), fcntl.LOCK_UN)
+        attempt.join(60)
+        assert not attempt.is_alive() and len(outcome) == 1, outcome
+        assert [r.type for r in outcome[0]] == ["Noted"]
+        assert _free(lock_path) and store.stream_version("s") == 2
