@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
+import time
 import weakref
 from collections.abc import Callable, Sequence
 from contextvars import ContextVar
@@ -235,10 +236,9 @@ class SqliteBackend(Backend):
         """
         commit = build(None) if expected_version is None else None
         wait = WAIT_FOR_WRITERS.get()
-        if not self._lock.acquire(blocking=wait):
-            raise WriterBusy("another thread of this process is writing")
+        deadline = self._take_thread_lock(wait)
         try:
-            file_lock = self._lock_file(wait)
+            file_lock = self._lock_file(wait, deadline)
             try:
                 return self._insert(stream_id, build, commit, expected_version, cached_head, wait)
             finally:
@@ -247,11 +247,24 @@ class SqliteBackend(Backend):
         finally:
             self._lock.release()
 
-    def _lock_file(self, wait: bool = True) -> TimedFlock | None:
-        """Queue behind the file's other writer processes (the caller holds the thread lock);
-        the lock to release, None when there is no lock file."""
+    def _take_thread_lock(self, wait: bool) -> float:
+        """Queue behind this process's other writer threads; the time by which the lock file
+        must be taken too. The whole wait ends after the busy timeout: the server's step threads
+        queued here without a limit, each behind one waiting for a stopped writer process, so
+        the last step was answered only after as many busy timeouts as threads."""
+        deadline = time.monotonic() + engine.SQLITE_BUSY_TIMEOUT_MS / 1000
+        if not wait:
+            if not self._lock.acquire(blocking=False):
+                raise WriterBusy("another thread of this process is writing")
+        elif not self._lock.acquire(timeout=engine.SQLITE_BUSY_TIMEOUT_MS / 1000):
+            raise _writer_lock_timeout(self._lock_path)
+        return deadline
+
+    def _lock_file(self, wait: bool, deadline: float) -> TimedFlock | None:
+        """Queue behind the file's other writer processes (the caller holds the thread lock)
+        until `deadline`; the lock to release, None when there is no lock file."""
         file_lock = self._process_file_lock()
-        timeout = engine.SQLITE_BUSY_TIMEOUT_MS / 1000
+        timeout = max(0.0, deadline - time.monotonic())
         if file_lock is not None and not file_lock.acquire(wait, timeout):
             if not wait:
                 raise WriterBusy("another process is writing")
@@ -262,8 +275,9 @@ class SqliteBackend(Backend):
         """New streams' commits in one transaction (built already: no head to look up)."""
         rows = [(commit.count, *commit[:5]) for commit in commits]
         supplied = [row for commit in commits for row in commit.supplied_ids]
-        with self._lock:
-            file_lock = self._lock_file()
+        deadline = self._take_thread_lock(True)
+        try:
+            file_lock = self._lock_file(True, deadline)
             try:
                 cur = self._write_connection().cursor()
                 cur.execute("BEGIN IMMEDIATE")
@@ -279,6 +293,8 @@ class SqliteBackend(Backend):
             finally:
                 if file_lock is not None:
                     file_lock.release()
+        finally:
+            self._lock.release()
 
     def _insert(self, stream_id: str, build: BuildCommit, commit: Commit | None,
                 expected_version: int | None, cached_head: Head | None,

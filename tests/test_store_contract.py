@@ -1084,3 +1084,46 @@ def test_a_wait_the_helper_could_not_take_on_leaves_later_appends_working(tmp_pa
         assert not attempt.is_alive() and len(outcome) == 1, outcome
         assert [r.type for r in outcome[0]] == ["Noted"]
         assert _free(lock_path) and store.stream_version("s") == 2
+
+
+def test_a_sqlite_append_queued_behind_another_thread_gives_up_after_the_busy_timeout(
+        tmp_path, monkeypatch):
+    """Threads of one process queue for the store's writer before its lock file (the server has
+    16 step threads). That wait had no limit: behind a stopped writer process each thread waited
+    for the thread ahead of it to give up, then a busy timeout of its own, so the server's last
+    step was answered 503 only after 16 busy timeouts. The whole wait now has the limit, as a
+    connection waiting for SQLite's own lock does."""
+    from eventstore import engine
+
+    monkeypatch.setattr(engine, "SQLITE_BUSY_TIMEOUT_MS", 300)
+    db = tmp_path / "s.db"
+    with EventStore.open(f"sqlite:///{db}") as store:
+        store.append("s", [NewEvent("Opened", {})], None)
+        writer = store._backend._lock
+        writer.acquire()  # another thread's append, waiting for a stopped writer process
+        try:
+            for write in ("append", "create_streams"):
+                outcome: list = []
+
+                def attempt_write(write=write, outcome=outcome) -> None:
+                    try:
+                        if write == "append":
+                            store.append("s", [NewEvent("Noted", {})], 0)
+                        else:
+                            store.create_streams([store.new_stream("t", [NewEvent("Opened", {})])])
+                        outcome.append("written")
+                    except BaseException as exc:  # noqa: BLE001 - the test inspects it
+                        outcome.append(exc)
+
+                attempt = threading.Thread(target=attempt_write, daemon=True)
+                attempt.start()
+                attempt.join(60)  # a guard, not a measurement: before, it waited for the thread
+                assert not attempt.is_alive(), f"{write} still waits for the other thread"
+                assert len(outcome) == 1 and isinstance(outcome[0], sqlite3.OperationalError), outcome
+                assert outcome[0].sqlite_errorcode == sqlite3.SQLITE_BUSY
+                assert "database is locked" in str(outcome[0])
+        finally:
+            writer.release()
+        assert store.stream_version("s") == 0 and store.stream_version("t") is None
+        store.append("s", [NewEvent("Noted", {})], 0)
+        assert store.stream_version("s") == 1
