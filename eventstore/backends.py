@@ -280,8 +280,8 @@ class SqliteBackend(Backend):
             file_lock = self._lock_file(True, deadline)
             try:
                 cur = self._write_connection().cursor()
-                cur.execute("BEGIN IMMEDIATE")
-                try:
+                try:  # BEGIN inside: see _insert
+                    cur.execute("BEGIN IMMEDIATE")
                     cur.executemany(_SQLITE_INSERT, rows)
                     if supplied:
                         cur.executemany(_INSERT_IDS.format(m="?"), supplied)
@@ -302,14 +302,16 @@ class SqliteBackend(Backend):
         """One write transaction; the caller holds both write locks (a writer that does not
         take them, such as the sqlite3 shell, still makes BEGIN IMMEDIATE wait, or fail at once)."""
         cur = self._write_connection(wait).cursor()
+        # BEGIN inside the block that rolls back: a Ctrl-C handled as BEGIN returned left the
+        # writer connection in its transaction, holding SQLite's lock, and every later append
+        # failed "cannot start a transaction within a transaction"
         try:
-            cur.execute("BEGIN IMMEDIATE")
-        except sqlite3.OperationalError as exc:
-            cur.close()
-            if not wait and exc.sqlite_errorcode & 0xFF == sqlite3.SQLITE_BUSY:  # BUSY_RECOVERY too
-                raise WriterBusy("another connection holds the database's write lock") from None
-            raise
-        try:
+            try:
+                cur.execute("BEGIN IMMEDIATE")
+            except sqlite3.OperationalError as exc:
+                if not wait and exc.sqlite_errorcode & 0xFF == sqlite3.SQLITE_BUSY:  # BUSY_RECOVERY too
+                    raise WriterBusy("another connection holds the database's write lock") from None
+                raise
             if commit is None:
                 head = cached_head
                 if head is None or head[0] != expected_version:
@@ -330,10 +332,11 @@ class SqliteBackend(Backend):
 def _writer_lock_timeout(lock_path: str | None) -> sqlite3.OperationalError:
     """What SQLite itself raises when another connection keeps its write lock past the busy
     timeout (so every caller that handles a locked store handles this), in words that say why."""
+    named = f" ({lock_path})" if lock_path else ""  # an in-memory store has no lock file
     exc = sqlite3.OperationalError(
-        f"database is locked: another process has held the store's writer lock ({lock_path}) for "
-        f"{engine.SQLITE_BUSY_TIMEOUT_MS / 1000:g} s; a writer stopped with Ctrl-Z or SIGSTOP "
-        "keeps it until it is resumed or ends")
+        f"database is locked: another writer has held the store's writer lock{named} for "
+        f"{engine.SQLITE_BUSY_TIMEOUT_MS / 1000:g} s; a writer process stopped with Ctrl-Z or "
+        "SIGSTOP keeps it until it is resumed or ends")
     exc.sqlite_errorcode = sqlite3.SQLITE_BUSY
     exc.sqlite_errorname = "SQLITE_BUSY"
     return exc

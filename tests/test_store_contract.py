@@ -1035,8 +1035,11 @@ def test_a_ctrl_c_as_the_writer_lock_is_granted_lets_it_go(tmp_path):
         store.append("s", [NewEvent("Noted", {})], 0)  # uncontended
         fcntl.flock(held.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)  # another writer again
         attempt, outcome = _appending(store, "s", 1)
-        time.sleep(0.2)  # it waits (not a measurement: the assertions hold however long)
-        assert outcome == [], "an append went on while another process held the writer lock"
+        deadline = time.monotonic() + 30
+        while not file_lock._waiting:  # until it waits for the helper (a guard, no timing)
+            assert time.monotonic() < deadline and outcome == [], \
+                "an append went on while another process held the writer lock"
+            time.sleep(0.01)
         fcntl.flock(held.fileno(), fcntl.LOCK_UN)
         attempt.join(60)
         assert not attempt.is_alive() and len(outcome) == 1, outcome
@@ -1127,3 +1130,52 @@ def test_a_sqlite_append_queued_behind_another_thread_gives_up_after_the_busy_ti
         assert store.stream_version("s") == 0 and store.stream_version("t") is None
         store.append("s", [NewEvent("Noted", {})], 0)
         assert store.stream_version("s") == 1
+
+
+@pytest.mark.parametrize("write", ["append", "create_streams"])
+def test_a_ctrl_c_as_begin_returns_leaves_no_transaction_open(tmp_path, monkeypatch, write):
+    """A Ctrl-C handled just as `BEGIN IMMEDIATE` returned (a notebook's interrupt, a second
+    Ctrl-C) left the writer connection inside its transaction, holding SQLite's write lock: every
+    later append of the process failed "cannot start a transaction within a transaction", and
+    every other writer waited out the busy timeout. The transaction is rolled back."""
+    from eventstore.backends import SqliteBackend
+
+    db = tmp_path / "s.db"
+    real_connection = SqliteBackend._write_connection
+
+    class InterruptedCursor:
+        def __init__(self, cursor):
+            self._cursor = cursor
+
+        def execute(self, sql, *args):
+            result = self._cursor.execute(sql, *args)
+            if sql == "BEGIN IMMEDIATE":
+                raise KeyboardInterrupt
+            return result
+
+        def __getattr__(self, name):
+            return getattr(self._cursor, name)
+
+    class InterruptedConnection:
+        def __init__(self, connection):
+            self._connection = connection
+
+        def cursor(self):
+            return InterruptedCursor(self._connection.cursor())
+
+    with EventStore.open(f"sqlite:///{db}") as store:
+        store.append("s", [NewEvent("Opened", {})], None)
+        with monkeypatch.context() as interrupted:
+            interrupted.setattr(SqliteBackend, "_write_connection",
+                                lambda self, *a: InterruptedConnection(real_connection(self, *a)))
+            with pytest.raises(KeyboardInterrupt):
+                if write == "append":
+                    store.append("s", [NewEvent("Noted", {})], 0)
+                else:
+                    store.create_streams([store.new_stream("t", [NewEvent("Opened", {})])])
+        other = sqlite3.connect(db, timeout=0)  # another writer is not kept waiting
+        other.execute("BEGIN IMMEDIATE")
+        other.rollback()
+        other.close()
+        store.append("s", [NewEvent("Noted", {})], 0)
+        assert store.stream_version("s") == 1 and store.stream_version("t") is None
