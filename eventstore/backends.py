@@ -253,10 +253,11 @@ class SqliteBackend(Backend):
         queued here without a limit, each behind one waiting for a stopped writer process, so
         the last step was answered only after as many busy timeouts as threads."""
         deadline = time.monotonic() + engine.SQLITE_BUSY_TIMEOUT_MS / 1000
+        if self._lock.acquire(blocking=False):  # the common case, a third the cost of a timed try
+            return deadline
         if not wait:
-            if not self._lock.acquire(blocking=False):
-                raise WriterBusy("another thread of this process is writing")
-        elif not self._lock.acquire(timeout=engine.SQLITE_BUSY_TIMEOUT_MS / 1000):
+            raise WriterBusy("another thread of this process is writing")
+        if not self._lock.acquire(timeout=engine.SQLITE_BUSY_TIMEOUT_MS / 1000):
             raise _writer_lock_timeout(self._lock_path)
         return deadline
 

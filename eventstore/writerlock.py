@@ -38,21 +38,25 @@ class TimedFlock:
     def acquire(self, wait: bool, timeout: float) -> bool:
         """Take the lock; False if it is held elsewhere and `wait` is False, or after `timeout`
         seconds of waiting. The caller serializes its own acquires (one holder per process)."""
+        # Without the condition's lock while nothing is pending (every uncontended append comes
+        # here): only this caller sets `_pending`, and the helper only clears it, so a False read
+        # is still true, and no flock of the helper's can be under way.
+        if not self._pending:
+            try:
+                fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return True
+            except BlockingIOError:
+                if not wait:
+                    return False
+        elif not wait:
+            return False
         with self._state:
-            if not self._pending:
-                try:
-                    fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    return True
-                except BlockingIOError:
-                    if not wait:
-                        return False
+            if not self._pending:  # else adopt it (the helper may have let it go meanwhile)
                 # pending only once the helper has the request: if it cannot start (EMFILE for
                 # its dup, no thread) every later wait would adopt a request no one serves
                 self._start_helper()
                 self._requests.release()
                 self._pending = True  # the helper reads it under this lock, after we let go
-            elif not wait:
-                return False
             self._waiting = True
             try:
                 self._state.wait_for(lambda: self._granted or self._failure, timeout)
@@ -113,11 +117,13 @@ class TimedFlock:
                         self._state.notify()
                     continue
                 with self._state:
-                    self._pending = False
                     if self._waiting:
                         self._granted = True
                         self._state.notify()
                     else:  # the caller gave up: let the lock go to whoever asks next
                         fcntl.flock(fd, fcntl.LOCK_UN)
+                    # only now, after any unlock: `acquire` reads it without this lock, and a
+                    # direct try of its own while this grant stood would be dropped with it
+                    self._pending = False
         finally:
             os.close(fd)

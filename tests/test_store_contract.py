@@ -1179,3 +1179,57 @@ def test_a_ctrl_c_as_begin_returns_leaves_no_transaction_open(tmp_path, monkeypa
         other.close()
         store.append("s", [NewEvent("Noted", {})], 0)
         assert store.stream_version("s") == 1 and store.stream_version("t") is None
+
+
+def test_an_append_as_a_given_up_grant_is_let_go_still_writes_under_the_lock(tmp_path, monkeypatch):
+    """The helper thread lets go of a grant whose caller gave up. An append of the same process
+    that came as it did so (its quick try reads no lock) could see the request as settled while
+    the grant still stood: its own try then merely confirmed the lock this description held, and
+    the helper's unlock dropped it under the append. The request is settled only after the unlock."""
+    import fcntl
+
+    from eventstore import engine, writerlock
+    from eventstore.backends import SqliteBackend
+
+    db = tmp_path / "s.db"
+    lock_path = f"{db}-writer.lock"
+    unlocking, go, unlocked = threading.Event(), threading.Event(), threading.Event()
+    real_flock = fcntl.flock
+
+    def flock(fd, operation):
+        helper = threading.current_thread().name == "companyos-writer-lock"
+        if helper and operation == fcntl.LOCK_UN:
+            unlocking.set()
+            go.wait(2)  # a guard: with the fix, the append waits for this unlock to end
+            real_flock(fd, operation)
+            unlocked.set()
+            return None
+        return real_flock(fd, operation)
+
+    monkeypatch.setattr(writerlock, "fcntl", type("Fcntl", (), {
+        "flock": staticmethod(flock), "LOCK_EX": fcntl.LOCK_EX, "LOCK_NB": fcntl.LOCK_NB,
+        "LOCK_UN": fcntl.LOCK_UN}))
+    with EventStore.open(f"sqlite:///{db}") as store, open(lock_path, "a+") as held:
+        store.append("s", [NewEvent("Opened", {})], None)
+        real_flock(held.fileno(), fcntl.LOCK_EX)  # another writer process
+        monkeypatch.setattr(engine, "SQLITE_BUSY_TIMEOUT_MS", 200)
+        attempt, outcome = _appending(store, "s", 0)
+        attempt.join(60)
+        assert isinstance(outcome[0], sqlite3.OperationalError), outcome  # it gave up
+        monkeypatch.setattr(engine, "SQLITE_BUSY_TIMEOUT_MS", 60_000)
+        real_flock(held.fileno(), fcntl.LOCK_UN)  # the helper is granted, and lets it go
+        assert unlocking.wait(30)
+
+        lock_free_while_writing: list[bool] = []
+        real_insert = SqliteBackend._insert
+
+        def insert(self, *args, **kwargs):
+            go.set()
+            assert unlocked.wait(30)
+            lock_free_while_writing.append(_free(lock_path))
+            return real_insert(self, *args, **kwargs)
+
+        monkeypatch.setattr(SqliteBackend, "_insert", insert)
+        store.append("s", [NewEvent("Noted", {})], 0)
+        assert lock_free_while_writing == [False], "the append wrote without the writer lock"
+        assert _free(lock_path) and store.stream_version("s") == 1
