@@ -27,7 +27,7 @@ class TimedFlock:
     def __init__(self, fd: int) -> None:
         self._fd = fd
         self._state = threading.Condition(threading.Lock())
-        self._pending = False  # the helper is in (or about to enter) a blocking flock
+        self._pending = False  # the helper is in (or about to enter) a blocking flock, or holds a grant
         self._waiting = False  # a caller waits for the helper's grant
         self._granted = False
         self._failure: OSError | None = None  # what the helper's flock raised instead
@@ -51,7 +51,7 @@ class TimedFlock:
         elif not wait:
             return False
         with self._state:
-            if not self._pending:  # else adopt it (the helper may have let it go meanwhile)
+            if not self._pending:  # else the request an earlier caller gave up is adopted
                 # pending only once the helper has the request: if it cannot start (EMFILE for
                 # its dup, no thread) every later wait would adopt a request no one serves
                 self._start_helper()
