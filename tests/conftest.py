@@ -9,6 +9,17 @@ import uuid
 import pytest
 import sqlalchemy as sa
 
+
+def pytest_configure(config) -> None:
+    """A shell starts a background job (`… &`, `nohup`) with SIGINT ignored, and Python then
+    installs no handler: the tests of Ctrl-C, in this process and in the commands it starts (an
+    ignored signal stays ignored across exec), would see no Ctrl-C at all. They get SIGINT as a
+    terminal delivers it."""
+    import signal
+
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
 PG_URL = os.environ.get("COMPANYOS_TEST_PG_URL")
 
 
