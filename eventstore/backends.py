@@ -161,8 +161,9 @@ def _own_writers_after_fork() -> None:
         if backend._writer is not None:
             _INHERITED_WRITERS.append(backend._writer)
             backend._writer = None
-        backend._lock_fd = None  # the parent's descriptor stays open here, unused (O_CLOEXEC)
-        backend._file_lock = None  # and its helper thread does not exist here
+        # the parent's lock: its descriptor stays open here, unused (O_CLOEXEC), and its helper
+        # thread does not exist here
+        backend._file_lock = None
 
 
 os.register_at_fork(after_in_child=_own_writers_after_fork)
@@ -188,7 +189,6 @@ class SqliteBackend(Backend):
         self._writer_waits = True
         database = sqlite_file(engine.url)
         self._lock_path = None if database is None else f"{os.path.abspath(database)}-writer.lock"
-        self._lock_fd: int | None = None
         self._file_lock: TimedFlock | None = None
         _SQLITE_BACKENDS.add(self)
 
@@ -198,12 +198,11 @@ class SqliteBackend(Backend):
             return None
         if self._file_lock is None:  # a forked child starts without one (_own_writers_after_fork)
             try:
-                self._lock_fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
-                                        0o644)
+                fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
             except OSError:  # e.g. a read-only directory: SQLite's own locking still holds
                 self._lock_path = None
                 return None
-            self._file_lock = TimedFlock(self._lock_fd)
+            self._file_lock = TimedFlock(fd)
         return self._file_lock
 
     def _write_connection(self, wait: bool = True):
@@ -224,9 +223,7 @@ class SqliteBackend(Backend):
             self._writer = None
             if self._file_lock is not None:
                 self._file_lock.close()
-            if self._lock_fd is not None:
-                os.close(self._lock_fd)
-            self._lock_fd = self._file_lock = None
+            self._file_lock = None
 
     def append(self, stream_id: str, build: BuildCommit, expected_version: int | None,
                cached_head: Head | None) -> tuple[int, Commit]:
@@ -236,9 +233,9 @@ class SqliteBackend(Backend):
         """
         commit = build(None) if expected_version is None else None
         wait = WAIT_FOR_WRITERS.get()
-        deadline = self._take_thread_lock(wait)
+        budget = self._take_thread_lock(wait)
         try:
-            file_lock = self._lock_file(wait, deadline)
+            file_lock = self._lock_file(wait, budget)
             try:
                 return self._insert(stream_id, build, commit, expected_version, cached_head, wait)
             finally:
@@ -248,24 +245,24 @@ class SqliteBackend(Backend):
             self._lock.release()
 
     def _take_thread_lock(self, wait: bool) -> float:
-        """Queue behind this process's other writer threads; the time by which the lock file
-        must be taken too. The whole wait ends after the busy timeout: the server's step threads
-        queued here without a limit, each behind one waiting for a stopped writer process, so
-        the last step was answered only after as many busy timeouts as threads."""
-        deadline = time.monotonic() + engine.SQLITE_BUSY_TIMEOUT_MS / 1000
-        if self._lock.acquire(blocking=False):  # the common case, a third the cost of a timed try
-            return deadline
+        """Queue behind this process's other writer threads; the seconds left to take the lock
+        file in. The whole wait ends after the busy timeout: the server's step threads queued
+        here without a limit, each behind one waiting for a stopped writer process, so the last
+        step was answered only after as many busy timeouts as threads."""
+        timeout = engine.SQLITE_BUSY_TIMEOUT_MS / 1000
+        if self._lock.acquire(blocking=False):  # the common case: no clock read, no timed try
+            return timeout
         if not wait:
             raise WriterBusy("another thread of this process is writing")
-        if not self._lock.acquire(timeout=engine.SQLITE_BUSY_TIMEOUT_MS / 1000):
+        started = time.monotonic()
+        if not self._lock.acquire(timeout=timeout):
             raise _writer_lock_timeout(self._lock_path)
-        return deadline
+        return max(0.0, timeout - (time.monotonic() - started))
 
-    def _lock_file(self, wait: bool, deadline: float) -> TimedFlock | None:
+    def _lock_file(self, wait: bool, timeout: float) -> TimedFlock | None:
         """Queue behind the file's other writer processes (the caller holds the thread lock)
-        until `deadline`; the lock to release, None when there is no lock file."""
+        for up to `timeout` seconds; the lock to release, None when there is no lock file."""
         file_lock = self._process_file_lock()
-        timeout = max(0.0, deadline - time.monotonic())
         if file_lock is not None and not file_lock.acquire(wait, timeout):
             if not wait:
                 raise WriterBusy("another process is writing")
@@ -276,9 +273,9 @@ class SqliteBackend(Backend):
         """New streams' commits in one transaction (built already: no head to look up)."""
         rows = [(commit.count, *commit[:5]) for commit in commits]
         supplied = [row for commit in commits for row in commit.supplied_ids]
-        deadline = self._take_thread_lock(True)
+        budget = self._take_thread_lock(True)
         try:
-            file_lock = self._lock_file(True, deadline)
+            file_lock = self._lock_file(True, budget)
             try:
                 cur = self._write_connection().cursor()
                 try:  # BEGIN inside: see _insert

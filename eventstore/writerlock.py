@@ -25,6 +25,7 @@ class TimedFlock:
     """
 
     def __init__(self, fd: int) -> None:
+        """Takes over `fd`: `close` closes it."""
         self._fd = fd
         self._state = threading.Condition(threading.Lock())
         self._pending = False  # the helper is in (or about to enter) a blocking flock, or holds a grant
@@ -80,10 +81,12 @@ class TimedFlock:
         fcntl.flock(self._fd, fcntl.LOCK_UN)
 
     def close(self) -> None:
-        """Stop the helper once it is idle; the caller closes its own descriptor."""
+        """Close the descriptor, and stop the helper once it is idle (a request it still has
+        pending keeps the description, and the lock, until its grant is let go)."""
         with self._state:
             self._closed = True
         self._requests.release()
+        os.close(self._fd)
 
     def _start_helper(self) -> None:
         if self._helper is None:

@@ -50,6 +50,21 @@ def _run_json(monkeypatch, capsys, url: str, index: int, before) -> tuple[int, s
     return stopped.value.code, out.out, out.err
 
 
+def _ctrl_c_while_the_report_is_encoded(monkeypatch) -> None:
+    """A SIGINT to this process as `run` encodes its --json report."""
+    import types
+
+    from companyos.commands import run as run_command
+
+    dumps = run_command.orjson.dumps
+
+    def ctrl_c_while_encoding(document, *args, **kwargs):
+        os.kill(os.getpid(), signal.SIGINT)
+        return dumps(document, *args, **kwargs)
+
+    monkeypatch.setattr(run_command, "orjson", types.SimpleNamespace(dumps=ctrl_c_while_encoding))
+
+
 @pytest.mark.parametrize("presses", [1, 2], ids=["ctrl-c", "ctrl-c-twice"])
 def test_ctrl_c_finishes_the_episode_under_way_and_says_which_finished(
         tmp_path, monkeypatch, capsys, presses):
@@ -91,18 +106,8 @@ def test_a_stop_signal_while_the_json_report_is_written_leaves_it_whole(tmp_path
     """A Ctrl-C (or SIGTERM) just after the last episode, or a second Ctrl-C right after the
     first, landed while the report was being encoded or written: the reader of --json got a
     truncated document, or none. The report is written whole, then the signal takes effect."""
-    import types
-
-    from companyos.commands import run as run_command
-
     url = f"sqlite:///{tmp_path / 'store.db'}"
-    dumps = run_command.orjson.dumps
-
-    def ctrl_c_while_encoding(document, *args, **kwargs):
-        os.kill(os.getpid(), signal.SIGINT)
-        return dumps(document, *args, **kwargs)
-
-    monkeypatch.setattr(run_command, "orjson", types.SimpleNamespace(dumps=ctrl_c_while_encoding))
+    _ctrl_c_while_the_report_is_encoded(monkeypatch)
     # another thread that takes signals (a library's, a server's): with the stop signals masked in
     # the main thread only, the kernel handed the SIGINT to it and the report was cut all the same
     idle = threading.Event()
@@ -125,18 +130,8 @@ def test_a_ctrl_c_while_an_interrupted_runs_report_is_written_keeps_its_words(
     """A second Ctrl-C while the interrupted run's report was written (the run stopping slowly,
     say) took effect after it, and replaced the line saying which episodes finished with a bare
     "error: interrupted". The run is ending for a stop already: the report and the line stay."""
-    import types
-
-    from companyos.commands import run as run_command
-
     url = f"sqlite:///{tmp_path / 'store.db'}"
-    dumps = run_command.orjson.dumps
-
-    def ctrl_c_while_encoding(document, *args, **kwargs):
-        os.kill(os.getpid(), signal.SIGINT)
-        return dumps(document, *args, **kwargs)
-
-    monkeypatch.setattr(run_command, "orjson", types.SimpleNamespace(dumps=ctrl_c_while_encoding))
+    _ctrl_c_while_the_report_is_encoded(monkeypatch)
     code, stdout, stderr = _run_json(monkeypatch, capsys, url, 4,
                                      lambda: os.kill(os.getpid(), signal.SIGINT))
     assert code == 130
