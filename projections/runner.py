@@ -101,6 +101,8 @@ def fold_records(projection: Projection, records: Iterable[RecordedEvent],
     An event the fold cannot digest (damaged data, a type this code does not know) makes that
     stream's state None instead of raising: one bad stream must not wedge every read model. Its
     id goes into `unfolded`, so whoever folds can say which episodes the read model leaves out.
+    So does a stream met first past its version 0 with nothing of it folded before (neither in
+    `entries` nor in the read model): its head is gone from the log, or it was left out already.
     """
     entries = {} if entries is None else entries
     evolve = projection.evolve
@@ -112,6 +114,8 @@ def fold_records(projection: Projection, records: Iterable[RecordedEvent],
             entry = entries[record.stream_id] = Entry(-1, None)
         elif record.version <= entry.version:
             continue  # re-delivered
+        if entry.version == -1 and record.version > 0 and unfolded is not None:
+            unfolded.add(record.stream_id)
         if types is None or record.type in types:
             try:
                 entry.state = evolve(entry.state, record)

@@ -181,6 +181,23 @@ def test_rebuild_of_a_damaged_log_names_what_it_left_out_and_exits_1(cli, db, tm
         assert ids[1] in out.stderr and "the log is damaged" in out.stderr
 
 
+def test_rebuild_names_an_episode_whose_first_commit_is_gone(cli, db, tmp_path):
+    """Its later events fold into no row (they do not start an episode); the rebuild used to
+    leave the episode out of both read models without a word and exit 0."""
+    url, ids = db
+    url, engine = _copy(url, tmp_path)
+    tamper.delete_commit(engine, tamper.stream_commits(engine, ids[1])[0][0])
+    engine.dispose()
+    for workers in ("1", "2"):
+        out = cli("rebuild", "--workers", workers, "--db", url)
+        assert out.exit_code == 1 and "the log is damaged" in out.stderr, out.stderr
+        for name in ("episodes", "views"):
+            assert f"1 episode(s) left out of the {name} read model" in out.stderr
+        assert ids[1] in out.stderr and ids[0] not in out.stderr
+        listed = json.loads(cli("episodes", "--db", url, "--json").stdout)["episodes"]
+        assert sorted(row["episode_id"] for row in listed) == sorted(set(ids) - {ids[1]})
+
+
 def _copy(url: str, tmp_path) -> tuple[str, sa.Engine]:
     import shutil
 
