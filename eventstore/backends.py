@@ -157,7 +157,7 @@ def _own_writers_after_fork() -> None:
     held by another thread at the fork stays held forever in the child), no writer connection and
     no lock-file descriptor (an inherited one shares the parent's flock); both are opened anew."""
     for backend in list(_SQLITE_BACKENDS):
-        backend._lock = threading.Lock()
+        backend._lock = threading.RLock()
         if backend._writer is not None:
             _INHERITED_WRITERS.append(backend._writer)
             backend._writer = None
@@ -184,7 +184,9 @@ class SqliteBackend(Backend):
 
     def __init__(self, engine: sa.Engine) -> None:
         super().__init__(engine)
-        self._lock = threading.Lock()
+        # an RLock for its `_is_owned`: a Ctrl-C handled just as an acquire returned must let go
+        # of what it took (see _take_thread_lock); no append re-enters it
+        self._lock = threading.RLock()
         self._writer = None
         self._writer_waits = True
         database = sqlite_file(engine.url)
@@ -250,14 +252,22 @@ class SqliteBackend(Backend):
         here without a limit, each behind one waiting for a stopped writer process, so the last
         step was answered only after as many busy timeouts as threads."""
         timeout = engine.SQLITE_BUSY_TIMEOUT_MS / 1000
-        if self._lock.acquire(blocking=False):  # the common case: no clock read, no timed try
-            return timeout
-        if not wait:
-            raise WriterBusy("another thread of this process is writing")
-        started = time.monotonic()
-        if not self._lock.acquire(timeout=timeout):
-            raise _writer_lock_timeout(self._lock_path)
-        return max(0.0, timeout - (time.monotonic() - started))
+        try:
+            if self._lock.acquire(blocking=False):  # the common case: no clock read, no timed try
+                return timeout
+            if not wait:
+                raise WriterBusy("another thread of this process is writing")
+            started = time.monotonic()
+            if not self._lock.acquire(timeout=timeout):
+                raise _writer_lock_timeout(self._lock_path)
+            return max(0.0, timeout - (time.monotonic() - started))
+        except BaseException:
+            # A Ctrl-C (KeyboardInterrupt) is raised as the call that took the lock returns,
+            # before anyone could note it taken: every later append of the process then waited
+            # for a lock no one would let go.
+            if self._lock._is_owned():
+                self._lock.release()
+            raise
 
     def _lock_file(self, wait: bool, timeout: float) -> TimedFlock | None:
         """Queue behind the file's other writer processes (the caller holds the thread lock)

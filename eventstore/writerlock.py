@@ -39,42 +39,46 @@ class TimedFlock:
     def acquire(self, wait: bool, timeout: float) -> bool:
         """Take the lock; False if it is held elsewhere and `wait` is False, or after `timeout`
         seconds of waiting. The caller serializes its own acquires (one holder per process)."""
-        # Without the condition's lock while nothing is pending (every uncontended append comes
-        # here): only this caller sets `_pending`, and the helper only clears it, so a False read
-        # is still true, and no flock of the helper's can be under way.
-        if not self._pending:
-            try:
-                fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return True
-            except BlockingIOError:
-                if not wait:
-                    return False
-        elif not wait:
-            return False
-        with self._state:
-            if not self._pending:  # else the request an earlier caller gave up is adopted
-                # pending only once the helper has the request: if it cannot start (EMFILE for
-                # its dup, no thread) every later wait would adopt a request no one serves
-                self._start_helper()
-                self._requests.release()
-                self._pending = True  # the helper reads it under this lock, after we let go
-            self._waiting = True
-            try:
-                self._state.wait_for(lambda: self._granted or self._failure, timeout)
-            except BaseException:
-                # A Ctrl-C (KeyboardInterrupt) can end the wait just as the helper is granted the
-                # lock: no one would use or let go of that grant, and a stale `_granted` would
-                # pass the next wait at once. The condition's lock is held again here.
-                if self._granted:
+        try:
+            # Without the condition's lock while nothing is pending (every uncontended append
+            # comes here): only this caller sets `_pending`, and the helper only clears it, so a
+            # False read is still true, and no flock of the helper's can be under way.
+            if not self._pending:
+                try:
+                    fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    return True
+                except BlockingIOError:
+                    if not wait:
+                        return False
+            elif not wait:
+                return False
+            with self._state:
+                if not self._pending:  # else the request an earlier caller gave up is adopted
+                    # pending only once the helper has the request: if it cannot start (EMFILE
+                    # for its dup, no thread) every later wait would adopt a request no one serves
+                    self._start_helper()
+                    self._requests.release()
+                    self._pending = True  # the helper reads it under this lock, after we let go
+                self._waiting = True
+                try:
+                    self._state.wait_for(lambda: self._granted or self._failure, timeout)
+                finally:
+                    granted, failure = self._granted, self._failure
+                    self._waiting = self._granted = False
+                    self._failure = None
+                if failure is not None:
+                    raise failure
+                return granted
+        except BaseException:
+            # A Ctrl-C (KeyboardInterrupt) is raised as the flock returns, or as the helper's
+            # grant ends the wait: no one would use or let go of the lock taken. With no request
+            # pending nothing else in the process holds it (the caller serializes acquires), so
+            # unlocking is right whether this call took it or not; a pending request's grant
+            # is the helper's to let go, since no one waits for it now.
+            with self._state:
+                if not self._pending:
                     fcntl.flock(self._fd, fcntl.LOCK_UN)
-                raise
-            finally:
-                granted, failure = self._granted, self._failure
-                self._waiting = self._granted = False
-                self._failure = None
-            if failure is not None:
-                raise failure
-            return granted
+            raise
 
     def release(self) -> None:
         """Let the lock go (the caller holds it: no request is pending)."""

@@ -1047,6 +1047,97 @@ def test_a_ctrl_c_as_the_writer_lock_is_granted_lets_it_go(tmp_path):
         assert _free(lock_path) and store.stream_version("s") == 2
 
 
+@pytest.mark.parametrize("taken", ["thread lock", "lock file", "granted lock file"])
+def test_a_ctrl_c_as_a_writer_lock_is_taken_lets_it_go(tmp_path, monkeypatch, taken):
+    """A Ctrl-C (KeyboardInterrupt) is raised as the call that took a writer lock returns (a C
+    call's return, or the end of the wait for the helper's grant), before the append could note
+    the lock taken. The lock then stayed taken with no one to let it go: the process's other
+    threads failed after the busy timeout behind the thread lock, and other writer processes
+    waited on the lock file until this one wrote again."""
+    import fcntl
+
+    from eventstore import engine
+
+    monkeypatch.setattr(engine, "SQLITE_BUSY_TIMEOUT_MS", 2000)  # the old code's failure, sooner
+    db = tmp_path / "s.db"
+    lock_path = f"{db}-writer.lock"
+    armed = threading.Event()
+
+    class CtrlCAsTaken:
+        """The store's thread lock; the Ctrl-C comes as its acquire returns."""
+
+        def __init__(self, lock):
+            self._real = lock
+
+        def acquire(self, *args, **kwargs):
+            got = self._real.acquire(*args, **kwargs)
+            if armed.is_set():
+                armed.clear()
+                raise KeyboardInterrupt
+            return got
+
+        def __getattr__(self, name):
+            return getattr(self._real, name)
+
+        def __enter__(self):
+            return self._real.__enter__()
+
+        def __exit__(self, *exc):
+            return self._real.__exit__(*exc)
+
+    real_flock = fcntl.flock
+
+    def flock_then_ctrl_c(fd, operation):
+        real_flock(fd, operation)
+        if operation == fcntl.LOCK_EX | fcntl.LOCK_NB and armed.is_set():
+            armed.clear()
+            raise KeyboardInterrupt
+
+    class CtrlCAsTheWaitEnds(threading.Condition):
+        """The lock file's condition; the Ctrl-C comes as the granted caller lets it go."""
+
+        waiter = None
+
+        def wait(self, timeout=None):
+            type(self).waiter = threading.get_ident()
+            return super().wait(timeout)
+
+        def __exit__(self, *exc):
+            super().__exit__(*exc)
+            if threading.get_ident() == self.waiter and armed.is_set():
+                armed.clear()
+                raise KeyboardInterrupt
+
+    with EventStore.open(f"sqlite:///{db}") as store, open(lock_path, "a+") as held:
+        store.append("s", [NewEvent("Opened", {})], None)
+        backend = store._backend
+        armed.set()
+        if taken == "thread lock":
+            backend._lock = CtrlCAsTaken(backend._lock)
+        elif taken == "lock file":
+            monkeypatch.setattr(fcntl, "flock", flock_then_ctrl_c)
+        else:
+            file_lock = backend._process_file_lock()
+            file_lock._state = CtrlCAsTheWaitEnds(threading.Lock())
+            fcntl.flock(held.fileno(), fcntl.LOCK_EX)  # another writer process
+        attempt, outcome = _appending(store, "s", 0)
+        if taken == "granted lock file":
+            deadline = time.monotonic() + 30
+            while not file_lock._waiting:  # until it waits for the helper (a guard, no timing)
+                assert time.monotonic() < deadline and outcome == []
+                time.sleep(0.01)
+            fcntl.flock(held.fileno(), fcntl.LOCK_UN)  # the helper is granted the lock
+        attempt.join(60)
+        assert not attempt.is_alive() and len(outcome) == 1, outcome
+        assert isinstance(outcome[0], KeyboardInterrupt) and not armed.is_set(), outcome
+        assert _free(lock_path), "the interrupted append left this process holding the lock"
+        attempt, outcome = _appending(store, "s", 0)  # another thread of the process
+        attempt.join(60)
+        assert not attempt.is_alive() and len(outcome) == 1, outcome
+        assert [r.type for r in outcome[0]] == ["Noted"], outcome
+        assert _free(lock_path) and store.stream_version("s") == 1
+
+
 @pytest.mark.parametrize("shortage", ["descriptor", "thread"])
 def test_a_wait_the_helper_could_not_take_on_leaves_later_appends_working(tmp_path, monkeypatch,
                                                                          shortage):
