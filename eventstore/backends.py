@@ -155,14 +155,17 @@ checked in (dropping one would roll back on the parent's connection from the chi
 def _own_writers_after_fork() -> None:
     """In a forked child, each SQLite backend gets its own writer state: a new thread lock (one
     held by another thread at the fork stays held forever in the child), no writer connection and
-    no lock-file descriptor (an inherited one shares the parent's flock); both are opened anew."""
+    no lock-file descriptor; both are opened anew. The inherited descriptors are closed: they
+    share the parent's flock, which outlived a parent killed while holding it for as long as its
+    children lived."""
     for backend in list(_SQLITE_BACKENDS):
         backend._lock = threading.RLock()
         if backend._writer is not None:
             _INHERITED_WRITERS.append(backend._writer)
             backend._writer = None
-        # the parent's lock: its descriptor stays open here, unused (O_CLOEXEC), and its helper
-        # thread does not exist here
+        # the parent's lock: its helper thread does not exist here, and its descriptors close
+        if backend._file_lock is not None:
+            backend._file_lock.close_inherited()
         backend._file_lock = None
 
 

@@ -8,6 +8,7 @@ lock gives "database is locked" after the busy timeout.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import threading
@@ -35,6 +36,7 @@ class TimedFlock:
         self._closed = False
         self._requests = threading.Semaphore(0)
         self._helper: threading.Thread | None = None
+        self._helper_fd: int | None = None  # the helper's dup, while it is open
 
     def acquire(self, wait: bool, timeout: float) -> bool:
         """Take the lock; False if it is held elsewhere and `wait` is False, or after `timeout`
@@ -92,6 +94,16 @@ class TimedFlock:
         self._requests.release()
         os.close(self._fd)
 
+    def close_inherited(self) -> None:
+        """In a forked child: close the descriptors inherited from the parent, else a parent that
+        dies holding the lock leaves it held until its children exit. Without the condition's
+        lock, which a thread of the parent may have held at the fork; a descriptor the parent
+        was closing at that moment is left open rather than risk closing another one."""
+        for fd in (None if self._closed else self._fd, self._helper_fd):
+            if fd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+
     def _start_helper(self) -> None:
         if self._helper is None:
             # its own descriptor of the same description: the caller may close theirs while the
@@ -105,6 +117,7 @@ class TimedFlock:
                 os.close(fd)  # start(), which can come once it runs with `fd`
                 raise
             self._helper = helper  # only a started one: the next request tries again
+            self._helper_fd = fd
 
     def _serve(self, fd: int) -> None:
         try:
@@ -133,4 +146,5 @@ class TimedFlock:
                     # direct try of its own while this grant stood would be dropped with it
                     self._pending = False
         finally:
+            self._helper_fd = None  # first: a child forked in between must not close a reused number
             os.close(fd)

@@ -954,6 +954,53 @@ def test_a_sqlite_append_behind_a_stopped_writer_fails_in_words_not_hangs(tmp_pa
         assert store.stream_version("s") == 1 and _free(lock_path)
 
 
+_DIES_HOLDING_THE_LOCK = """
+import fcntl, os, sys, threading, time
+from eventstore import EventStore, NewEvent
+store = EventStore.open(sys.argv[1])
+store.append("s", [NewEvent("Opened", {})], None)
+lock = store._backend._process_file_lock()
+other = os.open(sys.argv[2], os.O_RDWR)
+fcntl.flock(other, fcntl.LOCK_EX)  # another writer: the next append waits through the helper
+waiting = threading.Thread(target=store.append, args=("s", [NewEvent("Noted", {})], 0))
+waiting.start()
+while not lock._waiting:
+    time.sleep(0.01)
+fcntl.flock(other, fcntl.LOCK_UN)
+waiting.join()
+assert lock.acquire(True, 10)  # as an append does, mid-write
+child = os.fork()
+if child == 0:  # a worker forked while the lock was held
+    time.sleep(120)
+    os._exit(0)
+print(child, flush=True)
+os._exit(0)  # killed while it held the lock: no unlock, no close
+"""
+
+
+def test_a_writer_that_dies_holding_the_lock_does_not_leave_it_to_its_children(tmp_path):
+    """A forked child inherited the store's lock-file descriptors (the helper thread's too), which
+    share the parent's flock: a parent that died while it held the lock left it held for as long
+    as the child lived, and every other writer failed after the busy timeout."""
+    import signal
+
+    db = tmp_path / "s.db"
+    lock_path = f"{db}-writer.lock"
+    script = subprocess.Popen([sys.executable, "-c", _DIES_HOLDING_THE_LOCK, f"sqlite:///{db}",
+                               lock_path], stdout=subprocess.PIPE, text=True)
+    child = int(script.stdout.readline())  # the child keeps the pipe open: no read to its end
+    script.stdout.close()
+    try:
+        assert script.wait(60) == 0
+        os.kill(child, 0)  # still alive, its inherited descriptors with it
+        assert _free(lock_path), "the dead writer's lock is still held through its child"
+        with EventStore.open(f"sqlite:///{db}") as store:
+            store.append("s", [NewEvent("Noted", {})], 1)
+            assert store.stream_version("s") == 2
+    finally:
+        os.kill(child, signal.SIGKILL)
+
+
 def test_an_append_that_takes_over_a_given_up_wait_writes_under_the_lock(tmp_path, monkeypatch):
     """After a timed-out wait, the process's request for the lock is still queued in the kernel.
     The next append waits on that same request; it must hold the lock while it writes, and leave
