@@ -969,11 +969,10 @@ while not lock._waiting:
 fcntl.flock(other, fcntl.LOCK_UN)
 waiting.join()
 assert lock.acquire(True, 10)  # as an append does, mid-write
-child = os.fork()
-if child == 0:  # a worker forked while the lock was held
+if os.fork() == 0:  # a worker forked while the lock was held
+    print(os.getpid(), flush=True)  # the fork's handlers have run
     time.sleep(120)
     os._exit(0)
-print(child, flush=True)
 os._exit(0)  # killed while it held the lock: no unlock, no close
 """
 
@@ -988,7 +987,7 @@ def test_a_writer_that_dies_holding_the_lock_does_not_leave_it_to_its_children(t
     lock_path = f"{db}-writer.lock"
     script = subprocess.Popen([sys.executable, "-c", _DIES_HOLDING_THE_LOCK, f"sqlite:///{db}",
                                lock_path], stdout=subprocess.PIPE, text=True)
-    child = int(script.stdout.readline())  # the child keeps the pipe open: no read to its end
+    child = int(script.stdout.readline())  # the child's: it keeps the pipe open, so no read to its end
     script.stdout.close()
     try:
         assert script.wait(60) == 0
