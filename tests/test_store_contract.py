@@ -964,7 +964,9 @@ other = os.open(sys.argv[2], os.O_RDWR)
 fcntl.flock(other, fcntl.LOCK_EX)  # another writer: the next append waits through the helper
 waiting = threading.Thread(target=store.append, args=("s", [NewEvent("Noted", {})], 0))
 waiting.start()
+deadline = time.monotonic() + 30
 while not lock._waiting:
+    assert time.monotonic() < deadline, "the append never waited for the helper"
     time.sleep(0.01)
 fcntl.flock(other, fcntl.LOCK_UN)
 waiting.join()
@@ -987,8 +989,10 @@ def test_a_writer_that_dies_holding_the_lock_does_not_leave_it_to_its_children(t
     lock_path = f"{db}-writer.lock"
     script = subprocess.Popen([sys.executable, "-c", _DIES_HOLDING_THE_LOCK, f"sqlite:///{db}",
                                lock_path], stdout=subprocess.PIPE, text=True)
-    child = int(script.stdout.readline())  # the child's: it keeps the pipe open, so no read to its end
+    line = script.stdout.readline()  # the child's: it keeps the pipe open, so no read to its end
     script.stdout.close()
+    assert line, f"the script ended without forking (exit {script.wait(60)})"
+    child = int(line)
     try:
         assert script.wait(60) == 0
         os.kill(child, 0)  # still alive, its inherited descriptors with it
@@ -1145,7 +1149,7 @@ def test_a_ctrl_c_as_a_writer_lock_is_taken_lets_it_go(tmp_path, monkeypatch, ta
         waiter = None
 
         def wait(self, timeout=None):
-            type(self).waiter = threading.get_ident()
+            self.waiter = threading.get_ident()
             return super().wait(timeout)
 
         def __exit__(self, *exc):
