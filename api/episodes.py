@@ -32,8 +32,8 @@ class EpisodeLog:
 
     def list(self, *, task: str | None = None, agent: str | None = None,
              outcome: str | None = None, limit: int = 50, offset: int = 0) -> dict[str, Any]:
-        with self._catch_up_lock:
-            self._runner.catch_up()
+        with self._catch_up_lock:  # to the log as asked: steps logged meanwhile are not waited for
+            self._runner.catch_up(upto=self.store.last_position())
         table = episodes_table
         try:
             where = episode_filters(task, agent, outcome)

@@ -466,12 +466,14 @@ class EventStore:
         high-water mark is not final: readers and checks that must agree stop here."""
         return self._max_position(self._backend.visible)
 
-    def count_events(self, after_position: int = 0) -> int:
-        """How many events lie after a position (the total of a progress bar)."""
+    def count_events(self, after_position: int = 0, upto: int | None = None) -> int:
+        """How many events lie after a position, and at or before `upto` if given (the total of
+        a progress bar)."""
+        bound = "" if upto is None else " AND position <= :upto"
         with self.engine.connect() as conn:
             return conn.execute(sa.text(
                 "SELECT coalesce(sum(last_version - first_version + 1), 0) FROM commits "
-                "WHERE position > :p"), {"p": after_position}).scalar() or 0
+                f"WHERE position > :p{bound}"), {"p": after_position, "upto": upto}).scalar() or 0
 
 
 def _as_retry(stream_id: str, stored: list[RecordedEvent], supplied_ids: list[str],

@@ -232,7 +232,9 @@ class ProjectionRunner:
 
     def rebuild(self, names: Sequence[str] | None = None, progress: Progress | None = None,
                 page: int = REBUILD_PAGE, workers: int | None = None) -> int:
-        """Drop the named read models (default: all) and fold them again from position 0.
+        """Drop the named read models (default: all) and fold them again from position 0 to the
+        log's last position as the rebuild begins (what writers log meanwhile, a later catch-up
+        folds).
 
         `workers` > 1 splits the streams over that many processes (SQLite files only); None
         picks 2 when there are cores and events enough to gain from it.
@@ -264,24 +266,28 @@ class ProjectionRunner:
                                         projection_checkpoints.c.position == 0)
                                  .values(position=upto))
             self._forget()
-            return read + self.catch_up(progress=progress, page=page)
-        return self.catch_up(progress=progress, page=page)
+            return read + self.catch_up(progress=progress, page=page, upto=upto)
+        return self.catch_up(progress=progress, page=page, upto=upto)
 
     def catch_up(self, progress: Progress | None = None, page: int = PAGE,
-                 max_pages: int | None = None) -> int:
-        """Fold everything after the checkpoints; returns how many events were read.
+                 max_pages: int | None = None, upto: int | None = None) -> int:
+        """Fold everything after the checkpoints (up to position `upto`, if given); returns how
+        many events were read.
 
-        `progress(n)` is called after each committed page with the events it covered.
+        `progress(n)` is called after each committed page with the events it covered. A caller
+        that answers a question passes the log's position as it asked (`last_position()`):
+        unbounded, a catch-up chased writers that log faster than it folds until they stopped.
         """
         with bulk():
-            return self._catch_up(progress, page, max_pages)
+            return self._catch_up(progress, page, max_pages, upto)
 
-    def _catch_up(self, progress: Progress | None, page: int, max_pages: int | None) -> int:
+    def _catch_up(self, progress: Progress | None, page: int, max_pages: int | None,
+                  upto: int | None) -> int:
         total = 0
         pages = 0
         while max_pages is None or pages < max_pages:
             try:
-                read = self._one_page(page)
+                read = self._one_page(page, upto)
             except CheckpointConflict:
                 self._forget()
                 continue
@@ -301,12 +307,12 @@ class ProjectionRunner:
         for name in self._entries:
             self._entries[name] = {}
 
-    def _one_page(self, page: int) -> int:
+    def _one_page(self, page: int, upto: int | None = None) -> int:
         if self._checkpoints is None:
             self._checkpoints = self.checkpoints()
         checkpoints = self._checkpoints
         start = min(checkpoints.values(), default=0)
-        records = fetch_page(self.store, start, page)
+        records = fetch_page(self.store, start, page, upto)
         if not records:
             return 0
         last = records[-1].position

@@ -198,6 +198,58 @@ def test_rebuild_names_an_episode_whose_first_commit_is_gone(cli, db, tmp_path):
         assert sorted(row["episode_id"] for row in listed) == sorted(set(ids) - {ids[1]})
 
 
+def _writer_always_ahead(url: str, monkeypatch) -> list:
+    """Make every page the read models fetch come after one more append by another writer, as a
+    `run --workers 2` on a loaded machine logs faster than they fold; the pages fetched."""
+    from eventstore import NewEvent
+    from projections import runner
+
+    writer = EventStore.open(url)
+    real = runner.fetch_page
+    pages: list = []
+
+    def fetch_page_while_logging(store, after, limit, upto=None):
+        pages.append(after)
+        assert len(pages) < 40, "the catch-up chases the writer"
+        writer.append(f"noted-{len(pages)}", [NewEvent("Noted", {})], None)
+        return real(store, after, limit, upto)
+
+    monkeypatch.setattr(runner, "fetch_page", fetch_page_while_logging)
+    return pages
+
+
+@pytest.mark.parametrize("command", [("episodes", "--json", "--limit", "0"),
+                                     ("rebuild", "--workers", "1")], ids=["episodes", "rebuild"])
+def test_a_catch_up_folds_the_log_as_asked_while_a_writer_keeps_logging(cli, db, tmp_path,
+                                                                       monkeypatch, command):
+    """A writer logging faster than the read models fold kept `companyos episodes` (and `rebuild`)
+    catching up until it stopped: a listing during a long run waited for the whole run. They fold
+    the log as it stood when asked."""
+    url, ids = db
+    url, engine = _copy(url, tmp_path)
+    engine.dispose()
+    pages = _writer_always_ahead(url, monkeypatch)
+    out = cli(command[0], "--db", url, *command[1:])
+    assert out.exit_code == 0, out.stderr
+    assert 1 <= len(pages) <= 3, pages
+    if command[0] == "episodes":
+        assert sorted(e["episode_id"] for e in json.loads(out.stdout)["episodes"]) == sorted(ids)
+
+
+def test_the_server_lists_the_log_as_asked_while_a_writer_keeps_logging(db, tmp_path, monkeypatch):
+    from tests.test_api import client
+
+    url, ids = db
+    url, engine = _copy(url, tmp_path)
+    engine.dispose()
+    pages = _writer_always_ahead(url, monkeypatch)
+    with client(url) as c:
+        listed = c.get("/episodes", params={"limit": 10})
+    assert listed.status_code == 200, listed.text
+    assert sorted(e["episode_id"] for e in listed.json()["episodes"]) == sorted(ids)
+    assert 1 <= len(pages) <= 3, pages
+
+
 def _copy(url: str, tmp_path) -> tuple[str, sa.Engine]:
     import shutil
 

@@ -81,8 +81,9 @@ def episodes(
         if read_only:  # the read models stay as they are: a list of what
             unread = store.count_events(behind)  # they hold, and a word on what they miss
         else:
-            with _progress(store.count_events(behind), "catching up") as advance:
-                runner.catch_up(progress=advance)
+            upto = store.last_position()  # what the log holds as asked, however fast it grows
+            with _progress(store.count_events(behind, upto), "catching up") as advance:
+                runner.catch_up(progress=advance, upto=upto)
         with store.engine.connect() as conn:
             rows = list_episodes(conn, task=task, agent=agent, outcome=outcome, limit=limit or None)
     finally:
