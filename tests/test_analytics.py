@@ -1053,6 +1053,20 @@ def test_report_counts_agentless_episodes_as_the_unknown_agent_it_lists(tmp_path
     assert "mean steps 1," in line and "mean return 0," in line, line  # as the tables print numbers
 
 
+def test_the_reports_success_rate_never_reads_100_or_0_percent_when_it_is_not():
+    """1,000,000 episodes of which 5 failed: the report's summary said "success 100.0%"."""
+    from analytics import report
+
+    summary = {"episodes": 1_000_000, "finished": 1_000_000, "running": 0, "successes": 999_995,
+               "success_rate": 1.0, "mean_return": 19.0, "mean_steps": 12.8, "agents": 1, "tasks": 5}
+    assert "success 99.9995%," in report.summary_line(summary)
+    assert "success 0.001%," in report.summary_line({**summary, "successes": 5, "success_rate": 0.0})
+    assert "success 100.0%," in report.summary_line({**summary, "successes": 1_000_000})
+    assert "success 0.0%," in report.summary_line({**summary, "successes": 0, "success_rate": 0.0})
+    assert "success 99.9%," in report.summary_line({**summary, "successes": 999_000,
+                                                    "success_rate": 0.999})
+
+
 def test_the_report_rounds_percentages_as_the_queries_round_rates(tmp_path):
     """5 successes of 16 is 31.25%: the summary said 31.2% (Python's binary half-to-even), where
     49 of 80 (61.25%) said 61.3%; percentages round half away from zero, as the rates do."""
