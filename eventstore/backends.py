@@ -238,14 +238,26 @@ class SqliteBackend(Backend):
         """
         commit = build(None) if expected_version is None else None
         wait = WAIT_FOR_WRITERS.get()
+        file_lock = self._take_writer_locks(wait)
+        try:
+            return self._insert(stream_id, build, commit, expected_version, cached_head, wait)
+        finally:
+            self._release_writer_locks(file_lock)
+
+    def _take_writer_locks(self, wait: bool) -> TimedFlock | None:
+        """Both write locks, the thread lock first; the lock file's (None when there is none),
+        for `_release_writer_locks`. Nothing is held when it raises."""
         budget = self._take_thread_lock(wait)
         try:
-            file_lock = self._lock_file(wait, budget)
-            try:
-                return self._insert(stream_id, build, commit, expected_version, cached_head, wait)
-            finally:
-                if file_lock is not None:
-                    file_lock.release()
+            return self._lock_file(wait, budget)
+        except BaseException:
+            self._lock.release()
+            raise
+
+    def _release_writer_locks(self, file_lock: TimedFlock | None) -> None:
+        try:
+            if file_lock is not None:
+                file_lock.release()
         finally:
             self._lock.release()
 
@@ -286,26 +298,21 @@ class SqliteBackend(Backend):
         """New streams' commits in one transaction (built already: no head to look up)."""
         rows = [(commit.count, *commit[:5]) for commit in commits]
         supplied = [row for commit in commits for row in commit.supplied_ids]
-        budget = self._take_thread_lock(True)
+        file_lock = self._take_writer_locks(True)
         try:
-            file_lock = self._lock_file(True, budget)
-            try:
-                cur = self._write_connection().cursor()
-                try:  # BEGIN inside: see _insert
-                    cur.execute("BEGIN IMMEDIATE")
-                    cur.executemany(_SQLITE_INSERT, rows)
-                    if supplied:
-                        cur.executemany(_INSERT_IDS.format(m="?"), supplied)
-                    cur.execute("COMMIT")
-                except BaseException as exc:
-                    _roll_back(cur, exc)
-                finally:
-                    cur.close()
+            cur = self._write_connection().cursor()
+            try:  # BEGIN inside: see _insert
+                cur.execute("BEGIN IMMEDIATE")
+                cur.executemany(_SQLITE_INSERT, rows)
+                if supplied:
+                    cur.executemany(_INSERT_IDS.format(m="?"), supplied)
+                cur.execute("COMMIT")
+            except BaseException as exc:
+                _roll_back(cur, exc)
             finally:
-                if file_lock is not None:
-                    file_lock.release()
+                cur.close()
         finally:
-            self._lock.release()
+            self._release_writer_locks(file_lock)
 
     def _insert(self, stream_id: str, build: BuildCommit, commit: Commit | None,
                 expected_version: int | None, cached_head: Head | None,
