@@ -183,20 +183,23 @@ def _rate(s: dict[str, Any]) -> str:
     read "success 100.0%")."""
     if s["success_rate"] is None:
         return "n/a"
-    shown = percent_text(s["success_rate"])
+    shown = _percent(s["success_rate"], 1)
     successes, finished = s["successes"], s["finished"]
     places = 1
-    while 0 < successes < finished and float(shown.rstrip("%")) in (0, 100) and places < 12:
+    while 0 < successes < finished and shown in (0, 100) and places < 12:
         places += 1
-        shown = percent_text(successes / finished, places)
-    return shown
+        shown = _percent(successes / finished, places)
+    return f"{shown}%"
 
 
 def percent_text(fraction: float, places: int = 1) -> str:
     """A fraction as a percentage rounded as the queries round (half away from zero): f"{x:.1f}"
     rounds the binary value half to even, so 0.3125 read 31.2% where 0.6125 read 61.3%."""
-    shown = (Decimal(str(fraction)) * 100).quantize(Decimal(1).scaleb(-places), ROUND_HALF_UP)
-    return f"{shown}%"
+    return f"{_percent(fraction, places)}%"
+
+
+def _percent(fraction: float, places: int) -> Decimal:
+    return (Decimal(str(fraction)) * 100).quantize(Decimal(1).scaleb(-places), ROUND_HALF_UP)
 
 
 def summary_line(s: dict[str, Any]) -> str:
