@@ -911,6 +911,15 @@ def _appending(store: EventStore, stream: str, expected: int) -> tuple[threading
     return attempt, outcome
 
 
+def _until_it_waits(file_lock, outcome: list, why: str = "") -> None:
+    """Until an append waits for the lock file's helper (a guard, no timing); it must not have
+    ended meanwhile."""
+    deadline = time.monotonic() + 30
+    while not file_lock._waiting:
+        assert time.monotonic() < deadline and outcome == [], why or outcome
+        time.sleep(0.01)
+
+
 def test_a_sqlite_append_behind_a_stopped_writer_fails_in_words_not_hangs(tmp_path, monkeypatch):
     """Writer processes queue on an flock of `<db>-writer.lock`, which has no timeout: a writer
     stopped (Ctrl-Z, SIGSTOP) while it held it kept every other writer waiting for ever. The wait
@@ -1034,10 +1043,7 @@ def test_an_append_that_takes_over_a_given_up_wait_writes_under_the_lock(tmp_pat
         monkeypatch.setattr(SqliteBackend, "_insert", insert)
         attempt, outcome = _appending(store, "s", 0)
         waiting = store._backend._file_lock
-        deadline = time.monotonic() + 30
-        while not waiting._waiting:  # until it waits on the given-up request (a guard, no timing)
-            assert time.monotonic() < deadline and outcome == [], outcome
-            time.sleep(0.01)
+        _until_it_waits(waiting, outcome)  # on the given-up request
         assert waiting._pending and outcome == [] and lock_free_while_writing == []
         fcntl.flock(held.fileno(), fcntl.LOCK_UN)
         attempt.join(60)
@@ -1085,11 +1091,8 @@ def test_a_ctrl_c_as_the_writer_lock_is_granted_lets_it_go(tmp_path):
         store.append("s", [NewEvent("Noted", {})], 0)  # uncontended
         fcntl.flock(held.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)  # another writer again
         attempt, outcome = _appending(store, "s", 1)
-        deadline = time.monotonic() + 30
-        while not file_lock._waiting:  # until it waits for the helper (a guard, no timing)
-            assert time.monotonic() < deadline and outcome == [], \
-                "an append went on while another process held the writer lock"
-            time.sleep(0.01)
+        _until_it_waits(file_lock, outcome,
+                        "an append went on while another process held the writer lock")
         fcntl.flock(held.fileno(), fcntl.LOCK_UN)
         attempt.join(60)
         assert not attempt.is_alive() and len(outcome) == 1, outcome
@@ -1172,10 +1175,7 @@ def test_a_ctrl_c_as_a_writer_lock_is_taken_lets_it_go(tmp_path, monkeypatch, ta
             fcntl.flock(held.fileno(), fcntl.LOCK_EX)  # another writer process
         attempt, outcome = _appending(store, "s", 0)
         if taken == "granted lock file":
-            deadline = time.monotonic() + 30
-            while not file_lock._waiting:  # until it waits for the helper (a guard, no timing)
-                assert time.monotonic() < deadline and outcome == []
-                time.sleep(0.01)
+            _until_it_waits(file_lock, outcome)
             fcntl.flock(held.fileno(), fcntl.LOCK_UN)  # the helper is granted the lock
         attempt.join(60)
         assert not attempt.is_alive() and len(outcome) == 1, outcome
