@@ -30,7 +30,7 @@ from eventstore.engine import (
     sqlite_uri_mode,
 )
 from eventstore.ids import new_event_id, new_event_ids
-from eventstore.packing import Commit, make_commit, unpack
+from eventstore.packing import SEPARATOR, Commit, make_commit, unpack
 from eventstore.records import (
     MAX_EVENT_BYTES,
     MAX_STREAM_ID_LENGTH,
@@ -250,6 +250,8 @@ class EventStore:
         if len(events) > MAX_EVENTS_PER_APPEND:
             raise ValueError(f"one append takes at most {MAX_EVENTS_PER_APPEND} events")
         types, schemas, datas, given_ids, metas = _encode(events)
+        if SEPARATOR in "".join(types):  # one check per append; `_separated` names the culprit
+            raise ValueError(_separated(next(t for t in types if SEPARATOR in t), "event type"))
         supplied_ids = [event_id for event_id in given_ids if event_id is not None]
         if len(set(supplied_ids)) != len(supplied_ids):
             raise ValueError("one append names the same event_id twice")
@@ -543,6 +545,11 @@ def _check_stream_id(stream_id: Any) -> None:
                          "database of the store can hold")
 
 
+def _separated(text: str, what: str) -> str:
+    return (f"{what} {text!r} holds U+001E (the record separator), which the store's commit "
+            "format keeps for itself")
+
+
 def _utf8(text: str) -> bool:
     try:
         text.encode()
@@ -632,6 +639,8 @@ def _prepare(event: NewEvent) -> tuple[str, int, str, str | None, dict]:
         raise ValueError(f"{type_}: data is {len(data_json)} bytes, over the {MAX_EVENT_BYTES}-byte limit")
     if event_id is not None and (type(event_id) is not str or not 0 < len(event_id) <= 64):
         raise ValueError(f"{type_}: event_id must be a non-empty string of at most 64 characters")
+    if event_id is not None and SEPARATOR in event_id:
+        raise ValueError(f"{type_}: {_separated(event_id, 'event_id')}")
     if meta is None:
         meta = {}
     elif type(meta) is not dict:

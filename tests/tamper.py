@@ -8,7 +8,7 @@ from collections.abc import Callable
 import orjson
 import sqlalchemy as sa
 
-from eventstore.packing import compress, payload_json
+from eventstore.packing import SEPARATOR, compress, payload_columns, payload_text
 
 EVENT_COLUMNS = ("id", "type", "schema", "data", "digest")
 """The payload's per-event columns (eventstore.packing)."""
@@ -27,16 +27,32 @@ def commit_holding(engine: sa.Engine, stream_id: str, version: int) -> tuple[int
 
 
 def edit_payload(engine: sa.Engine, position: int, edit: Callable[[dict], None]) -> None:
-    """Rewrite one commit's payload in place; `edit` mutates the decoded columnar object."""
+    """Rewrite one commit's payload in place; `edit` mutates its columns as one object of lists
+    (`payload_columns`), which is then written back in the format it had."""
     with engine.begin() as conn:
         stored = conn.execute(
             sa.text("SELECT payload FROM commits WHERE position = :p"), {"p": position}).scalar_one()
-        payload = orjson.loads(payload_json(stored))
+        text = payload_text(stored)
+        payload = payload_columns(text)
         edit(payload)
-        edited = orjson.dumps(payload)  # stored in the form it had: compressed (SQLite) or text
+        as_json = text.startswith(b"{" if isinstance(text, bytes) else "{")
+        edited = orjson.dumps(payload).decode() if as_json else joined(payload)
+        # stored in the form it had: compressed (SQLite) or text
         conn.execute(sa.text("UPDATE commits SET payload = :payload WHERE position = :p"),
-                     {"payload": compress(edited) if isinstance(stored, bytes) else edited.decode(),
+                     {"payload": compress(edited) if isinstance(stored, bytes) else edited,
                       "p": position})
+
+
+def joined(payload: dict) -> str:
+    """Columns written in the separated format (`eventstore.packing.pack`'s order) whatever they
+    hold now: the count is the longest column's, so a column cut short stays cut short."""
+    n = max(len(payload.get(key, ())) for key in EVENT_COLUMNS)
+    fields = [str(n), *payload.get("type", ()), *map(str, payload.get("schema", ())),
+              *payload.get("data", ()), payload["meta"], *payload.get("id", ()),
+              *payload.get("digest", ())]
+    if "event_meta" in payload:
+        fields += [m or "" for m in payload["event_meta"]]
+    return SEPARATOR.join(map(str, fields))
 
 
 def edit_event(engine: sa.Engine, stream_id: str, version: int, key: str,
@@ -55,7 +71,7 @@ def versions_of_type(engine: sa.Engine, stream_id: str, type_: str) -> list[int]
         rows = conn.execute(sa.text("SELECT first_version, payload FROM commits "
                                     "WHERE stream_id = :s ORDER BY first_version"), {"s": stream_id})
         return [first + i for first, payload in rows
-                for i, t in enumerate(orjson.loads(payload_json(payload))["type"]) if t == type_]
+                for i, t in enumerate(payload_columns(payload_text(payload))["type"]) if t == type_]
 
 
 def delete_commit(engine: sa.Engine, position: int) -> None:

@@ -22,7 +22,7 @@ from analytics.named import QueryError, UnknownQuery
 from analytics.sync import sync
 from analytics.warehouse import Warehouse, WarehouseError, store_label
 from eventstore import GENESIS_DIGEST, CorruptCommit, EventStore, NewEvent, chain_digest
-from eventstore.packing import payload_json
+from eventstore.packing import SEPARATOR, payload_columns, payload_text
 from tests.conftest import start_slow_sync
 
 TABLES = {
@@ -587,12 +587,12 @@ def test_a_page_kept_by_its_reader_keeps_its_payloads_when_the_next_is_read(tmp_
         second = source.page(first["position"][-1].as_py(), limit, 10**9)
         assert first.num_rows and second.num_rows
         for page in (first, second):
-            assert all(payload_json(stored[k]).decode() == v for k, v in payloads(page).items())
+            assert all(payload_text(stored[k]).decode() == v for k, v in payloads(page).items())
         del first
         third = source.page(second["position"][-1].as_py(), limit, 10**9)  # may reuse the first's
         assert third.num_rows
         for page in (second, third):
-            assert all(payload_json(stored[k]).decode() == v for k, v in payloads(page).items())
+            assert all(payload_text(stored[k]).decode() == v for k, v in payloads(page).items())
     finally:
         source.close()
 
@@ -612,7 +612,7 @@ def test_a_page_past_what_32_bit_offsets_reach_is_read_in_chunks(tmp_path, monke
     try:
         page = source.page(0, 10**6, 10**9)
         assert page["payload"].num_chunks > 3
-        assert all(orjson.loads(p)["type"] for p in page["payload"].to_pylist())
+        assert all(payload_columns(p)["type"] for p in page["payload"].to_pylist())
     finally:
         source.close()
     chunked = tmp_path / "chunked.duckdb"
@@ -627,14 +627,21 @@ def test_a_commit_whose_json_is_not_utf8_is_named_by_the_sync_and_the_store(tmp_
 
     def not_utf8(blob: bytes) -> bytes:
         text = lz4.block.decompress(blob)
-        cut = text.index(b'"type"')
-        return lz4.block.compress(text[:cut] + b'"\xff\xfe",' + text[cut:])
+        cut = text.index(SEPARATOR.encode()) + 1  # the first event's type begins there
+        return lz4.block.compress(text[:cut] + b"\xff\xfe" + text[cut:])
 
     url, position, stream = _damage_a_commit(tmp_path, "position LIMIT 1 OFFSET 4", not_utf8)
     with pytest.raises(CorruptCommit, match=f"stream '{stream}': the commit at position {position} .*UTF-8"):
         sync(url, tmp_path / "wh.duckdb")
     with EventStore.open(url) as store, pytest.raises(CorruptCommit, match=f"position {position} "):
         list(store.read_stream(stream))
+
+
+def payload_columns_text(stored, shape: str) -> str:
+    """The stored payload's text in the format `shape` names (a JSON damage needs JSON to damage)."""
+    text = payload_text(stored)
+    text = text.decode() if isinstance(text, bytes) else text
+    return orjson.dumps(payload_columns(text)).decode() if shape.startswith("json") else text
 
 
 _WRONG_SHAPES = {  # valid JSON of the wrong shape, and what the sync says about it
@@ -648,22 +655,47 @@ _WRONG_SHAPES = {  # valid JSON of the wrong shape, and what the sync says about
                                                      "event_meta") if k in p}},
                   "it holds no events"),
     "no meta": (lambda p: {k: v for k, v in p.items() if k != "meta"}, "KeyError: 'meta'"),
-    "not an object": (lambda p: [1, 2], "TypeError"),
+    "not an object": (lambda p: [1, 2], "it begins with '[1,2]', neither an event count nor a JSON"),
     "data not JSON": (lambda p: {**p, "data": ["not json"] * len(p["data"])}, "is not JSON"),
 }
 
 
-@pytest.mark.parametrize("shape", list(_WRONG_SHAPES))
+
+def _separated_fields(change):
+    """A damage to a payload of the separated format, done on its fields (n is the count)."""
+    def damage(text: str) -> str:
+        fields = text.split(SEPARATOR)
+        return SEPARATOR.join(change(fields, int(fields[0])))
+    return damage
+
+
+_WRONG_SEPARATED = {  # a payload of the separated format (revision 0005 on) damaged, and the words
+    "a count too big": (_separated_fields(lambda f, n: [str(n + 1), *f[1:]]), "columns differ in length"),
+    "a count not a number": (_separated_fields(lambda f, n: ["x", *f[1:]]), "it begins with 'x', neither"),
+    "a field cut out": (_separated_fields(lambda f, n: f[:-1]), "columns differ in length"),
+    "schema not a number": (_separated_fields(lambda f, n: [*f[:n + 1], *["x"] * n, *f[2 * n + 1:]]),
+                            "a schema version 'x' is no number"),
+    "no events": (_separated_fields(lambda f, n: ["0", f[3 * n + 1]]), "it holds no events"),
+    "data not JSON": (_separated_fields(lambda f, n: [*f[:2 * n + 1], *["not json"] * n, *f[3 * n + 1:]]),
+                      "is not JSON"),
+}
+_DAMAGES = {**{f"json: {k}": (lambda text, d=d: orjson.dumps(d(orjson.loads(text))).decode(), w)
+               for k, (d, w) in _WRONG_SHAPES.items()},
+            **{f"separated: {k}": v for k, v in _WRONG_SEPARATED.items()}}
+
+
+@pytest.mark.parametrize("shape", list(_DAMAGES))
 def test_a_commit_of_the_wrong_shape_is_named_and_nothing_of_its_batch_is_committed(tmp_path, shape):
     """DuckDB turns a value of the wrong type into NULL and a payload that is no object of lists
-    into no rows at all: the sync must neither lose those events quietly nor fail on an insert."""
-    damage, words = _WRONG_SHAPES[shape]
+    into no rows at all: the sync must neither lose those events quietly nor fail on an insert.
+    Damage in the JSON format (commits written before revision 0005) and the separated one."""
+    damage, words = _DAMAGES[shape]
     path = str(tmp_path / "store.db")
     url = f"sqlite:///{path}"
     fill(url, 0, 40)
     where = "SELECT min(position) FROM commits WHERE position >= (SELECT max(position) / 2 FROM commits)"
     position, stream, payload = _set_payload(path, where)
-    _set_payload(path, str(position), orjson.dumps(damage(orjson.loads(payload_json(payload)))).decode())
+    _set_payload(path, str(position), damage(payload_columns_text(payload, shape)))
     live = tmp_path / "live.duckdb"
     with pytest.raises(CorruptCommit, match=f"stream '{stream}': the commit at position {position} ") as info:
         sync(url, live, batch_events=301)
@@ -672,6 +704,75 @@ def test_a_commit_of_the_wrong_shape_is_named_and_nothing_of_its_batch_is_commit
     with Warehouse(live) as wh:
         assert 0 < wh.checkpoint < position  # the batches before it are in, its own is not
         assert wh.counts()["events"] == wh.checkpoint
+
+
+def _rewrite_payloads(url: str, as_json: bool) -> int:
+    """Every commit's payload rewritten in one format, stored as its backend keeps it; returns how
+    many changed. JSON: as revisions 0003-0004 wrote them."""
+    import sqlalchemy as sa
+
+    from eventstore.packing import compress, pack
+
+    changed = 0
+    store = EventStore.open(url)
+    try:
+        with store.engine.begin() as conn:
+            rows = conn.execute(sa.text("SELECT position, payload FROM commits")).all()
+            for position, stored in rows:
+                text = payload_text(stored)
+                text = text.decode() if isinstance(text, bytes) else text
+                if text.startswith("{") == as_json:
+                    continue
+                c = payload_columns(text)
+                new = (orjson.dumps(c).decode() if as_json else
+                       pack(c["id"], c["type"], c["schema"], c["data"], c["digest"], c["meta"],
+                            c.get("event_meta")))
+                conn.execute(sa.text("UPDATE commits SET payload = :p WHERE position = :position"),
+                             {"p": compress(new) if isinstance(stored, bytes) else new, "position": position})
+                changed += 1
+    finally:
+        store.close()
+    return changed
+
+
+def test_a_store_of_json_payloads_upgrades_and_reads_and_syncs_beside_separated_ones(empty_store_url,
+                                                                                     tmp_path):
+    """Revision 0005 writes payloads as separated fields (eventstore.packing.pack); what older code
+    wrote stays JSON. Such a store upgrades without a row rewritten; the store reads and verifies
+    both side by side, episodes that straddle the change included; and the warehouse synced from it
+    equals the one synced after every commit is rewritten separated, batch cuts and all."""
+    import sqlalchemy as sa
+
+    from projections.verify import verify
+
+    url = empty_store_url
+    pending = fill(url, 0, 24, open_every=4)
+    assert _rewrite_payloads(url, as_json=True) > 0
+    store = EventStore.open(url)
+    with store.engine.begin() as conn:
+        conn.execute(sa.text("UPDATE alembic_version SET version_num = '0004_lz4_payloads'"))
+    store.close()
+    before = list(EventStore.open(url).read_all())
+    finish(url, pending)  # the straddling episodes' second halves, written separated after the upgrade
+    fill(url, 24, 16)
+    with EventStore.open(url) as store:
+        records = list(store.read_all())
+        assert records[:len(before)] == before and len(records) > len(before)
+        assert verify(store).ok
+        with store.engine.connect() as conn:
+            assert conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalar() \
+                == "0005_separated_payloads"
+    mixed = tmp_path / "mixed.duckdb"
+    sync(url, mixed, batch_events=97)
+    with Warehouse(mixed, read_only=True) as wh:
+        assert wh.con.execute("SELECT stream_id, version, type, data FROM events ORDER BY position"
+                              ).fetchall() == [(r.stream_id, r.version, r.type, r.data_json) for r in records]
+    assert _rewrite_payloads(url, as_json=False) > 0
+    with EventStore.open(url) as store:
+        assert list(store.read_all()) == records
+    separated = tmp_path / "separated.duckdb"
+    sync(url, separated, batch_events=97)
+    assert dump(mixed) == dump(separated)
 
 
 def test_answering_over_a_store_that_cannot_be_opened_leaves_no_warehouse_file(tmp_path):

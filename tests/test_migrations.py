@@ -125,7 +125,7 @@ def test_an_older_store_opened_read_only_says_it_needs_an_upgrade(tmp_path):
         conn.execute(sa.text("UPDATE alembic_version SET version_num = '0003_commits'"))
     engine.dispose()
     read_only = f"sqlite:///file:{path}?mode=ro&uri=true"
-    with pytest.raises(StoreUnavailable, match="older than this companyos's '0004_lz4_payloads'.*"
+    with pytest.raises(StoreUnavailable, match=f"older than this companyos's '{HEAD_REVISION}'.*"
                                                "`companyos db upgrade`"):
         EventStore.open(read_only)
     EventStore.open(f"sqlite:///{path}").close()  # upgraded with a URL that may write, it reads

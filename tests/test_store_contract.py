@@ -169,6 +169,26 @@ def test_new_stream_refuses_what_append_would_and_names_the_stream(store):
         store.new_stream("", [NewEvent("A", {})])
 
 
+def test_a_type_or_event_id_holding_the_record_separator_is_refused_and_nothing_is_written(store):
+    """Commit payloads are fields joined by U+001E (eventstore.packing.pack): a type or an id
+    holding it would split into two fields and read back as other events, so it is refused in
+    words, by append and new_stream alike; the same text in data or meta is only escaped JSON."""
+    stream = unique_stream()
+    bad_type, bad_id = "B\x1eC", "id\x1e1"
+    for events, words in (([NewEvent("A", {}), NewEvent(bad_type, {})],
+                           f"event type {bad_type!r} holds U+001E"),
+                          ([NewEvent("A", {}, event_id=bad_id)], f"event_id {bad_id!r} holds U+001E")):
+        words = re.escape(words)
+        with pytest.raises(ValueError, match=words):
+            store.append(stream, events, None)
+        with pytest.raises(ValueError, match=f"stream '{stream}': .*{words}"):
+            store.new_stream(stream, events)
+    assert store.stream_version(stream) is None
+    store.append(stream, [NewEvent("A\x1f", {"text": "a\x1eb"}, meta={"note": "\x1e"})], None)
+    [record] = store.read_stream(stream)
+    assert (record.type, record.data, record.meta["note"]) == ("A\x1f", {"text": "a\x1eb"}, "\x1e")
+
+
 def test_create_streams_is_all_or_nothing(store):
     taken, shared = unique_stream(), f"id-{uuid.uuid4().hex}"
     store.append(taken, [NewEvent("A", {}, event_id=shared)], None)
