@@ -185,12 +185,16 @@ SELECT * REPLACE (max(CASE WHEN type = 'ActionTaken' THEN position END)
 FROM f
 """
 
+# Scalar columns, not the lists json_extract_string returns: every step row joins its start, and
+# a LIST column carried through that join cost more than the rest of the steps statement.
 _START = """
 CREATE OR REPLACE TEMP TABLE t_start AS
-SELECT stream_id,
-       json_extract_string(data, ['$.task', '$.seed', '$.chaos', '$.reward_profile', '$.max_steps']) AS x,
-       json_extract_string(meta, ['$.agent', '$.recorded_at']) AS m
-FROM ({source}) WHERE version = 0
+SELECT stream_id, x[1] AS task, TRY_CAST(x[2] AS BIGINT) AS seed, TRY_CAST(x[3] AS DOUBLE) AS chaos,
+       x[4] AS reward_profile, TRY_CAST(x[5] AS INTEGER) AS max_steps, m[1] AS agent, m[2] AS started_at
+FROM (SELECT stream_id,
+             json_extract_string(data, ['$.task', '$.seed', '$.chaos', '$.reward_profile', '$.max_steps']) AS x,
+             json_extract_string(meta, ['$.agent', '$.recorded_at']) AS m
+      FROM ({source}) WHERE version = 0)
 """
 
 _CHAOS = """
@@ -230,7 +234,7 @@ WITH extra AS (
     SELECT l.position AS owner, e.active AS chaos_active
     FROM latest l JOIN epochs e ON e.stream_id = l.stream_id AND e.owner = l.epoch
 )
-SELECT a.stream_id AS episode_id, st.x[1] AS task, st.m[1] AS agent, TRY_CAST(st.x[3] AS DOUBLE) AS chaos,
+SELECT a.stream_id AS episode_id, st.task, st.agent, st.chaos,
        a.step, a.position, a.version,
        -- json_extract_string spells any JSON value as text (an app of 1, a method of ["x"]): the
        -- domain's malformed_action says which actions had no string app and method
@@ -345,12 +349,7 @@ lead AS (
     GROUP BY s.episode_id
 )
 SELECT t.stream_id AS episode_id,
-       st.x[1] AS task,
-       TRY_CAST(st.x[2] AS BIGINT) AS seed,
-       TRY_CAST(st.x[3] AS DOUBLE) AS chaos,
-       st.m[1] AS agent,
-       st.x[4] AS reward_profile,
-       TRY_CAST(st.x[5] AS INTEGER) AS max_steps,
+       st.task, st.seed, st.chaos, st.agent, st.reward_profile, st.max_steps,
        en.x[1] AS outcome,
        en.x[2] AS failure_mode,
        coalesce(TRY_CAST(en.x[3] AS INTEGER), a.actions, 0) AS steps,
@@ -361,7 +360,7 @@ SELECT t.stream_id AS episode_id,
        coalesce(m.chaos_events, 0) AS chaos_events,
        coalesce(m.chaos_mechanisms, []) AS chaos_mechanisms,
        coalesce(l.lead_in, []) AS lead_in,
-       st.m[2] AS started_at,
+       st.started_at,
        t.first_position, t.last_position, t.event_count, t.last_version, t.digest
 FROM t_targets t
 JOIN t_start st ON st.stream_id = t.stream_id
