@@ -12,9 +12,10 @@ as much as decoding a commit's events.
 
 Payload formats. From revision 0005 a payload is its fields joined by ASCII's record separator
 (`SEPARATOR`): DuckDB splits that for about two thirds of what parsing the JSON cost it (the
-analytics sync's unpack stage), packing takes ~15% fewer instructions, and the events' JSON is no
-longer escaped inside another JSON text (payloads 14% smaller). Before, it was a JSON object of
-lists (`{...`); every reader takes both, so a store keeps the commits older code wrote.
+analytics sync's unpack stage), packing and compressing a commit take ~15% fewer instructions,
+and the events' JSON is no longer escaped inside another JSON text (payloads 14% smaller).
+Before, it was a JSON object of lists (`{...`); every reader takes both, so a store keeps the
+commits older code wrote.
 
 SQLite keeps a payload over 2 KB lz4-compressed (a BLOB, `compress`): an expert episode's 15 KB commit
 shrinks to ~7 KB, two pages fewer to write into the WAL and copy back at each checkpoint, which
