@@ -192,7 +192,8 @@ CREATE OR REPLACE TEMP TABLE t_start AS
 SELECT stream_id, x[1] AS task, TRY_CAST(x[2] AS BIGINT) AS seed, TRY_CAST(x[3] AS DOUBLE) AS chaos,
        x[4] AS reward_profile, TRY_CAST(x[5] AS INTEGER) AS max_steps, m[1] AS agent, m[2] AS started_at
 FROM (SELECT stream_id,
-             json_extract_string(data, ['$.task', '$.seed', '$.chaos', '$.reward_profile', '$.max_steps']) AS x,
+             json_extract_string(data, ['$.task', '$.seed', '$.chaos', '$.reward_profile',
+                                        '$.max_steps']) AS x,
              json_extract_string(meta, ['$.agent', '$.recorded_at']) AS m
       FROM ({source}) WHERE version = 0)
 """
