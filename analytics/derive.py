@@ -99,15 +99,19 @@ SELECT stream_id, last_position, last_version, digest, first_new AS first_positi
        new_events AS event_count, false AS known, false AS slow
 FROM t_affected WHERE starts AND NOT odd
 """
-# The slow targets, for the writer: episodes continuing from an earlier batch, and odd new ones.
+# The slow targets, for the writer: odd new episodes, and episodes continuing from an earlier batch.
+# Only streams the batch does not start are looked up in `episodes` (the others cannot be there):
+# a lookup of every stream scanned the whole table each batch, a cost that grew with the warehouse
+# (~40 ms a batch at 1M episodes), where a batch of whole episodes now looks up none.
 _SLOW_TARGETS = """
 CREATE OR REPLACE TEMP TABLE t_targets AS
-SELECT a.stream_id, a.last_position, a.last_version, a.digest,
-       coalesce(e.first_position, a.first_new) AS first_position,
-       coalesce(e.event_count, 0) + a.new_events AS event_count,
-       e.episode_id IS NOT NULL AS known, true AS slow
-FROM batch_streams a LEFT JOIN episodes e ON e.episode_id = a.stream_id
-WHERE (a.starts AND a.odd) OR e.episode_id IS NOT NULL
+SELECT stream_id, last_position, last_version, digest, first_new AS first_position,
+       new_events AS event_count, false AS known, true AS slow
+FROM batch_streams WHERE starts AND odd
+UNION ALL
+SELECT a.stream_id, a.last_position, a.last_version, a.digest, e.first_position,
+       e.event_count + a.new_events AS event_count, true AS known, true AS slow
+FROM (SELECT * FROM batch_streams WHERE NOT starts) a JOIN episodes e ON e.episode_id = a.stream_id
 """
 
 # One narrow row per fact; x holds the type's fields, c the chaos marker. JSON is parsed once.
