@@ -637,11 +637,18 @@ def test_a_commit_whose_json_is_not_utf8_is_named_by_the_sync_and_the_store(tmp_
         list(store.read_stream(stream))
 
 
-def payload_columns_text(stored, shape: str) -> str:
-    """The stored payload's text in the format `shape` names (a JSON damage needs JSON to damage)."""
+def payload_in(stored: str | bytes, as_json: bool) -> str:
+    """A stored payload's text in the JSON format (as revisions 0003-0004 wrote it) or the
+    separated one (eventstore.packing.pack), whichever format it is stored in."""
+    from eventstore.packing import pack
+
     text = payload_text(stored)
     text = text.decode() if isinstance(text, bytes) else text
-    return orjson.dumps(payload_columns(text)).decode() if shape.startswith("json") else text
+    if text.startswith("{") == as_json:
+        return text
+    c = payload_columns(text)
+    return (orjson.dumps(c).decode() if as_json else
+            pack(c["id"], c["type"], c["schema"], c["data"], c["digest"], c["meta"], c.get("event_meta")))
 
 
 _WRONG_SHAPES = {  # valid JSON of the wrong shape, and what the sync says about it
@@ -658,7 +665,6 @@ _WRONG_SHAPES = {  # valid JSON of the wrong shape, and what the sync says about
     "not an object": (lambda p: [1, 2], "it begins with '[1,2]', neither an event count nor a JSON"),
     "data not JSON": (lambda p: {**p, "data": ["not json"] * len(p["data"])}, "is not JSON"),
 }
-
 
 
 def _separated_fields(change):
@@ -695,7 +701,7 @@ def test_a_commit_of_the_wrong_shape_is_named_and_nothing_of_its_batch_is_commit
     fill(url, 0, 40)
     where = "SELECT min(position) FROM commits WHERE position >= (SELECT max(position) / 2 FROM commits)"
     position, stream, payload = _set_payload(path, where)
-    _set_payload(path, str(position), damage(payload_columns_text(payload, shape)))
+    _set_payload(path, str(position), damage(payload_in(payload, as_json=shape.startswith("json"))))
     live = tmp_path / "live.duckdb"
     with pytest.raises(CorruptCommit, match=f"stream '{stream}': the commit at position {position} ") as info:
         sync(url, live, batch_events=301)
@@ -711,7 +717,7 @@ def _rewrite_payloads(url: str, as_json: bool) -> int:
     many changed. JSON: as revisions 0003-0004 wrote them."""
     import sqlalchemy as sa
 
-    from eventstore.packing import compress, pack
+    from eventstore.packing import compress
 
     changed = 0
     store = EventStore.open(url)
@@ -719,14 +725,9 @@ def _rewrite_payloads(url: str, as_json: bool) -> int:
         with store.engine.begin() as conn:
             rows = conn.execute(sa.text("SELECT position, payload FROM commits")).all()
             for position, stored in rows:
-                text = payload_text(stored)
-                text = text.decode() if isinstance(text, bytes) else text
-                if text.startswith("{") == as_json:
+                new, text = payload_in(stored, as_json), payload_text(stored)
+                if new == (text.decode() if isinstance(text, bytes) else text):
                     continue
-                c = payload_columns(text)
-                new = (orjson.dumps(c).decode() if as_json else
-                       pack(c["id"], c["type"], c["schema"], c["data"], c["digest"], c["meta"],
-                            c.get("event_meta")))
                 conn.execute(sa.text("UPDATE commits SET payload = :p WHERE position = :position"),
                              {"p": compress(new) if isinstance(stored, bytes) else new, "position": position})
                 changed += 1
