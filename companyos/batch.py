@@ -391,10 +391,13 @@ def _run_pooled(plan: RunPlan, chunks, workers: int, stops: Stops, results: list
             if progress:
                 progress(len(chunk))
     except BaseException as exc:
-        # a second stop signal, or a broken pool: the workers stop now, whatever they were doing
-        executor.shutdown(wait=False, cancel_futures=True)
+        # a second stop signal, or a broken pool: the workers stop now, whatever they were doing.
+        # Killed before the shutdown: from Python 3.12 the pool's own thread answers a dead worker
+        # by SIGTERM to the others and a join, holding the lock shutdown() takes, and workers
+        # ignore SIGTERM (see _init_worker), so the run hung for ever
         for child in set(mp.active_children()) - others:
             child.kill()
+        executor.shutdown(wait=False, cancel_futures=True)
         if isinstance(exc, BrokenProcessPool):
             raise WorkerDied("a worker process died (killed, or out of memory?); the others were "
                              "stopped, cutting short the episodes they had under way, and the "

@@ -214,6 +214,44 @@ def test_a_worker_that_dies_ends_the_run_in_words_not_a_hang(tmp_path):
     assert not _processes_of(run.pid)  # the other worker was stopped too
 
 
+def test_the_workers_left_are_gone_before_a_broken_pool_is_shut_down(tmp_path, monkeypatch):
+    """From Python 3.12 the pool's own thread answers a dead worker by SIGTERM to the others and a
+    join, holding the lock `shutdown()` takes; workers ignore SIGTERM (a stop is the parent's to
+    handle), so the run above hung for ever there. Whatever the Python, no worker may be left
+    when the run shuts its pool down."""
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    alive_at_shutdown: list[list[int]] = []
+    shutdown = ProcessPoolExecutor.shutdown
+
+    def watched(executor, *args, **kwargs):
+        children = mp.active_children()
+        for child in children:
+            child.join(timeout=10)  # a kill takes a moment; a busy worker never ends by itself
+        alive_at_shutdown.append([child.pid for child in children if child.exitcode is None])
+        return shutdown(executor, *args, **kwargs)
+
+    monkeypatch.setattr(ProcessPoolExecutor, "shutdown", watched)
+    plan = batch.RunPlan(f"sqlite:///{tmp_path / 'store.db'}", "expert", "all", "low", 100_000, 0)
+
+    def kill_a_worker() -> None:
+        for _ in range(600):
+            time.sleep(0.1)
+            workers = mp.active_children()
+            if len(workers) == 2 and (tmp_path / "store.db").exists() and _logged(plan.db):
+                os.kill(workers[-1].pid, signal.SIGKILL)
+                return
+
+    killer = threading.Thread(target=kill_a_worker, daemon=True)
+    killer.start()
+    with pytest.raises(batch.RunFailed) as failed:
+        batch.run(plan, workers=2)
+    killer.join()
+    assert isinstance(failed.value.__cause__, batch.WorkerDied)
+    assert alive_at_shutdown == [[]]
+
+
 def _processes_of(parent: int) -> list[int]:
     """Live processes (not zombies) whose parent is `parent`."""
     found = []
