@@ -226,7 +226,7 @@ def test_the_workers_left_are_gone_before_a_broken_pool_is_shut_down(tmp_path, m
     shutdown = ProcessPoolExecutor.shutdown
 
     def watched(executor, *args, **kwargs):
-        children = mp.active_children()
+        children = [child for child in mp.active_children() if child not in before]
         for child in children:
             child.join(timeout=10)  # a kill takes a moment; a busy worker never ends by itself
         alive_at_shutdown.append([child.pid for child in children if child.exitcode is None])
@@ -238,11 +238,12 @@ def test_the_workers_left_are_gone_before_a_broken_pool_is_shut_down(tmp_path, m
     def kill_a_worker() -> None:
         for _ in range(600):
             time.sleep(0.1)
-            workers = mp.active_children()
+            workers = [child for child in mp.active_children() if child not in before]
             if len(workers) == 2 and (tmp_path / "store.db").exists() and _logged(plan.db):
                 os.kill(workers[-1].pid, signal.SIGKILL)
                 return
 
+    before = set(mp.active_children())  # an earlier test's processes are not the run's
     killer = threading.Thread(target=kill_a_worker, daemon=True)
     killer.start()
     with pytest.raises(batch.RunFailed) as failed:
