@@ -27,6 +27,7 @@ from companyos.batch import RunPlan
 from companyos.batch import run as run_plan
 from companyos.commands import analytics as commands
 from eventstore import EventStore
+from eventstore.engine import normalise_url
 from tests.conftest import command_runner, live_server, start_slow_sync
 
 
@@ -141,7 +142,7 @@ def test_answers_that_leave_out_logged_events_say_so(fresh_pg_url, tmp_path, cli
     wh = str(tmp_path / "w.duckdb")
     run_plan(RunPlan(fresh_pg_url, "expert", "all", "none", 2, 0, "episode"))
     assert not json.loads(cli("sync", "--json", "--db", fresh_pg_url, "--warehouse", wh).stdout)["waiting"]
-    holder = sa.create_engine(fresh_pg_url)
+    holder = sa.create_engine(normalise_url(fresh_pg_url))
     try:
         with holder.connect() as conn:
             conn.exec_driver_sql("SELECT pg_current_xact_id()")  # holds the high-water mark

@@ -536,7 +536,11 @@ def test_bodies_the_parser_gives_up_on_are_said_in_words(sqlite_url):
     with client(sqlite_url, max_body_bytes=2 * depth + 1024) as c:
         deep = c.post("/reset", content=b"[" * depth + b"]" * depth, headers=json_type)
         assert chunked.status_code == 413 and chunked.json()["code"] == "body_too_large"
-        assert deep.status_code == 422 and "nested too deeply" in deep.json()["detail"][0]["msg"]
+        # the parser's own words, which differ between versions ("nested too deeply", "recursion
+        # depth exceeded")
+        said = deep.json()["detail"][0]["msg"]
+        assert deep.status_code == 422 and said.startswith("the body is not valid JSON: ")
+        assert "deep" in said or "depth" in said, said
         assert not_utf8.status_code == 422 and "not valid UTF-8" in not_utf8.json()["detail"][0]["msg"]
         assert reset(c)[0]  # and the server goes on serving
 

@@ -17,6 +17,7 @@ from companyos.agents import make_agent
 from companyos.env import CompanyEnv
 from companyos.runtime import EpisodeNotFound, EpisodeRuntime
 from eventstore import EventStore
+from eventstore.engine import normalise_url
 
 FAMILIES = list(domain.TASK_FAMILIES)
 
@@ -418,7 +419,7 @@ def test_a_command_that_reads_the_log_adds_no_store_to_a_database_without_one(
         empty_store_url, tmp_path, args):
     """On PostgreSQL any database a URL named got the store's tables (and verify said "ok");
     a SQLite file that is not a store was migrated the same way."""
-    engine = sa.create_engine(empty_store_url)
+    engine = sa.create_engine(normalise_url(empty_store_url))
     with engine.begin() as conn:
         conn.execute(sa.text("CREATE TABLE customers (id INTEGER)"))
     engine.dispose()

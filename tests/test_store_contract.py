@@ -24,6 +24,7 @@ from eventstore import (
     canonical_json,
     chain_digest,
 )
+from eventstore.engine import normalise_url
 from eventstore.records import MAX_EVENT_BYTES
 from tests import tamper
 from tests.conftest import unique_stream
@@ -472,7 +473,7 @@ def test_a_connection_the_server_dropped_is_replaced_not_failed(fresh_pg_url):
     stream = unique_stream()
     store.append(stream, [NewEvent("Opened", {"n": 0})], None)
     assert len(list(store.read_stream(stream))) == 1
-    killer = sa.create_engine(fresh_pg_url, isolation_level="AUTOCOMMIT")
+    killer = sa.create_engine(normalise_url(fresh_pg_url), isolation_level="AUTOCOMMIT")
     with killer.connect() as conn:
         killed = conn.execute(sa.text(
             "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
@@ -502,7 +503,7 @@ def test_a_read_whose_connection_the_server_drops_logs_no_pool_traceback(fresh_p
         except Exception as exc:  # noqa: BLE001 - the test inspects it
             failed.append(exc)
 
-    killer = sa.create_engine(fresh_pg_url, isolation_level="AUTOCOMMIT")
+    killer = sa.create_engine(normalise_url(fresh_pg_url), isolation_level="AUTOCOMMIT")
     with caplog.at_level(logging.ERROR, logger="sqlalchemy.pool"):
         read = threading.Thread(target=reading, daemon=True)
         read.start()
@@ -818,7 +819,7 @@ def test_a_lock_timeout_set_elsewhere_wins_over_the_stores(pg_database_url, monk
     assert lock_timeout(pg_database_url) == "3500ms"
     monkeypatch.delenv("PGOPTIONS")
     database = pg_database_url.rsplit("/", 1)[1].split("?")[0]
-    admin = sa.create_engine(pg_database_url, isolation_level="AUTOCOMMIT")
+    admin = sa.create_engine(normalise_url(pg_database_url), isolation_level="AUTOCOMMIT")
     try:
         with admin.connect() as conn:
             conn.exec_driver_sql(f'ALTER DATABASE "{database}" SET lock_timeout = 4500')
