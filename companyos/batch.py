@@ -394,10 +394,12 @@ def _run_pooled(plan: RunPlan, chunks, workers: int, stops: Stops, results: list
         # a second stop signal, or a broken pool: the workers stop now, whatever they were doing.
         # Killed before the shutdown: from Python 3.12 the pool's own thread answers a dead worker
         # by SIGTERM to the others and a join, holding the lock shutdown() takes, and workers
-        # ignore SIGTERM (see _init_worker), so the run hung for ever
+        # ignore SIGTERM (see _init_worker), so the run hung for ever. The shutdown then waits
+        # for that thread: left running, it could close its wake-up pipe just as the interpreter's
+        # exit wrote to it (an OSError traceback after the run's error line)
         for child in set(mp.active_children()) - others:
             child.kill()
-        executor.shutdown(wait=False, cancel_futures=True)
+        executor.shutdown(wait=True, cancel_futures=True)
         if isinstance(exc, BrokenProcessPool):
             raise WorkerDied("a worker process died (killed, or out of memory?); the others were "
                              "stopped, cutting short the episodes they had under way, and the "
