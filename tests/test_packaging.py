@@ -2,25 +2,23 @@
 
 from __future__ import annotations
 
-import re
 import tomllib
 from pathlib import Path
 
+from packaging.requirements import Requirement  # pytest's own dependency
+from packaging.utils import canonicalize_name
+
 ROOT = Path(__file__).resolve().parent.parent
-_BOUND = re.compile(r"^([A-Za-z0-9_.-]+)(?:\[[^\]]*\])?>=([0-9][0-9.]*)")
-
-
-def _canonical(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def _floors_promised() -> dict[str, str]:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     floors = {}
-    for requirement in project["dependencies"]:
-        bound = _BOUND.match(requirement)
-        assert bound, f"{requirement!r} has no lower bound (a `>=` first)"
-        floors[_canonical(bound[1])] = bound[2]
+    for line in project["dependencies"]:
+        requirement = Requirement(line)
+        bounds = [spec.version for spec in requirement.specifier if spec.operator == ">="]
+        assert len(bounds) == 1, f"{line!r} has no single lower bound (`>=`)"
+        floors[canonicalize_name(requirement.name)] = bounds[0]
     return floors
 
 
@@ -29,9 +27,10 @@ def _floors_pinned() -> dict[str, str]:
     for line in (ROOT / "constraints" / "lowest.txt").read_text().splitlines():
         line = line.split("#", 1)[0].strip()
         if line:
-            name, _, version = line.partition("==")
-            assert version, f"{line!r} in constraints/lowest.txt is not name==version"
-            pinned[_canonical(name)] = version
+            requirement = Requirement(line)
+            pins = [spec.version for spec in requirement.specifier if spec.operator == "=="]
+            assert len(pins) == 1, f"{line!r} in constraints/lowest.txt is not name==version"
+            pinned[canonicalize_name(requirement.name)] = pins[0]
     return pinned
 
 

@@ -225,8 +225,11 @@ def test_the_workers_left_are_gone_before_a_broken_pool_is_shut_down(tmp_path, m
     alive_at_shutdown: list[list[int]] = []
     shutdown = ProcessPoolExecutor.shutdown
 
+    def the_runs() -> list:
+        return [child for child in mp.active_children() if child not in before]
+
     def watched(executor, *args, **kwargs):
-        children = [child for child in mp.active_children() if child not in before]
+        children = the_runs()
         for child in children:
             child.join(timeout=10)  # a kill takes a moment; a busy worker never ends by itself
         alive_at_shutdown.append([child.pid for child in children if child.exitcode is None])
@@ -238,7 +241,7 @@ def test_the_workers_left_are_gone_before_a_broken_pool_is_shut_down(tmp_path, m
     def kill_a_worker() -> None:
         for _ in range(600):
             time.sleep(0.1)
-            workers = [child for child in mp.active_children() if child not in before]
+            workers = the_runs()
             if len(workers) == 2 and (tmp_path / "store.db").exists() and _logged(plan.db):
                 os.kill(workers[-1].pid, signal.SIGKILL)
                 return
