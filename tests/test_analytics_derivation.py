@@ -1,0 +1,73 @@
+"""Every row and column the sync derives equals a plain-Python derivation from the store's events
+(tests/derivation_oracle.py), over real episodes of every agent, chaos level, reward profile and
+durability, synced in one batch or cut into many."""
+
+from __future__ import annotations
+
+import pytest
+
+from analytics import synthetic
+from analytics.sync import sync
+from analytics.warehouse import Warehouse
+from companyos.batch import RunPlan
+from companyos.batch import run as run_plan
+from eventstore import EventStore
+from tests import derivation_oracle as oracle
+
+QUERIES = {
+    "steps": f"SELECT {', '.join(oracle.STEP_COLUMNS)} FROM steps ORDER BY position",
+    "episodes": f"SELECT {', '.join(oracle.EPISODE_COLUMNS)} FROM episodes ORDER BY episode_id",
+    "rewards": f"SELECT {', '.join(oracle.REWARD_COLUMNS)} FROM rewards ORDER BY episode_id, rule",
+}
+
+
+@pytest.fixture(scope="module")
+def store_url(tmp_path_factory):
+    """Episodes as `companyos run` logs them (per-step commits among them, so episodes straddle
+    batches), plus synthetic ones whose appends cut steps in half and episodes left open."""
+    url = f"sqlite:///{tmp_path_factory.mktemp('derive') / 'companyos.db'}"
+    for agent, chaos, n, seed, durability, profile in (
+            ("random", "high", 40, 0, "step", "default"), ("expert", "medium", 30, 0, "episode", "default"),
+            ("random", "medium", 30, 500, "episode", "sparse"), ("noop", "low", 10, 900, "step", "default"),
+            ("expert", "high", 20, 40, "step", "sparse"), ("random", "low", 20, 60, "episode", "default")):
+        run_plan(RunPlan(url, agent, "all", chaos, n, seed, durability, profile), workers=1)
+    with EventStore.open(url) as store:
+        for i, ep in enumerate(synthetic.episodes(40, seed=3, start=0)):
+            events = ep.events if i % 5 else ep.events[: len(ep.events) // 2]  # every fifth left open
+            for cut in range(0, len(events), 7):
+                store.append(ep.episode_id, events[cut:cut + 7], None if cut == 0 else cut - 1)
+    return url
+
+
+def warehouse_rows(url: str, path, batch_events: int) -> dict[str, list[tuple]]:
+    with Warehouse(path) as wh:
+        result = sync(url, wh, batch_events=batch_events)
+        rows = {name: wh.con.execute(sql).fetchall() for name, sql in QUERIES.items()}
+    return {"batches": result.batches, **rows}
+
+
+@pytest.mark.parametrize("batch_events", [1_000_000, 2_003], ids=["one batch", "many batches"])
+def test_every_derived_row_equals_a_derivation_in_python(store_url, tmp_path, batch_events):
+    got = warehouse_rows(store_url, tmp_path / "w.duckdb", batch_events)
+    assert (got["batches"] == 1) == (batch_events == 1_000_000)
+    expected = oracle.derive(store_url)
+    for table in ("episodes", "steps", "rewards"):
+        assert len(got[table]) == len(expected[table]), table
+        for row, want in zip(got[table], expected[table], strict=True):
+            assert row == want, f"{table}: warehouse {row} != python {want}"
+
+
+def test_the_episodes_cover_what_the_derivation_must_handle(store_url):
+    """The store holds each case the rules distinguish, so the comparison above means something."""
+    rows = oracle.derive(store_url)
+    steps, episodes = rows["steps"], rows["episodes"]
+    column = {name: i for i, name in enumerate(oracle.STEP_COLUMNS)}
+    assert any(not s[column["accepted"]] for s in steps)  # rejected actions
+    assert any(s[column["mistake"]] for s in steps)
+    assert any(s[column["chaos_now"]] for s in steps) and any(s[column["chaos_active"]] for s in steps)
+    assert any(s[column["tool"]] == "(malformed)" for s in steps)
+    e = {name: i for i, name in enumerate(oracle.EPISODE_COLUMNS)}
+    outcomes = {ep[e["outcome"]] for ep in episodes}
+    assert {"success", "failure", "truncated", None} <= outcomes  # None: left open
+    assert any(ep[e["lead_in"]] for ep in episodes if ep[e["outcome"]] in ("failure", "truncated"))
+    assert {ep[e["reward_profile"]] for ep in episodes} >= {"default", "sparse"}
