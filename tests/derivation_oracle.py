@@ -52,6 +52,7 @@ def integer(value: Any) -> int | None:
 
 
 def number(value: Any) -> float | None:
+    """TRY_CAST of the value's text to a double."""
     try:
         return float(text(value))  # type: ignore[arg-type]
     except (TypeError, ValueError):
@@ -251,9 +252,11 @@ def _decisive(facts: list[Fact], outcome: str | None, mode: str | None) -> int |
         if mode == "rejection_not_handled":
             resolved = _handled(m, facts)
         else:
-            clean = mode != "missing_required_fields"
-            resolved = at is not None and any(t == subject and s is not None and s > at and (ok or not clean)
-                                              for s, t, _, ok in subs)
+            # missing fields are put right by any later submission of the type, other problems
+            # only by one without problems
+            needs_clean = mode != "missing_required_fields"
+            resolved = at is not None and any(t == subject and s is not None and s > at
+                                              and (ok or not needs_clean) for s, t, _, ok in subs)
         deciding.append((m.step, irreversible, resolved))
     if not deciding:
         return None
