@@ -11,8 +11,10 @@ from analytics.sync import sync
 from analytics.warehouse import Warehouse
 from companyos.batch import RunPlan
 from companyos.batch import run as run_plan
-from eventstore import EventStore, NewEvent
+from eventstore import EventStore
 from tests import derivation_oracle as oracle
+from tests.test_analytics import _episode as hand_written
+from tests.test_analytics import _mistake as mistake
 
 QUERIES = {
     "steps": f"SELECT {', '.join(oracle.STEP_COLUMNS)} FROM steps ORDER BY position",
@@ -38,30 +40,12 @@ def store_url(tmp_path_factory):
                 store.append(ep.episode_id, events[cut:cut + 7], None if cut == 0 else cut - 1)
         # two mistakes in one step (the step names the first), and a failure decided by the
         # irreversible one of two mistakes of its mode (the lead-in ends there, not at the first)
-        store.append("two-mistakes", hand_written([[mistake("wrong_decision"), mistake("stale_data_used")]],
-                                                  ("truncated", "stale_data_used")), None)
-        store.append("decided-late", hand_written(
-            [[mistake("irreversible_action")], [mistake("irreversible_action", irreversible=True)], [], []],
-            ("failure", "irreversible_action")), None)
+        twice = [mistake("wrong_decision", "T-1"), mistake("stale_data_used", "T-1")]
+        hand_written(store, "two-mistakes", [twice], ("truncated", "stale_data_used"))
+        late = [[mistake("irreversible_action", "T-1")],
+                [mistake("irreversible_action", "T-1", irreversible=True)], [], []]
+        hand_written(store, "decided-late", late, ("failure", "irreversible_action"))
     return url
-
-
-def mistake(mode: str, irreversible: bool = False) -> NewEvent:
-    return NewEvent("MistakeRecorded", {"mode": mode, "subject": "T-1", "detail": "d",
-                                        "irreversible": irreversible})
-
-
-def hand_written(steps: list[list[NewEvent]], end: tuple[str, str]) -> list[NewEvent]:
-    """An episode whose step n calls tool `t.sN` and then logs its events (with its step number)."""
-    start = {"task": "expense_report", "seed": 1, "chaos": 0.5, "reward_profile": "default",
-             "max_steps": 30, "goal": "g", "target": {}}
-    events = [NewEvent("EpisodeStarted", start, meta={"agent": "hand"})]
-    for n, effects in enumerate(steps, 1):
-        action = {"app": "t", "method": f"s{n}", "params": {}}
-        events.append(NewEvent("ActionTaken", {"step": n, "action": action}))
-        events += [e._replace(data={"step": n, **e.data}) for e in effects]
-    return events + [NewEvent("EpisodeEnded", {"outcome": end[0], "failure_mode": end[1], "steps": len(steps),
-                                               "total_return": 0.0})]
 
 
 def warehouse_rows(url: str, path, batch_events: int) -> dict[str, list[tuple]]:
