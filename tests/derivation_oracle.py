@@ -31,6 +31,8 @@ EPISODE_COLUMNS = ("episode_id", "task", "seed", "chaos", "agent", "reward_profi
                    "chaos_events", "chaos_mechanisms", "lead_in", "started_at", "first_position",
                    "last_position", "event_count", "last_version", "digest")
 REWARD_COLUMNS = ("episode_id", "rule", "grants", "total", "first_step")
+# where a step row holds what the episode row is made from
+STEP, POSITION, TOOL, ACCEPTED = (STEP_COLUMNS.index(n) for n in ("step", "position", "tool", "accepted"))
 
 # types that may carry cause="chaos": those with a mechanism, and any the domain does not know
 _CHAOS_CAPABLE = {name for name, cls in EVENT_TYPES.items() if {"cause", "mechanism"} <= set(cls._fields)}
@@ -102,7 +104,7 @@ def derive(url: str) -> dict[str, list[tuple]]:
         steps += s
         episodes.append(e)
         rewards += r
-    steps.sort(key=lambda row: row[5])
+    steps.sort(key=lambda row: row[POSITION])
     episodes.sort(key=lambda row: row[0])
     rewards.sort(key=lambda row: (row[0], row[1] or ""))
     return {"steps": steps, "episodes": episodes, "rewards": rewards}
@@ -128,8 +130,10 @@ def _episode(stream_id: str, events: list) -> tuple[list[tuple], tuple, list[tup
     task, chaos_level = text(started.get("task")), number(started.get("chaos"))
     agent = text(meta.get("agent"))
     steps = _steps(facts, (stream_id, task, agent, chaos_level))
-    rewards = _rewards(stream_id, facts, {row[5]: row[4] for row in steps})
-    return steps, _episode_row(stream_id, events, facts, steps, rewards), rewards
+    rewards = _rewards(stream_id, facts, {row[POSITION]: row[STEP] for row in steps})
+    started_as = (stream_id, task, integer(started.get("seed")), chaos_level, agent,
+                  text(started.get("reward_profile")), integer(started.get("max_steps")))
+    return steps, _episode_row(started_as, events, facts, steps, rewards), rewards
 
 
 def _steps(facts: list[Fact], episode: tuple) -> list[tuple]:
@@ -182,36 +186,34 @@ def _rewards(stream_id: str, facts: list[Fact], step_of: dict[int, int | None]) 
     return rewards
 
 
-def _episode_row(stream_id: str, events: list, facts: list[Fact], steps: list[tuple],
+def _episode_row(started_as: tuple, events: list, facts: list[Fact], steps: list[tuple],
                  rewards: list[tuple]) -> tuple:
-    started, meta = events[0].data, events[0].meta
+    """The episode's row: `started_as` (its id and what its start says), then how it went."""
     totals = [r[3] for r in rewards if r[3] is not None]
     reward_sum = sum(totals) if totals else None
 
     ends = [f for f in facts if f.type == "EpisodeEnded"]
     end = ends[-1].data if ends else {}
     outcome, mode = text(end.get("outcome")), text(end.get("failure_mode"))
-    rejected = [row[4] for row in steps if not row[10]]
+    rejected = [row[STEP] for row in steps if not row[ACCEPTED]]
     counted = [m for m in facts if m.type == "MistakeRecorded" and not _handled(m, facts)]
     counted_steps = [m.step for m in counted if m.step is not None]
     decisive = _decisive(facts, outcome, mode)
-    last_step = max((row[4] for row in steps if row[4] is not None), default=None)
+    last_step = max((row[STEP] for row in steps if row[STEP] is not None), default=None)
     upto = decisive if decisive is not None else last_step
-    lead_in = [row[9] for row in steps if upto is not None and row[4] is not None
-               and upto - 5 < row[4] <= upto]
+    lead_in = [row[TOOL] for row in steps if upto is not None and row[STEP] is not None
+               and upto - 5 < row[STEP] <= upto]
     chaos_all = [f.chaos for f in facts if f.chaos is not None]
     last = events[-1]
     return (
-        stream_id, text(started.get("task")), integer(started.get("seed")), number(started.get("chaos")),
-        text(meta.get("agent")),
-        text(started.get("reward_profile")), integer(started.get("max_steps")), outcome, mode,
+        *started_as, outcome, mode,
         _coalesce(integer(end.get("steps")), len(steps) if steps else None, 0),
         _coalesce(number(end.get("total_return")), None if reward_sum is None else round6(reward_sum), 0.0),
         round6(reward_sum or 0.0),
         min(counted_steps) if counted_steps else None,
         first([text(m.data.get("mode")) for m in counted]),
         len(counted), min((s for s in rejected if s is not None), default=None), len(rejected),
-        len(chaos_all), sorted(set(chaos_all)), lead_in, text(meta.get("recorded_at")),
+        len(chaos_all), sorted(set(chaos_all)), lead_in, text(events[0].meta.get("recorded_at")),
         events[0].position, max(e.position for e in events), len(events), last.version, last.digest)
 
 

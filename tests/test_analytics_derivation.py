@@ -26,7 +26,8 @@ QUERIES = {
 @pytest.fixture(scope="module")
 def store_url(tmp_path_factory):
     """Episodes as `companyos run` logs them (per-step commits among them, so episodes straddle
-    batches), plus synthetic ones whose appends cut steps in half and episodes left open."""
+    batches), synthetic ones whose appends cut steps in half and episodes left open, and two
+    hand-written ones for cases the others do not reach."""
     url = f"sqlite:///{tmp_path_factory.mktemp('derive') / 'companyos.db'}"
     for agent, chaos, n, seed, durability, profile in (
             ("random", "high", 40, 0, "step", "default"), ("expert", "medium", 30, 0, "episode", "default"),
@@ -48,6 +49,11 @@ def store_url(tmp_path_factory):
     return url
 
 
+@pytest.fixture(scope="module")
+def expected(store_url) -> dict[str, list[tuple]]:
+    return oracle.derive(store_url)
+
+
 def warehouse_rows(url: str, path, batch_events: int) -> dict[str, list[tuple]]:
     with Warehouse(path) as wh:
         result = sync(url, wh, batch_events=batch_events)
@@ -56,20 +62,18 @@ def warehouse_rows(url: str, path, batch_events: int) -> dict[str, list[tuple]]:
 
 
 @pytest.mark.parametrize("batch_events", [1_000_000, 2_003], ids=["one batch", "many batches"])
-def test_every_derived_row_equals_a_derivation_in_python(store_url, tmp_path, batch_events):
+def test_every_derived_row_equals_a_derivation_in_python(store_url, expected, tmp_path, batch_events):
     got = warehouse_rows(store_url, tmp_path / "w.duckdb", batch_events)
     assert (got["batches"] == 1) == (batch_events == 1_000_000)
-    expected = oracle.derive(store_url)
     for table in ("episodes", "steps", "rewards"):
         assert len(got[table]) == len(expected[table]), table
         for row, want in zip(got[table], expected[table], strict=True):
             assert row == want, f"{table}: warehouse {row} != python {want}"
 
 
-def test_the_episodes_cover_what_the_derivation_must_handle(store_url):
+def test_the_episodes_cover_what_the_derivation_must_handle(expected):
     """The store holds each case the rules distinguish, so the comparison above means something."""
-    rows = oracle.derive(store_url)
-    steps, episodes = rows["steps"], rows["episodes"]
+    steps, episodes = expected["steps"], expected["episodes"]
     column = {name: i for i, name in enumerate(oracle.STEP_COLUMNS)}
     assert any(not s[column["accepted"]] for s in steps)  # rejected actions
     assert any(s[column["mistake"]] for s in steps)
