@@ -48,8 +48,14 @@ def test_generic_env_client_with_api_key(sqlite_url):
         with GenericEnvClient(base_url=base, headers=headers).sync() as env:
             assert env.reset(seed=1).observation["goal"]
             assert env.step(ACTION).metadata["step"] == 1
-        with pytest.raises(ConnectionError), GenericEnvClient(base_url=base).sync() as env:
-            env.reset(seed=1)
+        # refused at connect, so no `with` would close it: its event-loop thread would outlive
+        # the test, and later tests would fork (the parallel rebuild's workers) beside it
+        refused = GenericEnvClient(base_url=base).sync()
+        try:
+            with pytest.raises(ConnectionError):
+                refused.connect()
+        finally:
+            refused.close()
 
 
 def test_a_websocket_refused_for_its_api_key_is_answered_and_logs_no_error(sqlite_url, caplog):
