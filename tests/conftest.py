@@ -102,6 +102,30 @@ def command_runner(register, *prefix: str):
     return invoke
 
 
+def _proc_stat(pid: int) -> list[str] | None:
+    """The fields of /proc/<pid>/stat after the command name (state first, then the parent's pid);
+    None once the process is gone. The name is cut at its last ')': it may hold ') ' itself."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
+def alive(pid: int) -> bool:
+    """Whether the process runs (a zombie has ended, whoever has yet to reap it)."""
+    fields = _proc_stat(pid)
+    return fields is not None and fields[0] != "Z"
+
+
+def live_children(parent: int) -> list[int]:
+    """Processes running (not zombies) whose parent is `parent`, whichever of its threads started
+    them (/proc/<pid>/task/<tid>/children lists one thread's only)."""
+    stats = ((int(entry), _proc_stat(int(entry))) for entry in os.listdir("/proc") if entry.isdigit())
+    return [pid for pid, fields in stats if fields is not None and int(fields[1]) == parent
+            and fields[0] != "Z"]
+
+
 def get_once_listening(url: str, tries: int = 400):
     """GET `url` from a server still starting (a `companyos serve` subprocess): its first answer."""
     import time

@@ -16,6 +16,7 @@ import pytest
 
 from companyos import batch, cli
 from companyos.commands.run import seed_ranges
+from tests.conftest import live_children
 
 
 def _logged(url: str) -> list[dict]:
@@ -211,7 +212,7 @@ def test_a_worker_that_dies_ends_the_run_in_words_not_a_hang(tmp_path):
     assert report["failed"] is True
     logged = {(e["seed"], e["digest"]) for e in _logged(url) if e["outcome"]}
     assert {(e["seed"], e["digest"]) for e in report["episodes"]} <= logged
-    assert not _processes_of(run.pid)  # the other worker was stopped too
+    assert not live_children(run.pid)  # the other worker was stopped too
 
 
 def test_the_workers_left_are_gone_before_a_broken_pool_is_shut_down(tmp_path, monkeypatch):
@@ -233,7 +234,7 @@ def test_the_workers_left_are_gone_before_a_broken_pool_is_shut_down(tmp_path, m
         # and a waitpid that loses that race reads as "still running" (exitcode None)
         pids = {child.pid for child in the_runs()}
         for _ in range(100):  # a kill takes a moment; a busy worker never ends by itself
-            alive = sorted(pids & set(_processes_of(os.getpid())))
+            alive = sorted(pids & set(live_children(os.getpid())))
             if not alive:
                 break
             time.sleep(0.1)
@@ -259,22 +260,6 @@ def test_the_workers_left_are_gone_before_a_broken_pool_is_shut_down(tmp_path, m
     killer.join()
     assert isinstance(failed.value.__cause__, batch.WorkerDied)
     assert alive_at_shutdown == [[]]
-
-
-def _processes_of(parent: int) -> list[int]:
-    """Live processes (not zombies) whose parent is `parent`."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as stat:
-                fields = stat.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == parent and fields[0] != "Z":
-            found.append(int(entry))
-    return found
 
 
 def test_a_worker_that_cannot_open_the_store_says_why_as_the_runs_error(tmp_path):

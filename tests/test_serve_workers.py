@@ -12,22 +12,9 @@ import time
 import httpx
 import pytest
 
-from tests.conftest import get_once_listening
+from tests.conftest import alive, get_once_listening, live_children
 
 pytestmark = pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="reads /proc")
-
-
-def _children(pid: int) -> list[int]:
-    with open(f"/proc/{pid}/task/{pid}/children") as f:
-        return [int(p) for p in f.read().split()]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ")[1][0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def _free_port() -> int:
@@ -48,22 +35,22 @@ def test_workers_stop_when_the_server_process_is_killed_outright(tmp_path, when)
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         for _ in range(300):
-            if when == "starting" and len(_children(server.pid)) >= 2:
+            if when == "starting" and len(live_children(server.pid)) >= 2:
                 break
             try:
                 if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
                     break
             except httpx.TransportError:
                 time.sleep(0.05)
-        workers = [p for p in _children(server.pid) if _alive(p)]
+        workers = live_children(server.pid)
         assert workers
     finally:
         server.send_signal(signal.SIGKILL)
         server.wait()
     deadline = time.monotonic() + 15
-    while any(map(_alive, workers)) and time.monotonic() < deadline:
+    while any(map(alive, workers)) and time.monotonic() < deadline:
         time.sleep(0.2)
-    survivors = [p for p in workers if _alive(p)]
+    survivors = [p for p in workers if alive(p)]
     for p in survivors:
         os.kill(p, signal.SIGKILL)
     assert not survivors, "workers outlived the server process"
