@@ -39,6 +39,20 @@ WHERE ($agent IS NULL OR agent = $agent) AND ($task IS NULL OR task = $task)
   AND ($chaos IS NULL OR chaos = $chaos) AND ($profile IS NULL OR reward_profile = $profile)
 """
 
+# Success per agent and chaos level, for the report's chart when it covers several agents: one
+# bar per agent at each level, so an easy level run by a strong agent never reads as chaos helping.
+_BY_AGENT_AND_CHAOS = """
+SELECT coalesce(agent, '(unknown)') AS agent, chaos,
+       count(*) AS episodes,
+       count(*) FILTER (WHERE outcome = 'success') AS successes,
+       round_decimal(count(*) FILTER (WHERE outcome = 'success') / count(*), 4) AS success_rate
+FROM episodes
+WHERE outcome IS NOT NULL AND ($task IS NULL OR task = $task)
+  AND ($chaos IS NULL OR chaos = $chaos) AND ($profile IS NULL OR reward_profile = $profile)
+GROUP BY ALL
+ORDER BY agent, chaos NULLS LAST
+"""
+
 
 def check_filters(agent: str | None, task: str | None, chaos: str | None = None,
                   profile: str | None = None) -> None:
@@ -74,6 +88,7 @@ def build(wh: Warehouse, agent: str | None = None, task: str | None = None,
         "filters": {k: v for k, v in shown.items() if v is not None},
         "summary": summary,
         "success_by_chaos": success_by_chaos(by_task_and_chaos),
+        "success_by_agent_and_chaos": (by_agent_and_chaos(wh, f) if agent is None else []),
         "success_by_task_and_chaos": by_task_and_chaos,
         "failure_modes": run_named(wh, "failure_modes", {**f, "examples": 3}),
         "first_mistake_step": run_named(wh, "first_mistake_step", f),
@@ -85,6 +100,11 @@ def build(wh: Warehouse, agent: str | None = None, task: str | None = None,
     tools = run_named(wh, "tool_error_rates", {**f, "min_calls": 1})
     data["tool_error_rates"] = tools[:TOOL_ROWS]
     data["notes"] = {}
+    agents = len({r["agent"] for r in data["success_by_agent_and_chaos"]})
+    if agents > CHART_AGENTS:
+        data["notes"]["success_by_agent_and_chaos"] = (
+            f"The chart above draws the {CHART_AGENTS} agents with the most episodes; this table "
+            f"lists all {agents}.")
     if len(tools) > TOOL_ROWS:  # agents that invent tool names can make this list long
         data["notes"]["tool_error_rates"] = (
             f"{len(tools) - TOOL_ROWS} more tools with lower error rates are not shown: "
@@ -115,6 +135,13 @@ def success_by_chaos(by_task_and_chaos: list[dict[str, Any]]) -> list[dict[str, 
              "success_rate": _share(totals[chaos][1], totals[chaos][0])} for chaos in order]
 
 
+def by_agent_and_chaos(wh: Warehouse, f: dict[str, Any]) -> list[dict[str, Any]]:
+    """Success per agent and chaos level; [] when the episodes are one agent's (the plain
+    success-by-chaos rows say it all then)."""
+    rows = rows_of(wh.con.execute(_BY_AGENT_AND_CHAOS, {k: f[k] for k in ("task", "chaos", "profile")}))
+    return rows if len({r["agent"] for r in rows}) > 1 else []
+
+
 def _share(part: int, whole: int) -> float:
     """part/whole to 4 decimals as the queries' round_decimal gives it (Python's round of a float
     rounds half to even, and a binary value just under a half-way one down)."""
@@ -127,6 +154,7 @@ def _share(part: int, whole: int) -> float:
 
 SECTIONS = (
     ("success_by_chaos", "Success by chaos level"),
+    ("success_by_agent_and_chaos", "Success by agent and chaos level"),
     ("success_by_task_and_chaos", "Success by task and chaos level"),
     ("failure_modes", "Failure modes (share of non-successful episodes)"),
     ("first_mistake_step", "Step of the first mistake"),
@@ -340,9 +368,11 @@ def hbar_chart(labels: list[str], values: list[float], *, title: str, width: int
 def grouped_bar_chart(groups: list[str], series: dict[str, list[float | None]], *, title: str,
                       width: int = 720) -> str:
     """Bars per group (e.g. chaos level) for each series (e.g. task), fractions, with a legend."""
-    height, top, bottom, left = 270, 30, 62, 44
-    inner_w, inner_h = width - left - 10, height - top - bottom
     names = list(series)
+    legend = _legend_layout(names, width)
+    height, top, bottom, left = 270 + 14 * (legend[-1][1] if legend else 0), 30, 62, 44
+    inner_h = 270 - top - bottom
+    inner_w = width - left - 10
     slot = inner_w / max(len(groups), 1)
     bar = min(22.0, slot * 0.8 / max(len(names), 1))
     every = _label_stride(groups, slot)
@@ -358,7 +388,7 @@ def grouped_bar_chart(groups: list[str], series: dict[str, list[float | None]], 
             value = series[name][g]
             if value is None:
                 continue
-            h = inner_h * max(value, 0)
+            h = max(inner_h * value, 1.0)  # a run at 0% keeps a stub: no bar means no episodes
             x = x0 + bar * s
             parts.append(f'<rect x="{x:.1f}" y="{top + inner_h - h:.1f}" width="{bar - 1:.1f}" '
                          f'height="{h:.1f}" fill="{PALETTE[s % len(PALETTE)]}"><title>{_esc(name)} @ '
@@ -366,15 +396,26 @@ def grouped_bar_chart(groups: list[str], series: dict[str, list[float | None]], 
         if g % every == 0:  # the bars' tooltips name every group
             parts.append(f'<text x="{left + slot * g + slot / 2:.1f}" y="{top + inner_h + 14:.1f}" '
                          f'text-anchor="middle" fill="#333">{_esc(_fit(group, slot * every - 4))}</text>')
-    lx, ly = left, height - 26
-    for s, name in enumerate(names):
-        parts.append(f'<rect x="{lx}" y="{ly}" width="10" height="10" fill="{PALETTE[s % len(PALETTE)]}"/>')
-        parts.append(f'<text x="{lx + 14}" y="{ly + 9}">{_esc(name)}</text>')
-        lx += 24 + 7 * len(name)
-        if lx > width - 120:
-            lx, ly = left, ly + 14
+    for s, (name, (x, row)) in enumerate(zip(names, legend, strict=True)):
+        ly = 270 - 26 + 14 * row
+        parts.append(f'<rect x="{left + x}" y="{ly}" width="10" height="10" '
+                     f'fill="{PALETTE[s % len(PALETTE)]}"/>')
+        parts.append(f'<text x="{left + x + 14}" y="{ly + 9}">{_esc(_fit(name, width - left - 30))}</text>')
     parts.append("</svg>")
     return "".join(parts)
+
+
+def _legend_layout(names: list[str], width: int, left: int = 44) -> list[tuple[int, int]]:
+    """Each legend entry's (x offset, row): entries side by side, a new row where the next would
+    run past the right edge, so long agent names wrap instead of leaving the chart."""
+    placed, x, row = [], 0, 0
+    for name in names:
+        span = 24 + round(_CHAR_PX * min(len(name), (width - left - 30) / _CHAR_PX))
+        if x and left + x + span > width - 10:
+            x, row = 0, row + 1
+        placed.append((x, row))
+        x += span
+    return placed
 
 
 _LEVEL_NAMES = {level: name for name, level in CHAOS_LEVELS.items()}
@@ -391,7 +432,9 @@ def charts(data: dict[str, Any]) -> list[str]:
     """The report's SVG charts: success by chaos, failure modes, first-mistake distribution."""
     out = []
     by_chaos = data["success_by_chaos"]
-    if by_chaos:
+    if by_agent := data.get("success_by_agent_and_chaos"):
+        out.append(_agents_by_chaos_chart(by_agent))
+    elif by_chaos:
         out.append(bar_chart([_chaos_label(r["chaos"]) for r in by_chaos],
                              [r["success_rate"] for r in by_chaos], title="Success rate by chaos level",
                              notes=[counted(r["episodes"], "episode") for r in by_chaos]))
@@ -402,7 +445,7 @@ def charts(data: dict[str, Any]) -> list[str]:
         rate = {(r["task"], r["chaos"]): r["success_rate"] for r in cells}
         out.append(grouped_bar_chart([_chaos_label(c) for c in levels],
                                      {t: [rate.get((t, c)) for c in levels] for t in tasks},
-                                     title="Success rate by task and chaos level"))
+                                     title="Success rate by task and chaos level" + _together(by_agent)))
     modes = data["failure_modes"]
     if modes:
         out.append(hbar_chart([r["failure_mode"] for r in modes], [r["share"] for r in modes],
@@ -422,6 +465,36 @@ def charts(data: dict[str, Any]) -> list[str]:
                               title="Success rate by agent", full_scale=1.0,
                               notes=[counted(r["episodes"], "episode") for r in agents]))
     return out
+
+
+CHART_AGENTS = 8
+"""Agents the success-by-chaos chart draws at most (those with the most episodes): more bars per
+level than that stop reading at a glance, and the palette would repeat its colours."""
+
+
+def chart_agents(rows: list[dict[str, Any]]) -> list[str]:
+    """The agents the chart draws, best overall success first (as the agents' own chart ranks them)."""
+    totals: dict[str, list[int]] = {}
+    for r in rows:
+        total = totals.setdefault(r["agent"], [0, 0])
+        total[0] += r["episodes"]
+        total[1] += r["successes"]
+    drawn = sorted(totals, key=lambda a: (-totals[a][0], a))[:CHART_AGENTS]
+    return sorted(drawn, key=lambda a: (-totals[a][1] / totals[a][0], a))
+
+
+def _together(by_agent: list[dict[str, Any]] | None) -> str:
+    """A title's warning that its rates pool several agents (an easy level run mostly by a strong
+    agent then looks easier than it is)."""
+    return f" (all {len({r['agent'] for r in by_agent})} agents together)" if by_agent else ""
+
+
+def _agents_by_chaos_chart(rows: list[dict[str, Any]]) -> str:
+    levels = sorted({r["chaos"] for r in rows}, key=lambda c: (c is None, c or 0.0))
+    rate = {(r["agent"], r["chaos"]): r["success_rate"] for r in rows}
+    return grouped_bar_chart([_chaos_label(c) for c in levels],
+                             {a: [rate.get((a, c)) for c in levels] for a in chart_agents(rows)},
+                             title="Success rate by chaos level and agent")
 
 
 def first_mistake_bars(rows: list[dict[str, Any]], most: int = 40) -> list[tuple[int, dict | None]]:

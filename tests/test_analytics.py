@@ -1332,6 +1332,39 @@ def test_the_agents_chart_keeps_long_model_names_readable():
     assert widths[0] == pytest.approx(0.9 * (560 - 190 - 60), abs=0.1)  # rates on an absolute scale
 
 
+
+def test_the_per_agent_chart_draws_the_busiest_agents_and_keeps_its_legend_inside(tmp_path):
+    """Twelve agents with long model names: the chart draws the eight with the most episodes, best
+    first, each legend entry inside the picture (they wrapped past its bottom edge before), and
+    the report says the table lists the rest."""
+    import re
+
+    from analytics import report
+
+    def write(store):
+        for i in range(12):
+            name = f"vendor-model-{i:02d}-instruct-2026-11-react-with-tools"
+            for k in range(i + 1):  # agent i has i + 1 episodes, the first of them a success
+                outcome = ("success", None) if k == 0 else ("failure", "wrong_decision")
+                _episode(store, f"e{i}-{k}", [[]], outcome, agent=name, chaos=0.25 * (k % 3))
+
+    with _warehouse_of(tmp_path, write) as wh:
+        data = report.build(wh)
+    assert len({r["agent"] for r in data["success_by_agent_and_chaos"]}) == 12
+    assert data["notes"]["success_by_agent_and_chaos"] == (
+        "The chart above draws the 8 agents with the most episodes; this table lists all 12.")
+    chart = report.charts(data)[0]
+    width, height = (float(v) for v in re.search(r'viewBox="0 0 ([\d.]+) ([\d.]+)"', chart).groups())
+    legend = re.findall(r'<rect x="([\d.]+)" y="([\d.]+)" width="10" height="10"', chart)
+    assert len(legend) == report.CHART_AGENTS
+    assert all(float(x) + 10 <= width and float(y) + 10 <= height for x, y in legend), legend
+    drawn = re.findall(r"<title>([^<]*) @ ", chart)
+    assert {d[:15] for d in drawn} == {f"vendor-model-{i:02d}" for i in range(4, 12)}  # the busiest
+    rates = [1 / (i + 1) for i in range(4, 12)]
+    assert [n[:15] for n in dict.fromkeys(drawn)] == [
+        f"vendor-model-{i:02d}" for _, i in sorted(zip(rates, range(4, 12), strict=True), reverse=True)]
+
+
 def test_a_chaos_sweep_keeps_its_axis_labels_readable_and_apart():
     """A sweep of 21 chaos levels (0, 0.05, ..., 1): the success chart cut every axis label to
     `0.…` or `me…`, and the task-by-chaos chart printed `low (0.25)` over its neighbours. Labels are

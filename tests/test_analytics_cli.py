@@ -491,6 +491,37 @@ def test_report_success_by_chaos_agrees_with_what_run_reported(logged, tmp_path)
     assert data["summary"]["episodes"] == len(reported)
 
 
+
+def test_the_report_draws_success_by_chaos_per_agent_when_it_covers_several(logged, tmp_path):
+    """The expert ran at high chaos and the random agent at medium: pooled, high chaos read as the
+    easier level. Over several agents the report draws (and tabulates) each agent at each level,
+    and says which charts pool them; narrowed to one agent it keeps the plain chart."""
+    from analytics import report
+
+    url, reported = logged
+    tally: dict[tuple[str, float], list[int]] = {}
+    for r in reported:
+        counts = tally.setdefault((r["agent"], r["chaos"]), [0, 0])
+        counts[0] += 1
+        counts[1] += r["outcome"] == "success"
+    with Warehouse(tmp_path / "w.duckdb") as wh:
+        sync(url, wh)
+        data = report.build(wh)
+        only_random = report.build(wh, agent="random")
+    assert data["success_by_agent_and_chaos"] == [
+        {"agent": agent, "chaos": chaos, "episodes": n, "successes": wins, "success_rate": round(wins / n, 4)}
+        for (agent, chaos), (n, wins) in sorted(tally.items())]
+    page = report.to_html(data)
+    assert "Success rate by chaos level and agent" in page
+    assert "Success rate by task and chaos level (all 3 agents together)" in page
+    for agent in ("expert", "random", "noop"):
+        assert f">{agent}</text>" in page  # in the chart's legend
+    assert "## Success by agent and chaos level" in report.to_markdown(data)
+    assert only_random["success_by_agent_and_chaos"] == []
+    page = report.to_html(only_random)
+    assert "Success rate by chaos level<" in page and "and agent" not in page and "together" not in page
+
+
 def test_http_route_answers_named_queries_only(logged, tmp_path):
     url, reported = logged
     app = FastAPI()
