@@ -41,6 +41,7 @@ def main() -> None:
 
     from companyos.commands.output import OutputFailed, discard_stdout, guard_stdout, say_error
     from eventstore import CorruptCommit, StoreUnavailable, StoreUnreachable
+    from eventstore.engine import pooler_hint
 
     _register_commands()
     guard_stdout()
@@ -73,7 +74,8 @@ def main() -> None:
             raise SystemExit(130) from None
         if not _store_error(exc):
             raise
-        say_error(f"the store failed: {getattr(exc, 'orig', None) or exc}")
+        hint = pooler_hint(exc)
+        say_error(f"the store failed: {getattr(exc, 'orig', None) or exc}" + (f"; {hint}" if hint else ""))
         raise SystemExit(1) from None
 
 

@@ -400,6 +400,25 @@ def test_a_run_the_store_fails_under_reports_the_episodes_that_finished(tmp_path
         (e["seed"], e["digest"]) for e in _logged(url)}
 
 
+
+def test_a_prepared_statement_a_pooler_lost_is_said_with_the_url_that_fixes_it(tmp_path, monkeypatch, capsys):
+    """Behind PgBouncer's transaction pooling psycopg's prepared statements go missing: the error
+    line said only `prepared statement "_pg3_0" does not exist`, which names neither the cause
+    nor the fix (tests/test_pooler.py shows the fix working behind a real PgBouncer)."""
+    import psycopg
+
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+
+    def pooler_lost_it():
+        raise psycopg.errors.InvalidSqlStatementName('prepared statement "_pg3_0" does not exist')
+
+    code, _, stderr = _run_json(monkeypatch, capsys, url, 3, pooler_lost_it)
+    assert code == 1
+    (line,) = stderr.strip().splitlines()
+    assert line.startswith('error: the store failed: prepared statement "_pg3_0" does not exist; ')
+    assert "transaction pooler" in line and "add ?prepare_threshold=none to the store's URL" in line
+
+
 def test_an_error_said_over_several_lines_is_one_line(capsys):
     """libpq's words span three lines (and a tab): a script reading the one `error:` line lost
     the rest."""
