@@ -369,8 +369,9 @@ def grouped_bar_chart(groups: list[str], series: dict[str, list[float | None]], 
                       width: int = 720) -> str:
     """Bars per group (e.g. chaos level) for each series (e.g. task), fractions, with a legend."""
     names = list(series)
-    legend = _legend_layout(names, width)
-    height, top, bottom, left = 270 + 14 * (legend[-1][1] if legend else 0), 30, 62, 44
+    top, bottom, left = 30, 62, 44
+    legend = _legend_layout(names, width, left)
+    height = 270 + 14 * (legend[-1][1] if legend else 0)  # a row more for each wrapped legend row
     inner_h = 270 - top - bottom
     inner_w = width - left - 10
     slot = inner_w / max(len(groups), 1)
@@ -405,7 +406,7 @@ def grouped_bar_chart(groups: list[str], series: dict[str, list[float | None]], 
     return "".join(parts)
 
 
-def _legend_layout(names: list[str], width: int, left: int = 44) -> list[tuple[int, int]]:
+def _legend_layout(names: list[str], width: int, left: int) -> list[tuple[int, int]]:
     """Each legend entry's (x offset, row): entries side by side, a new row where the next would
     run past the right edge, so long agent names wrap instead of leaving the chart."""
     placed, x, row = [], 0, 0
