@@ -456,18 +456,20 @@ def stop_signals_deferred(stopping: bool = False) -> Iterator[None]:
 
 
 def summarise(results: list[EpisodeResult]) -> dict[str, Any]:
-    """Episodes, success rate, mean return ± std, mean steps and failure modes of a run."""
+    """Episodes, success rate, mean return ± std, mean steps and failure modes of a run. A run of
+    no episodes (`--episodes 0`, or stopped before the first ended) has no rate or mean: None, not
+    a 0.0 a script would average in as a run that never succeeded."""
     n = len(results)
     returns = [r.reward_return for r in results]
     outcomes = Counter(r.outcome for r in results)
     modes = Counter(r.failure_mode for r in results if r.failure_mode)
     return {
         "episodes": n,
-        "success_rate": outcomes["success"] / n if n else 0.0,
+        "success_rate": outcomes["success"] / n if n else None,
         "outcomes": dict(sorted(outcomes.items())),
-        "mean_return": statistics.fmean(returns) if n else 0.0,
+        "mean_return": statistics.fmean(returns) if n else None,
         # the sample deviation, as `analytics query compare_agents` gives it: one number for one thing
-        "std_return": statistics.stdev(returns) if n > 1 else 0.0,
-        "mean_steps": statistics.fmean(r.steps for r in results) if n else 0.0,
+        "std_return": (statistics.stdev(returns) if n > 1 else 0.0) if n else None,
+        "mean_steps": statistics.fmean(r.steps for r in results) if n else None,
         "failure_modes": dict(modes.most_common()),
     }

@@ -308,6 +308,21 @@ def test_run_cli_json_reports_every_episode_with_its_digest(tmp_path):
     assert [e["digest"] for e in json.loads(again.stdout)["episodes"]] == [e["digest"] for e in episodes]
 
 
+def test_a_run_of_no_episodes_has_no_success_rate_or_means(tmp_path):
+    """`run --episodes 0` said success 0.0% and mean return 0.00 (JSON 0.0): a script averaging
+    runs read it as a run that never succeeded. Nothing was run, so there is nothing to average."""
+    url = f"sqlite:///{tmp_path / 'run.db'}"
+    command = [sys.executable, "-m", "companyos", "run", "--episodes", "0", "--db", url]
+    document = json.loads(subprocess.run([*command, "--json"], capture_output=True, text=True,
+                                         check=True).stdout)
+    assert document == {"summary": {"episodes": 0, "success_rate": None, "outcomes": {}, "mean_return": None,
+                                    "std_return": None, "mean_steps": None, "failure_modes": {}},
+                        "episodes": []}
+    table = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+    for metric in ("success rate", "mean return", "mean steps"):
+        assert re.search(rf"{metric}\s+│\s+n/a", table), table
+
+
 def test_run_reports_each_return_exactly_as_the_log_holds_it(tmp_path):
     """`run --json` and `episodes --json` give one episode the same return, to the last bit."""
     url = f"sqlite:///{tmp_path / 'run.db'}"
