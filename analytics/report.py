@@ -101,6 +101,10 @@ def build(wh: Warehouse, agent: str | None = None, task: str | None = None,
     data["tool_error_rates"] = tools[:TOOL_ROWS]
     data["notes"] = {}
     agents = len({r["agent"] for r in data["success_by_agent_and_chaos"]})
+    if agents and data["chaos_impact"]:
+        data["notes"]["chaos_impact"] = (
+            f"These rates pool all {agents} agents: a mechanism that fires only at levels a strong "
+            "agent ran looks harmless, or helpful. `--agent` narrows the report to one.")
     if agents > CHART_AGENTS:
         data["notes"]["success_by_agent_and_chaos"] = (
             f"The chart above draws the {CHART_AGENTS} agents with the most episodes; this table "

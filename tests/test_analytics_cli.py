@@ -517,7 +517,8 @@ def test_the_report_draws_success_by_chaos_per_agent_when_it_covers_several(logg
     for agent in ("expert", "random", "noop"):
         assert f">{agent}</text>" in page  # in the chart's legend
     assert "## Success by agent and chaos level" in report.to_markdown(data)
-    assert only_random["success_by_agent_and_chaos"] == []
+    assert data["notes"]["chaos_impact"].startswith("These rates pool all 3 agents")
+    assert only_random["success_by_agent_and_chaos"] == [] and "chaos_impact" not in only_random["notes"]
     page = report.to_html(only_random)
     assert "Success rate by chaos level<" in page and "and agent" not in page and "together" not in page
 
