@@ -462,6 +462,15 @@ class EventStore:
                 f"SELECT position, stream_id FROM commits WHERE {where} ORDER BY position "
                 "LIMIT :n"), {"n": limit})]
 
+    def takes_writes(self) -> bool:
+        """Whether the database would take a write: not a SQLite file opened `mode=ro`, nor a
+        PostgreSQL session that is read-only (a hot standby, or `default_transaction_read_only`).
+        Readers that would first bring the read models up to date list what they hold instead."""
+        if self.engine.dialect.name != "postgresql":
+            return sqlite_uri_mode(self.engine.url) != "ro"
+        with self.engine.connect() as conn:
+            return conn.execute(sa.text("SELECT current_setting('transaction_read_only')")).scalar() != "on"
+
     def readable_position(self) -> int:
         """The last position a reader of the global order may read now. On PostgreSQL a commit
         still running can yet land below `last_position()`, so what lies past the transaction-id

@@ -387,6 +387,37 @@ def test_a_read_only_url_lists_a_store_whose_read_models_were_never_built(cli, t
     assert len(json.loads(cli("episodes", "--db", url, "--json").stdout)["episodes"]) == 1
 
 
+
+def test_a_read_only_postgresql_database_lists_what_the_read_models_hold(cli, fresh_pg_url):
+    """A hot standby (here `default_transaction_read_only`, which reads the same to a session):
+    `episodes` failed with "cannot execute INSERT in a read-only transaction" bringing the read
+    models up to date. It lists what they hold (on a standby, what the primary folded) and says
+    what it could not fold, as a SQLite `mode=ro` URL does."""
+    from tests.conftest import _pg_engine
+    from tests.test_projections import play
+
+    with EventStore.open(fresh_pg_url) as store:
+        first = play(store, "expense_report", 1, "none", "expert")["episode_id"]
+    assert [e["episode_id"] for e in json.loads(cli("episodes", "--db", fresh_pg_url, "--json").stdout)[
+        "episodes"]] == [first]
+    with EventStore.open(fresh_pg_url) as store:
+        play(store, "bug_escalation", 2, "none", "expert")
+    admin = _pg_engine()
+    database = sa.make_url(fresh_pg_url).database
+    with admin.connect() as conn:
+        conn.exec_driver_sql(f"ALTER DATABASE {database} SET default_transaction_read_only = on")
+    try:
+        out = cli("episodes", "--db", fresh_pg_url, "--json")
+        assert out.exit_code == 0, out.output
+        assert [e["episode_id"] for e in json.loads(out.stdout)["episodes"]] == [first]
+        assert "behind the log" in out.stderr and "the database takes no writes" in out.stderr, out.stderr
+    finally:
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f"ALTER DATABASE {database} RESET default_transaction_read_only")
+        admin.dispose()
+    assert len(json.loads(cli("episodes", "--db", fresh_pg_url, "--json").stdout)["episodes"]) == 2
+
+
 def test_verify_waits_for_an_older_transaction_and_never_says_a_bare_ok_over_a_part(cli, fresh_pg_url):
     """PostgreSQL readers stop below the oldest running transaction of the whole cluster: a
     transaction held open anywhere made verify check nothing and print "ok", exit 0."""

@@ -75,7 +75,7 @@ def episodes(
     unread = 0
     try:
         runner = ProjectionRunner(store, default_projections())
-        read_only = read_only_store(resolve_db(db))
+        read_only = not store.takes_writes()
         behind = min((runner.stored_checkpoints() if read_only else runner.checkpoints()).values())
         waiting = _commits_waiting(store)
         if read_only:  # the read models stay as they are: a list of what
@@ -90,9 +90,13 @@ def episodes(
         store.close()
     _say_waiting(waiting, "listed", "list")
     if unread:
-        typer.echo(f"note: the read models are {unread} events behind the log, and the URL "
-                   f"{READ_ONLY_WORDS}, which cannot bring them up to date: the episodes logged "
-                   "since are not listed (list once with a URL that may write)", err=True)
+        why, fix = (f"the URL {READ_ONLY_WORDS}", "with a URL that may write")
+        if not read_only_store(resolve_db(db)):
+            why, fix = ("the database takes no writes (a standby, or default_transaction_read_only)",
+                        "against the primary")
+        typer.echo(f"note: the read models are {unread} events behind the log, and {why}, which cannot "
+                   f"bring them up to date: the episodes logged since are not listed (list once {fix})",
+                   err=True)
     if as_json:
         print_json({"episodes": rows})
         return
