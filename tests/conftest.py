@@ -87,6 +87,34 @@ def unique_stream(prefix: str = "s") -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
+def append_behind_a_held_lock(store, stream: str, lock_url: str) -> list[BaseException]:
+    """Append to `stream` (at version 0) while a session of `lock_url` holds `commits` locked
+    ACCESS EXCLUSIVE; what the append raised. A test failure if it still waits after 60 s: with
+    no lock timeout in force it never returns."""
+    import threading
+
+    import psycopg
+
+    from eventstore import NewEvent
+
+    with psycopg.connect(lock_url) as holder:
+        holder.execute("LOCK TABLE commits IN ACCESS EXCLUSIVE MODE")
+        failed: list[BaseException] = []
+
+        def appending() -> None:
+            try:
+                store.append(stream, [NewEvent("Noted", {})], 0)
+            except BaseException as exc:  # noqa: BLE001 - the caller inspects it
+                failed.append(exc)
+
+        attempt = threading.Thread(target=appending, daemon=True)
+        attempt.start()
+        attempt.join(60)  # a guard, not a measurement
+        assert not attempt.is_alive(), "the append still waits for the lock"
+        holder.rollback()
+    return failed
+
+
 def command_runner(register, *prefix: str):
     """Invoke a command group's commands in-process, as `companyos <prefix> ...` would."""
     import typer

@@ -471,46 +471,46 @@ def test_a_warehouse_path_that_cannot_hold_one_is_refused_and_left_alone(logged,
     assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
 
 
-def test_report_success_by_chaos_agrees_with_what_run_reported(logged, tmp_path):
+@pytest.fixture(scope="module")
+def reports(logged, tmp_path_factory):
+    """What run reported, and the report built over all its episodes and over the random agent's."""
     from analytics import report
 
     url, reported = logged
-    tally: dict[float, list[int]] = {}
+    with Warehouse(tmp_path_factory.mktemp("reports") / "w.duckdb") as wh:
+        sync(url, wh)
+        return reported, report.build(wh), report.build(wh, agent="random")
+
+
+def _successes(reported: list[dict], *keys: str) -> list[tuple[tuple, int, int]]:
+    """(key values, episodes, successes) per distinct value of `keys` in run's own report, sorted."""
+    tally: dict[tuple, list[int]] = {}
     for r in reported:
-        counts = tally.setdefault(r["chaos"], [0, 0])
+        counts = tally.setdefault(tuple(r[k] for k in keys), [0, 0])
         counts[0] += 1
         counts[1] += r["outcome"] == "success"
-    with Warehouse(tmp_path / "w.duckdb") as wh:
-        sync(url, wh)
-        data = report.build(wh)
-        only_random = report.build(wh, agent="random")
+    return [(key, n, wins) for key, (n, wins) in sorted(tally.items())]
+
+
+def test_report_success_by_chaos_agrees_with_what_run_reported(reports):
+    reported, data, only_random = reports
     assert data["success_by_chaos"] == [
         {"chaos": chaos, "episodes": n, "success_rate": round(wins / n, 4)}
-        for chaos, (n, wins) in sorted(tally.items())]
+        for (chaos,), n, wins in _successes(reported, "chaos")]
     assert [r["chaos"] for r in only_random["success_by_chaos"]] == [0.5]  # random ran at medium only
     assert data["summary"]["episodes"] == len(reported)
 
 
-
-def test_the_report_draws_success_by_chaos_per_agent_when_it_covers_several(logged, tmp_path):
+def test_the_report_draws_success_by_chaos_per_agent_when_it_covers_several(reports):
     """The expert ran at high chaos and the random agent at medium: pooled, high chaos read as the
     easier level. Over several agents the report draws (and tabulates) each agent at each level,
     and says which charts pool them; narrowed to one agent it keeps the plain chart."""
     from analytics import report
 
-    url, reported = logged
-    tally: dict[tuple[str, float], list[int]] = {}
-    for r in reported:
-        counts = tally.setdefault((r["agent"], r["chaos"]), [0, 0])
-        counts[0] += 1
-        counts[1] += r["outcome"] == "success"
-    with Warehouse(tmp_path / "w.duckdb") as wh:
-        sync(url, wh)
-        data = report.build(wh)
-        only_random = report.build(wh, agent="random")
+    reported, data, only_random = reports
     assert data["success_by_agent_and_chaos"] == [
         {"agent": agent, "chaos": chaos, "episodes": n, "successes": wins, "success_rate": round(wins / n, 4)}
-        for (agent, chaos), (n, wins) in sorted(tally.items())]
+        for (agent, chaos), n, wins in _successes(reported, "agent", "chaos")]
     page = report.to_html(data)
     assert "Success rate by chaos level and agent" in page
     assert "Success rate by task and chaos level (all 3 agents together)" in page

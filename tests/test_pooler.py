@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from companyos.batch import RunPlan
 from companyos.batch import run as run_plan
 from eventstore import EventStore, NewEvent
-from tests.conftest import _pg_engine, _throwaway_pg_database, unique_stream
+from tests.conftest import _pg_engine, _throwaway_pg_database, append_behind_a_held_lock, unique_stream
 
 POOLER_URL = os.environ.get("COMPANYOS_TEST_PGBOUNCER_URL")
 
@@ -26,10 +26,12 @@ pytestmark = pytest.mark.skipif(not POOLER_URL, reason="COMPANYOS_TEST_PGBOUNCER
 
 @pytest.fixture
 def through_pooler():
-    """A throwaway database, as (its URL through the pooler, its direct URL)."""
+    """A throwaway database, as (its URL through the pooler, as the README says to write it behind
+    one, and its direct URL)."""
     with _throwaway_pg_database() as direct:
         name = sa.make_url(direct).database
-        yield sa.make_url(POOLER_URL).set(database=name).render_as_string(hide_password=False), direct
+        pooled = sa.make_url(POOLER_URL).set(database=name).update_query_dict({"prepare_threshold": "none"})
+        yield pooled.render_as_string(hide_password=False), direct
 
 
 def test_the_store_works_behind_a_transaction_pooler_with_prepare_threshold_none(through_pooler):
@@ -38,7 +40,7 @@ def test_the_store_works_behind_a_transaction_pooler_with_prepare_threshold_none
     With `?prepare_threshold=none`, as the README says, four threads append 40 times each and
     `run` logs episodes from two processes."""
     url, _ = through_pooler
-    url += "?prepare_threshold=none"
+    assert url.endswith("?prepare_threshold=none")
     streams = [unique_stream() for _ in range(4)]
     failed: list[BaseException] = []
     with EventStore.open(url) as store:
@@ -70,8 +72,6 @@ def test_a_lock_timeout_set_on_the_database_holds_behind_a_transaction_pooler(th
     """The store's own `SET lock_timeout` reaches only the server connection it ran on, so behind
     the pooler an append could wait for a held lock for ever; set on the database (as the README
     says to), it holds on every server connection, and the append fails in words."""
-    import psycopg
-
     from api.sessions import outage_classes
 
     url, direct = through_pooler
@@ -83,22 +83,7 @@ def test_a_lock_timeout_set_on_the_database_holds_behind_a_transaction_pooler(th
     stream = unique_stream()
     with EventStore.open(url) as store:
         store.append(stream, [NewEvent("Opened", {})], None)
-        with psycopg.connect(sa.make_url(direct).set(drivername="postgresql")
-                             .render_as_string(hide_password=False)) as holder:
-            holder.execute("LOCK TABLE commits IN ACCESS EXCLUSIVE MODE")
-            failed: list[BaseException] = []
-
-            def appending() -> None:
-                try:
-                    store.append(stream, [NewEvent("Noted", {})], 0)
-                except BaseException as exc:  # noqa: BLE001 - the test inspects it
-                    failed.append(exc)
-
-            attempt = threading.Thread(target=appending, daemon=True)
-            attempt.start()
-            attempt.join(60)  # a guard, not a measurement: without a lock timeout it never returns
-            assert not attempt.is_alive(), "the append still waits for the lock"
-            holder.rollback()
+        failed = append_behind_a_held_lock(store, stream, direct)
         assert len(failed) == 1 and isinstance(failed[0], outage_classes()), failed
         assert "lock timeout" in str(failed[0])
         store.append(stream, [NewEvent("Noted", {})], 0)

@@ -27,7 +27,7 @@ from eventstore import (
 from eventstore.engine import normalise_url
 from eventstore.records import MAX_EVENT_BYTES
 from tests import tamper
-from tests.conftest import unique_stream
+from tests.conftest import append_behind_a_held_lock, unique_stream
 
 
 @pytest.fixture
@@ -745,8 +745,6 @@ def test_a_postgresql_append_behind_a_held_lock_fails_in_words_not_hangs(pg_data
     """PostgreSQL waits for a lock forever by default: a `LOCK TABLE` in a maintenance session, or
     a transaction left open in psql, hung every step. The store waits as long as SQLite's writers
     do (a test shortens it), then the append fails as an outage, and nothing half-done stays."""
-    import psycopg
-
     from api.sessions import outage_classes
     from eventstore import engine
 
@@ -754,21 +752,7 @@ def test_a_postgresql_append_behind_a_held_lock_fails_in_words_not_hangs(pg_data
     stream = unique_stream()
     with EventStore.open(pg_database_url) as store:
         store.append(stream, [NewEvent("Opened", {})], None)
-        with psycopg.connect(pg_database_url) as holder:
-            holder.execute("LOCK TABLE commits IN ACCESS EXCLUSIVE MODE")
-            failed: list[BaseException] = []
-
-            def appending() -> None:
-                try:
-                    store.append(stream, [NewEvent("Noted", {})], 0)
-                except BaseException as exc:  # noqa: BLE001 - the test inspects it
-                    failed.append(exc)
-
-            attempt = threading.Thread(target=appending, daemon=True)
-            attempt.start()
-            attempt.join(60)  # a guard, not a measurement: without a lock timeout it never returns
-            assert not attempt.is_alive(), "the append still waits for the lock"
-            holder.rollback()
+        failed = append_behind_a_held_lock(store, stream, pg_database_url)
         # an outage, as the server answers it (503 store_unavailable, retryable)
         assert len(failed) == 1 and isinstance(failed[0], outage_classes()), failed
         assert "lock timeout" in str(failed[0])
