@@ -104,7 +104,7 @@ def build(wh: Warehouse, agent: str | None = None, task: str | None = None,
     if agents and data["chaos_impact"]:
         data["notes"]["chaos_impact"] = (
             f"These rates pool all {agents} agents: a mechanism that fires only at levels a strong "
-            "agent ran looks harmless, or helpful. `--agent` narrows the report to one.")
+            "agent ran looks harmless, or helpful. Narrowed to one agent, the report shows its own.")
     if agents > CHART_AGENTS:
         data["notes"]["success_by_agent_and_chaos"] = (
             f"The chart above draws the {CHART_AGENTS} agents with the most episodes; this table "
