@@ -49,7 +49,14 @@ from api.models import (
 )
 from api.querystring import STRICT_QUERY
 from api.readiness import Readiness
-from api.sessions import ApiError, SessionManager, outage_classes, split_session_key, store_outage
+from api.sessions import (
+    ApiError,
+    SessionManager,
+    outage_classes,
+    pooler_classes,
+    split_session_key,
+    store_outage,
+)
 from api.ui import ui_router
 from api.ui_html import error_page, is_ui_path
 from api.ws import websocket_app
@@ -228,14 +235,15 @@ def _register_errors(app: FastAPI) -> None:
 
     async def database_outage(request: Request, exc: Exception) -> Response:
         failure = store_outage(exc)
-        assert failure is not None  # registered for exactly the classes store_outage takes
+        if failure is None:  # a ProgrammingError that is no lost prepared statement: a bug, a 500
+            raise exc
         if is_ui_path(route_path(request.scope)):  # a person's page: said as a page
             page = error_page(failure.status, failure.message)
             page.headers.update(OUTAGE_RETRY)
             return page
         return _error(failure)
 
-    for outage in outage_classes():
+    for outage in (*outage_classes(), *pooler_classes()):
         app.add_exception_handler(outage, database_outage)
 
     @app.exception_handler(BodyTooLarge)

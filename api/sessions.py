@@ -30,6 +30,7 @@ import domain
 from companyos.env import episode_state, spec_from_options
 from companyos.runtime import EpisodeNotFound, EpisodeRuntime, episode_id_problem, new_episode_id
 from eventstore import ConcurrencyError, CorruptCommit, EventStore, StoreClosed, WriterBusy
+from eventstore.engine import pooler_hint
 from projections.episodes import new_agent_label_problem
 
 RESET_FIELDS = ("seed", "episode_id", "task", "chaos", "reward_profile", "max_steps", "agent", "text")
@@ -77,22 +78,37 @@ def outage_classes() -> tuple[type[Exception], ...]:
     return (*classes, psycopg.OperationalError, psycopg.InterfaceError)
 
 
+@cache
+def pooler_classes() -> tuple[type[Exception], ...]:
+    """What a statement a transaction pooler lost raises: psycopg's own from the store's raw
+    cursors, SQLAlchemy's ProgrammingError around it elsewhere (which `store_outage` tells from
+    a bug by its words)."""
+    try:
+        import psycopg
+    except ImportError:
+        return ()
+    return (psycopg.errors.InvalidSqlStatementName, psycopg.errors.DuplicatePreparedStatement,
+            sa.exc.ProgrammingError)
+
+
 def store_outage(exc: BaseException) -> ApiError | None:
     """A database outage as the 503 `store_unavailable` a client may retry, logged here with the
     driver's words (they can name hosts and tables, so the client gets only the kind); None for
     any other exception. Without it such a request was a bare "Internal Server Error", and a
-    WebSocket dropped with no frame."""
-    if not isinstance(exc, outage_classes()):
+    WebSocket dropped with no frame. A prepared statement a transaction pooler lost is one too
+    (the store's URL lacks `?prepare_threshold=none`): it was a 500 that read as a server bug."""
+    hint = pooler_hint(exc)
+    if hint is None and not isinstance(exc, outage_classes()):
         return None
-    log.warning("the store's database failed under a request", exc_info=exc)
-    return outage_answer(exc)
+    log.warning("the store's database failed under a request" + (f"; {hint}" if hint else ""), exc_info=exc)
+    return outage_answer(exc, hint)
 
 
-def outage_answer(exc: BaseException) -> ApiError:
+def outage_answer(exc: BaseException, hint: str | None = None) -> ApiError:
     """The 503 for a database outage, naming only its kind (no driver words), not logged."""
-    orig = getattr(exc, "orig", None) or exc
-    return ApiError(503, "store_unavailable", f"the store's database failed ({type(orig).__name__}); "
-                    "try again once it is back")
+    failed = f"the store's database failed ({type(getattr(exc, 'orig', None) or exc).__name__})"
+    said = f"{failed}: {hint}" if hint else f"{failed}; try again once it is back"
+    return ApiError(503, "store_unavailable", said)
 
 
 def refusal(exc: BaseException) -> ApiError | None:

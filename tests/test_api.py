@@ -1329,6 +1329,44 @@ def test_only_an_outage_is_a_503_and_a_page_asks_as_a_page(sqlite_url, monkeypat
         assert c.get("/episodes").status_code == 500
 
 
+
+@pytest.mark.parametrize("wrapped", [False, True], ids=["the driver's own", "SQLAlchemy's"])
+def test_a_prepared_statement_a_pooler_lost_is_a_503_that_names_the_fix(sqlite_url, monkeypatch, wrapped):
+    """Behind PgBouncer's transaction pooling, without `?prepare_threshold=none` in the server's
+    store URL, a step failed with a 500 that read as a server bug; it is a 503 whose words name
+    the fix, and a WebSocket step gets them in its error frame and keeps its socket."""
+    import psycopg
+
+    lost = psycopg.errors.InvalidSqlStatementName('prepared statement "_pg3_0" does not exist')
+    failing = {"on": False}
+    real_append = EventStore.append_head
+
+    def append_head(self, *args, **kwargs):
+        if failing["on"]:
+            raise sa.exc.ProgrammingError("INSERT INTO commits ...", {}, lost) if wrapped else lost
+        return real_append(self, *args, **kwargs)
+
+    monkeypatch.setattr(EventStore, "append_head", append_head)
+    fix = "add ?prepare_threshold=none to the store's URL"
+    with client(sqlite_url) as c:
+        episode_id, token, _ = reset(c)
+        failing["on"] = True
+        r = step(c, episode_id, token, ACTIONS[0])
+        assert r.status_code == 503 and r.json()["code"] == "store_unavailable", r.text
+        assert fix in r.json()["detail"] and r.headers["retry-after"] == "1"
+        with c.websocket_connect("/ws") as ws:
+            failing["on"] = False
+            ws.send_json({"type": "reset", "data": RESET})
+            ws.receive_json()
+            failing["on"] = True
+            ws.send_json({"type": "step", "data": ACTIONS[0]})
+            refused = ws.receive_json()["data"]
+            assert (refused["reason"], refused["status"]) == ("store_unavailable", 503), refused
+            assert fix in refused["message"], refused
+            failing["on"] = False
+            ws.send_json({"type": "step", "data": ACTIONS[0]})  # the same socket goes on
+            assert ws.receive_json()["data"]["metadata"]["step"] == 1
+
 def test_the_api_docs_page_needs_nothing_from_the_internet(sqlite_url):
     """/docs loaded Swagger UI from a CDN: offline, the UI's "API docs" link opened a blank page.
     Every script and style it names is served here now (Swagger UI 5, which reads OpenAPI 3.1)."""
