@@ -1332,7 +1332,6 @@ def test_the_agents_chart_keeps_long_model_names_readable():
     assert widths[0] == pytest.approx(0.9 * (560 - 190 - 60), abs=0.1)  # rates on an absolute scale
 
 
-
 def test_the_per_agent_chart_draws_the_busiest_agents_and_keeps_its_legend_inside(tmp_path):
     """Twelve agents with long model names: the chart draws the eight with the most episodes, best
     first, each legend entry inside the picture (they wrapped past its bottom edge before), and

@@ -544,6 +544,7 @@ def test_http_route_answers_named_queries_only(logged, tmp_path):
     bad = client.get("/analytics/failure_modes", params={"agent": "a\x00b"})
     assert bad.status_code == 400 and "text without control characters" in bad.json()["detail"]
 
+
 def test_http_route_answers_202_while_a_long_sync_runs(logged, tmp_path, monkeypatch, held_sync):
     """A store far ahead of its warehouse: the caller hears how far the sync got and when to ask
     again, instead of a request hanging for minutes; `Prefer: wait=N` waits for the rows; a bad
@@ -797,7 +798,6 @@ def test_prefer_wait_is_read_as_rfc_7240_says(header, wait, asked):
     from api.analytics_routes import preferred_wait
 
     assert preferred_wait(header) == (wait, asked)
-
 
 
 def test_a_command_waits_for_another_process_syncing_the_warehouse(logged, tmp_path, cli, monkeypatch):

@@ -1329,7 +1329,6 @@ def test_only_an_outage_is_a_503_and_a_page_asks_as_a_page(sqlite_url, monkeypat
         assert c.get("/episodes").status_code == 500
 
 
-
 @pytest.mark.parametrize("wrapped", [False, True], ids=["the driver's own", "SQLAlchemy's"])
 def test_a_prepared_statement_a_pooler_lost_is_a_503_that_names_the_fix(sqlite_url, monkeypatch, wrapped):
     """Behind PgBouncer's transaction pooling, without `?prepare_threshold=none` in the server's
@@ -1366,6 +1365,7 @@ def test_a_prepared_statement_a_pooler_lost_is_a_503_that_names_the_fix(sqlite_u
             failing["on"] = False
             ws.send_json({"type": "step", "data": ACTIONS[0]})  # the same socket goes on
             assert ws.receive_json()["data"]["metadata"]["step"] == 1
+
 
 def test_the_api_docs_page_needs_nothing_from_the_internet(sqlite_url):
     """/docs loaded Swagger UI from a CDN: offline, the UI's "API docs" link opened a blank page.

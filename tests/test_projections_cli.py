@@ -387,7 +387,6 @@ def test_a_read_only_url_lists_a_store_whose_read_models_were_never_built(cli, t
     assert len(json.loads(cli("episodes", "--db", url, "--json").stdout)["episodes"]) == 1
 
 
-
 def test_a_read_only_postgresql_database_lists_what_the_read_models_hold(cli, fresh_pg_url):
     """A hot standby (here `default_transaction_read_only`, which reads the same to a session):
     `episodes` failed with "cannot execute INSERT in a read-only transaction" bringing the read

@@ -400,7 +400,6 @@ def test_a_run_the_store_fails_under_reports_the_episodes_that_finished(tmp_path
         (e["seed"], e["digest"]) for e in _logged(url)}
 
 
-
 def test_a_prepared_statement_a_pooler_lost_is_said_with_the_url_that_fixes_it(tmp_path, monkeypatch, capsys):
     """Behind PgBouncer's transaction pooling psycopg's prepared statements go missing: the error
     line said only `prepared statement "_pg3_0" does not exist`, which names neither the cause
