@@ -1101,17 +1101,24 @@ def test_a_store_that_fails_mid_episode_is_a_503_in_words_and_the_episode_goes_o
         assert "server closed the connection" in caplog.text
         failing["on"] = False
         assert step(c, episode_id, token, ACTIONS[0]).json()["metadata"]["step"] == 1  # not applied
-        with c.websocket_connect("/ws") as ws:
-            ws.send_json({"type": "reset", "data": RESET})
-            ws.receive_json()
-            failing["on"] = True
-            ws.send_json({"type": "step", "data": ACTIONS[0]})
-            refused = ws.receive_json()["data"]
-            assert (refused["reason"], refused["status"]) == ("store_unavailable", 503), refused
-            failing["on"] = False
-            ws.send_json({"type": "step", "data": ACTIONS[0]})  # the same socket goes on
-            assert ws.receive_json()["data"]["metadata"]["step"] == 1
+        _ws_step_refused_then_taken(c, failing)
 
+
+
+def _ws_step_refused_then_taken(c: TestClient, failing: dict) -> dict:
+    """A WebSocket step while `failing["on"]` is refused as 503 `store_unavailable` in a frame, and
+    the same socket's next step, the failure gone, is step 1 (nothing was applied); the frame."""
+    with c.websocket_connect("/ws") as ws:
+        ws.send_json({"type": "reset", "data": RESET})
+        ws.receive_json()
+        failing["on"] = True
+        ws.send_json({"type": "step", "data": ACTIONS[0]})
+        refused = ws.receive_json()["data"]
+        assert (refused["reason"], refused["status"]) == ("store_unavailable", 503), refused
+        failing["on"] = False
+        ws.send_json({"type": "step", "data": ACTIONS[0]})  # the same socket goes on
+        assert ws.receive_json()["data"]["metadata"]["step"] == 1
+    return refused
 
 def test_ready_says_whether_the_store_answers_while_health_says_the_process_lives(sqlite_url,
                                                                                  monkeypatch):
@@ -1353,18 +1360,8 @@ def test_a_prepared_statement_a_pooler_lost_is_a_503_that_names_the_fix(sqlite_u
         r = step(c, episode_id, token, ACTIONS[0])
         assert r.status_code == 503 and r.json()["code"] == "store_unavailable", r.text
         assert fix in r.json()["detail"] and r.headers["retry-after"] == "1"
-        with c.websocket_connect("/ws") as ws:
-            failing["on"] = False
-            ws.send_json({"type": "reset", "data": RESET})
-            ws.receive_json()
-            failing["on"] = True
-            ws.send_json({"type": "step", "data": ACTIONS[0]})
-            refused = ws.receive_json()["data"]
-            assert (refused["reason"], refused["status"]) == ("store_unavailable", 503), refused
-            assert fix in refused["message"], refused
-            failing["on"] = False
-            ws.send_json({"type": "step", "data": ACTIONS[0]})  # the same socket goes on
-            assert ws.receive_json()["data"]["metadata"]["step"] == 1
+        failing["on"] = False
+        assert fix in _ws_step_refused_then_taken(c, failing)["message"]
 
 
 def test_the_api_docs_page_needs_nothing_from_the_internet(sqlite_url):
