@@ -100,7 +100,7 @@ def build(wh: Warehouse, agent: str | None = None, task: str | None = None,
     tools = run_named(wh, "tool_error_rates", {**f, "min_calls": 1})
     data["tool_error_rates"] = tools[:TOOL_ROWS]
     data["notes"] = {}
-    agents = len({r["agent"] for r in data["success_by_agent_and_chaos"]})
+    agents = agent_count(data["success_by_agent_and_chaos"])
     if agents and data["chaos_impact"]:
         data["notes"]["chaos_impact"] = (
             f"These rates pool all {agents} agents: a mechanism that fires only at levels a strong "
@@ -143,7 +143,12 @@ def by_agent_and_chaos(wh: Warehouse, f: dict[str, Any]) -> list[dict[str, Any]]
     """Success per agent and chaos level; [] when the episodes are one agent's (the plain
     success-by-chaos rows say it all then)."""
     rows = rows_of(wh.con.execute(_BY_AGENT_AND_CHAOS, {k: f[k] for k in ("task", "chaos", "profile")}))
-    return rows if len({r["agent"] for r in rows}) > 1 else []
+    return rows if agent_count(rows) > 1 else []
+
+
+def agent_count(rows: list[dict[str, Any]]) -> int:
+    """How many agents rows with an `agent` column name."""
+    return len({r["agent"] for r in rows})
 
 
 def _share(part: int, whole: int) -> float:
@@ -491,7 +496,7 @@ def chart_agents(rows: list[dict[str, Any]]) -> list[str]:
 def _together(by_agent: list[dict[str, Any]] | None) -> str:
     """A title's warning that its rates pool several agents (an easy level run mostly by a strong
     agent then looks easier than it is)."""
-    return f" (all {len({r['agent'] for r in by_agent})} agents together)" if by_agent else ""
+    return f" (all {agent_count(by_agent)} agents together)" if by_agent else ""
 
 
 def _agents_by_chaos_chart(rows: list[dict[str, Any]]) -> str:

@@ -112,38 +112,37 @@ def create_engine(url: str, synchronous: str | None = None) -> sa.Engine:
     # SQL_ASCII made psycopg hand out bytes); a URL's own ?client_encoding= wins.
     if "client_encoding" not in parsed.query:
         connect_args["client_encoding"] = "utf8"
-    threshold, parsed = _prepare_threshold(parsed)
-    if threshold is not _PSYCOPG_DEFAULT:
-        connect_args["prepare_threshold"] = threshold
+    prepare, parsed = _prepare_threshold(parsed)
+    connect_args.update(prepare)
     engine = sa.create_engine(parsed, pool_size=8, max_overflow=32, pool_pre_ping=True,
                               connect_args=connect_args)
     event.listen(engine, "connect", _bounded_lock_waits)
     return _pooled_per_process(engine)
 
 
-_PSYCOPG_DEFAULT = object()
 POOLER_HINT = ("a transaction pooler (PgBouncer's pool_mode=transaction) between the store and "
                "PostgreSQL runs each transaction on any server connection, where psycopg's prepared "
                "statements are missing: add ?prepare_threshold=none to the store's URL")
 
 
-def _prepare_threshold(url: sa.URL) -> tuple[object, sa.URL]:
-    """The URL's `?prepare_threshold=`, taken out of it (it is psycopg's setting, not a libpq
-    parameter, which psycopg would refuse): `none` prepares no statement, which a transaction
-    pooler needs; a whole number, the runs of a statement after which psycopg prepares it.
+def _prepare_threshold(url: sa.URL) -> tuple[dict[str, int | None], sa.URL]:
+    """The URL's `?prepare_threshold=` as psycopg's connect argument (none given: no argument,
+    psycopg's default), and the URL without it (it is psycopg's setting, not a libpq parameter,
+    which psycopg would refuse): `none` prepares no statement, which a transaction pooler needs;
+    a whole number, the runs of a statement after which psycopg prepares it.
 
     Not `none` by default: prepared statements make PostgreSQL appends 10-17% faster (measured
     with `bench/store_append.py`), and only a transaction pooler loses them."""
     value = url.query.get("prepare_threshold")
     if value is None:
-        return _PSYCOPG_DEFAULT, url
+        return {}, url
     if isinstance(value, tuple):
         value = value[-1]
     url = url.difference_update_query(["prepare_threshold"])
     if value.strip().lower() == "none":
-        return None, url
+        return {"prepare_threshold": None}, url
     if value.strip().isdigit():
-        return int(value), url
+        return {"prepare_threshold": int(value)}, url
     raise ValueError(f"prepare_threshold={value!r}: use none (behind a transaction pooler such as "
                      "PgBouncer) or a whole number of runs after which a statement is prepared")
 

@@ -14,7 +14,7 @@ import typer
 
 from companyos.commands.options import DbOption, EpisodeArgument, JsonOption, utf8_text
 from companyos.commands.output import fail, print_json, say_error, say_waiting, stdout_console
-from companyos.config import READ_ONLY_WORDS, read_only_refusal, read_only_store, resolve_db
+from companyos.config import READ_ONLY_WORDS, read_only_refusal, resolve_db
 
 
 def register(app: typer.Typer) -> None:
@@ -73,9 +73,15 @@ def episodes(
         fail(str(exc))
     store = _open(db)
     unread = 0
+    why_not = None  # why the read models cannot be brought up to date, and where they could be
     try:
         runner = ProjectionRunner(store, default_projections())
         read_only = not store.takes_writes()
+        if read_only:
+            why_not = ((f"the URL {READ_ONLY_WORDS}", "with a URL that may write")
+                       if store.engine.dialect.name == "sqlite" else
+                       ("the database takes no writes (a standby, or default_transaction_read_only)",
+                        "against the primary"))
         behind = min((runner.stored_checkpoints() if read_only else runner.checkpoints()).values())
         waiting = _commits_waiting(store)
         if read_only:  # the read models stay as they are: a list of what
@@ -90,10 +96,7 @@ def episodes(
         store.close()
     _say_waiting(waiting, "listed", "list")
     if unread:
-        why, fix = (f"the URL {READ_ONLY_WORDS}", "with a URL that may write")
-        if not read_only_store(resolve_db(db)):
-            why, fix = ("the database takes no writes (a standby, or default_transaction_read_only)",
-                        "against the primary")
+        why, fix = why_not
         typer.echo(f"note: the read models are {unread} events behind the log, and {why}, which cannot "
                    f"bring them up to date: the episodes logged since are not listed (list once {fix})",
                    err=True)
