@@ -11,6 +11,7 @@ cannot carry something, `RemoteCompanyEnv`'s docstring says what differs.
 from __future__ import annotations
 
 import contextlib
+import math
 import numbers
 import time
 from http import HTTPStatus
@@ -24,7 +25,7 @@ from websockets.sync.client import ClientConnection, connect
 
 import domain
 from companyos.config import api_key_problem
-from companyos.env import RESET_OPTIONS
+from companyos.env import RESET_OPTIONS, spec_from_options
 from companyos.observation import Observation
 from companyos.runtime import TOOL_NAMES
 from domain.events import to_json_value
@@ -519,12 +520,23 @@ class RemoteCompanyEnv:
         unknown = set(options) - RESET_OPTIONS
         if unknown:
             raise ValueError(f"unknown reset options: {sorted(unknown)}")
+        if any(map(_not_finite, (seed, *options.values()))):
+            # JSON has no NaN or infinity (orjson writes null, which the server reads as "the
+            # default"): refuse in CompanyEnv's own words rather than start another episode
+            spec_from_options(seed, options)
+            raise ValueError("NaN and infinity cannot be sent to the server")
         if isinstance(seed, numbers.Integral) and not isinstance(seed, bool):
             seed = int(seed)
         data = {**options, "seed": seed}
         if self.agent is not None:
             data["agent"] = self.agent
         return data
+
+
+def _not_finite(value: Any) -> bool:
+    """A float NaN or infinity (NumPy's too), which has no JSON form."""
+    return (isinstance(value, numbers.Real) and not isinstance(value, numbers.Integral)
+            and not math.isfinite(value))
 
 
 def _observation(payload: dict[str, Any]) -> Observation:

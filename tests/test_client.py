@@ -196,6 +196,23 @@ def test_an_unknown_option_is_refused_as_company_env_refuses_it(server, local, t
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
+@pytest.mark.parametrize("options", [{"chaos": float("nan")}, {"chaos": np.float64("inf")},
+                                     {"max_steps": float("nan")}, {"task": float("-inf")}])
+def test_nan_and_infinity_are_refused_not_sent_as_null(server, local, transport, options):
+    """JSON has no NaN: sent as null, the server took it for "the default" and logged another
+    episode (chaos 0.5, 32 steps) where CompanyEnv refuses the value."""
+    logged_before = local.store.last_position()
+    with RemoteCompanyEnv(server[0], transport=transport) as remote:
+        with pytest.raises(ValueError) as in_process:
+            local.reset(seed=5, options={"task": "expense_report", **options})
+        with pytest.raises(ValueError) as over_network:
+            remote.reset(seed=5, options={"task": "expense_report", **options})
+        assert str(over_network.value) == str(in_process.value)
+        assert remote.episode_id is None
+    assert local.store.last_position() == logged_before
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
 def test_an_episode_id_already_taken_is_a_409(server, transport):
     with RemoteCompanyEnv(server[0], transport=transport) as remote:
         episode_id = f"taken-{transport}"
