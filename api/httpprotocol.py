@@ -104,6 +104,7 @@ class TimelyHttpProtocol(HttpToolsProtocol):
     def send_400_response(self, msg: str) -> None:
         """A request httptools cannot parse (a Content-Length that is no number or given twice, a
         URL past its limit): the API's JSON refusal, not Uvicorn's plain text."""
+        self._abandon_body()
         self._refuse(400, "Bad Request", "bad_request",
                      "the request is not valid HTTP/1.1 (its request line, a header such as "
                      "Content-Length, or its framing)")
@@ -116,7 +117,19 @@ class TimelyHttpProtocol(HttpToolsProtocol):
     def _answering(self) -> bool:
         """Whether a request before this one is still being answered, or waits to be."""
         cycle = getattr(self, "cycle", None)
-        return bool(self.pipeline) or (cycle is not None and not cycle.response_complete)
+        return bool(self.pipeline) or (cycle is not None and not cycle.response_complete
+                                       and not cycle.disconnected)
+
+    def _abandon_body(self) -> None:
+        """The request whose body failed to parse (a bad chunk size) is being served, its
+        application waiting for the rest of a body that will never come: it is told the client
+        went away, so the refusal goes out now (it waited for that answer, and the deadline's 408
+        came 30 s later, naming the wrong fault)."""
+        cycle = getattr(self, "cycle", None)
+        if (cycle is not None and not self.pipeline and cycle.more_body
+                and not cycle.response_started):
+            cycle.disconnected = True
+            cycle.message_event.set()
 
     def on_response_complete(self) -> None:
         """After each answer, a refusal owed to a later request, once nothing comes before it."""

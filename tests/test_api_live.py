@@ -265,6 +265,13 @@ def test_an_oversized_request_head_is_431_and_a_request_that_is_not_http_a_json_
             assert answer.startswith(b"HTTP/1.1 400 "), answer[:200]
             head, _, body = answer.partition(b"\r\n\r\n")
             assert b"application/json" in head and orjson.loads(body)["code"] == "bad_request"
+        with socket.create_connection(("127.0.0.1", port)) as chunked:  # a bad chunk after the head
+            chunked.settimeout(20)  # waited for a body that would never come: 408 after 30 s
+            chunked.sendall(b"POST /reset HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                            b"Transfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n")
+            answer = _read_to_close(chunked)
+        assert answer.startswith(b"HTTP/1.1 400 "), answer[:200]
+        assert orjson.loads(answer.partition(b"\r\n\r\n")[2])["code"] == "bad_request"
         with socket.create_connection(("127.0.0.1", port)) as fine:  # a big but allowed head is served
             fine.settimeout(20)
             fine.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"p" * 16_000 + b"\r\n\r\n")
