@@ -21,7 +21,7 @@ from analytics import named, service
 from analytics.named import QueryError, UnknownQuery
 from analytics.stores import UnsyncableStore
 from analytics.warehouse import WarehouseError
-from api.querystring import RepeatedParameter, single_valued, whole_number
+from api.querystring import STRICT_QUERY, RepeatedParameter, single_valued, whole_number
 from eventstore import CorruptCommit, StoreUnavailable
 
 SYNC_WAIT_S = 2.0
@@ -43,7 +43,8 @@ def analytics_router(db: str | Callable[[], str], warehouse: str | None = None) 
     def db_url() -> str:
         return db() if callable(db) else db
 
-    @router.get("", summary="The named analytics questions and their parameters")
+    @router.get("", summary="The named analytics questions and their parameters",
+                dependencies=STRICT_QUERY, responses={400: {"description": "it takes no query parameter"}})
     async def catalogue() -> JSONResponse:
         return JSONResponse(service.describe())
 

@@ -47,7 +47,7 @@ from api.models import (
     StepResponse,
     TasksResponse,
 )
-from api.querystring import STRICT_QUERY
+from api.querystring import STRICT_QUERY, whole_number_in
 from api.readiness import Readiness
 from api.sessions import (
     ApiError,
@@ -73,6 +73,10 @@ T = TypeVar("T")
 EpisodeId = Annotated[str, Path(max_length=200)]
 Outcome = Literal[OUTCOMES]  # the episode listing's own list: one list for every reader
 TaskFamily = Literal[tuple(TASK_FAMILIES)]  # a misspelt task is a 422, not an empty list
+EpisodesLimit = whole_number_in(1, 500)
+EventsLimit = whole_number_in(1, 1000)
+Offset = whole_number_in(0, 10**9)
+StepNumber = whole_number_in(0, 10**6)
 IDLE_SWEEP_MIN_S = 1.0
 
 
@@ -424,8 +428,8 @@ def _register_log(app: FastAPI, server: Server) -> None:
     def list_episodes(task: Annotated[TaskFamily | None, Query()] = None,
                       agent: Annotated[str | None, Query(max_length=MAX_AGENT_LABEL)] = None,
                       outcome: Annotated[Outcome | None, Query()] = None,
-                      limit: Annotated[int, Query(ge=1, le=500)] = 50,
-                      offset: Annotated[int, Query(ge=0, le=10**9)] = 0) -> JSON:
+                      limit: Annotated[EpisodesLimit, Query()] = 50,
+                      offset: Annotated[Offset, Query()] = 0) -> JSON:
         """Logged episodes, newest first (`outcome=running` for unfinished ones)."""
         return JSON(log.list(task=task, agent=agent, outcome=outcome, limit=limit, offset=offset))
 
@@ -438,8 +442,8 @@ def _register_log(app: FastAPI, server: Server) -> None:
     @app.get("/episodes/{episode_id}/events", dependencies=STRICT_QUERY, response_model=EpisodeEvents,
              tags=["Episode log"], responses=errors(400, 401, 403, 404))
     def episode_events(episode_id: EpisodeId,
-                       from_version: Annotated[int, Query(ge=0, le=10**9)] = 0,
-                       limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> JSON:
+                       from_version: Annotated[Offset, Query()] = 0,
+                       limit: Annotated[EventsLimit, Query()] = 100) -> JSON:
         """The episode's events in stream order (secrets removed from their meta)."""
         return JSON(log.events(episode_id, from_version, limit))
 
@@ -455,7 +459,7 @@ def _register_log(app: FastAPI, server: Server) -> None:
              tags=["Episode log"],
              responses=errors(400, 401, 403, 404))
     def episode_views(episode_id: EpisodeId,
-                      step: Annotated[int | None, Query(ge=0, le=10**6)] = None) -> JSON:
+                      step: Annotated[StepNumber | None, Query()] = None) -> JSON:
         """Time travel: the three apps' views after step K (default: the last), from the log."""
         return JSON(log.views(episode_id, step))
 

@@ -60,9 +60,10 @@ class ResetRequest(BaseModel):
 
 
 class StepRequest(BaseModel):
-    """POST /step: the action and the episode it belongs to."""
+    """POST /step: the action and the episode it belongs to. Strict, as the reset is: a field of
+    the wrong type (`"timeout_s": "1"`) is refused, not converted. The action may be any JSON."""
 
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={"examples": [{
         "episode_id": "0f4c...", "episode_token": "...",
         "action": {"app": "ticketdesk", "method": "get_ticket", "params": {"ticket_id": "T-101"}}}]})
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Annotated, Any
 
 from fastapi import Depends, Request
+from pydantic import BeforeValidator, Field
 
 
 class RepeatedParameter(ValueError):
@@ -39,6 +41,24 @@ def whole_number(text: str, signed: bool = False) -> int | None:
     if not (digits.isascii() and digits.isdigit() and len(digits) <= MAX_DIGITS):
         return None
     return int(text)
+
+
+def _whole_or_refused(value: Any) -> Any:
+    """A query value read as whole_number reads it; pydantic's own int() took "1_0" as 10, "+5"
+    and "5.0" as 5, where the web UI's pages refuse them."""
+    if not isinstance(value, str):
+        return value
+    number = whole_number(value)
+    if number is None:
+        raise ValueError(f"must be a whole number written in digits, not {value[:40]!r}")
+    return number
+
+
+def whole_number_in(lo: int, hi: int) -> Any:
+    """The type of an integer query parameter from lo to hi, written in ASCII digits. The range
+    sits inside the digits check, so the OpenAPI schema keeps its minimum and maximum (put in
+    `Query`, after the check, they came out as "ge" and "le", which JSON Schema does not know)."""
+    return Annotated[Annotated[int, Field(ge=lo, le=hi)], BeforeValidator(_whole_or_refused)]
 
 
 async def strict_query(request: Request) -> None:

@@ -18,7 +18,7 @@ from urllib.parse import parse_qsl
 import orjson
 
 from api import catalog, mcp
-from api.querystring import RepeatedParameter, single_valued
+from api.querystring import RepeatedParameter, single_valued, unknown_parameter
 from api.sessions import ApiError, Session, refusal
 from eventstore.encoding import parse_json as loads
 
@@ -28,6 +28,8 @@ VALIDATION_ERROR = "VALIDATION_ERROR"
 EXECUTION_ERROR = "EXECUTION_ERROR"
 CAPACITY_REACHED = "CAPACITY_REACHED"
 SESSION_ERROR = "SESSION_ERROR"
+WS_QUERY = ("episode_token", "session_id")
+"""The query parameters `/ws` takes: a session to resume, and its token."""
 
 _dumps = orjson.dumps
 
@@ -64,11 +66,16 @@ async def websocket_app(server: Any, scope: dict, receive: Any, send: Any) -> No
     conn = _Connection(server)
     try:
         await send({"type": "websocket.accept"})
-        try:  # a repeated session_id resumed the first silently: the other routes refuse it
+        # a repeated session_id resumed the first silently, and a misspelt one (`sesion_id`)
+        # started without the session: the other routes refuse both
+        try:
             query = single_valued(parse_qsl(scope.get("query_string", b"").decode("latin-1")))
+            problem = unknown_parameter("/ws", query, WS_QUERY)
         except RepeatedParameter as exc:
+            problem = str(exc)
+        if problem:
             await send({"type": "websocket.send", "text": _error(
-                str(exc), SESSION_ERROR, reason="invalid_query", status=400)})
+                problem, SESSION_ERROR, reason="invalid_query", status=400)})
             await send({"type": "websocket.close", "code": 1008})
             return
         key = query.get("session_id")

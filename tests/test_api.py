@@ -667,6 +667,35 @@ def test_a_query_parameter_a_route_does_not_take_is_refused_in_words(sqlite_url)
             assert words in r.json()["detail"], r.text
         assert c.get(f"/state?episode_id={episode_id}&episode_token={token}").status_code == 200
         assert c.get("/health?probe=1").status_code == 200  # load balancers add what they like
+        r = c.get("/analytics?name=failure_modes")
+        assert r.status_code == 400 and "/analytics has no query parameter 'name'" in r.json()["detail"]
+        with c.websocket_connect(f"/ws?sesion_id={episode_id}.{token}") as ws:  # started no session
+            error = ws.receive_json()
+        assert error["data"]["reason"] == "invalid_query", error
+        assert "/ws has no query parameter 'sesion_id'" in error["data"]["message"]
+
+
+def test_numbers_in_query_strings_are_digits_as_on_the_ui_pages(sqlite_url):
+    """Pydantic's int() read `step=1_0` as step 10, and `limit=+5` or `limit=5.0` as 5, where the
+    web UI refuses them; a wrong type in a step's body was converted too."""
+    with client(sqlite_url) as c:
+        episode_id, token, _ = reset(c)
+        for action in ACTIONS[:2]:
+            step(c, episode_id, token, action)
+        for path, query in (("/episodes", "limit=1_0"), ("/episodes", "limit=%2B5"),
+                            ("/episodes", "offset=5.0"), (f"/episodes/{episode_id}/views", "step=1_0"),
+                            (f"/episodes/{episode_id}/events", "from_version=%2B1"),
+                            (f"/episodes/{episode_id}/events", "limit=%D9%A3")):  # Arabic-Indic 3
+            r = c.get(f"{path}?{query}")
+            assert r.status_code == 422, (path, query, r.text)
+            assert "must be a whole number written in digits" in r.text, r.text
+        assert c.get("/episodes?limit=%201").json()["limit"] == 1  # spaces around digits are fine
+        assert c.get(f"/episodes/{episode_id}/views?step=1").json()["step"] == 1
+        assert c.get("/episodes?limit=501").status_code == 422  # the range still holds
+        r = c.post("/step", json={"episode_id": episode_id, "episode_token": token,
+                                  "action": ACTIONS[2], "timeout_s": "1"})
+        assert r.status_code == 422 and "timeout_s" in r.text, r.text
+        assert c.get(f"/episodes/{episode_id}").json()["steps"] == 2  # nothing was applied
 
 
 def test_websocket_resume_after_restart(sqlite_url, tmp_path):
