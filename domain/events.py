@@ -380,10 +380,27 @@ def from_envelope(type_name: str, data: dict, schema_version: int) -> Event:
 _MAX_INT = 2**63 - 1
 
 
+_TEXT_BITS = 14_000
+"""Integers up to this many bits (4,215 digits) are logged as their digits; a bigger one as its
+size, since Python refuses to turn more than 4,300 digits into text (a fixed bound, not that
+limit, which a process may change, so the log never depends on the process)."""
+
+
 def _key(k) -> str:
-    if isinstance(k, (int, float, bool)) or k is None:
+    if isinstance(k, str):  # a StrEnum member, say: its text, as json.dumps writes it
+        return _unicode(str.__str__(k))
+    if isinstance(k, int) and not isinstance(k, bool):
+        return _int_text(int(k))
+    if isinstance(k, (float, bool)) or k is None:
         return str(k)
     return f"<{type(k).__name__}>"
+
+
+def _int_text(value: int) -> str:
+    """An integer as text: its digits, or its size when it has too many to write."""
+    if value.bit_length() > _TEXT_BITS:
+        return f"<{'negative ' if value < 0 else ''}integer of {value.bit_length()} bits>"
+    return str(value)
 
 
 def _unicode(text: str) -> str:
@@ -421,7 +438,7 @@ def to_json_value(value: Any, depth: int = 0) -> Any:
     if t is bool or value is None:
         return value
     if t is int:
-        return value if -_MAX_INT <= value <= _MAX_INT else str(value)
+        return value if -_MAX_INT <= value <= _MAX_INT else _int_text(value)
     if t is float:
         return value if math.isfinite(value) else None
     if depth >= 32:
@@ -437,6 +454,6 @@ def to_json_value(value: Any, depth: int = 0) -> Any:
         return to_json_value(int(value), depth)
     if isinstance(value, float):
         return to_json_value(float(value), depth)
-    if isinstance(value, str):
-        return _unicode(str(value))
+    if isinstance(value, str):  # its text, as json.dumps writes it (str() of a (str, Enum) member
+        return _unicode(str.__str__(value))  # is "K.app")
     return f"<unserializable {type(value).__name__}>"

@@ -134,3 +134,36 @@ def test_any_action_is_recorded_and_never_raises(action):
         text = json.dumps(data, sort_keys=True, allow_nan=False)
         assert from_envelope(t, json.loads(text), v) == e
     assert isinstance(info.message, str)
+
+
+def test_an_integer_too_long_for_text_is_logged_and_judged_not_an_exception(fresh):
+    """Python refuses to write an int of more than 4,300 digits: as a parameter, a key or the
+    whole action, step raised ValueError instead of logging the action (as text, like any integer
+    past 64 bits) and judging it."""
+    huge = 10**5000
+    assert _rejected(fresh, {"app": "ticketdesk", "method": "list_tickets",
+                             "params": {huge: 1}}).code == "invalid_params"
+    assert _rejected(fresh, huge).code == "malformed_action"
+    logged = step(fresh, {"app": "ticketdesk", "method": "search_tickets",
+                          "params": {"query": huge}})[1][0].action
+    assert logged["params"]["query"] == "<integer of 16610 bits>"
+    assert step(fresh, -huge)[1][0].action == "<negative integer of 16610 bits>"
+    assert step(fresh, 10**1000)[1][0].action == str(10**1000)  # fewer digits: written out
+
+
+def test_str_subclass_keys_and_values_are_their_text_as_json_writes_them(fresh):
+    """A StrEnum key became "<K>", so {K.app: ..., K.method: ..., K.params: {}} was malformed."""
+    import enum
+
+    class Key(enum.StrEnum):
+        APP = "app"
+        METHOD = "method"
+        PARAMS = "params"
+
+    class App(str, enum.Enum):  # noqa: UP042 (the old style on purpose: its str() is "App.TICKETDESK")
+        TICKETDESK = "ticketdesk"
+
+    action = {Key.APP: App.TICKETDESK, Key.METHOD: "list_tickets", Key.PARAMS: {}}
+    _, events, info = step(fresh, action)
+    assert not info.rejected, info.message
+    assert events[0].action == json.loads(json.dumps(action))
