@@ -26,9 +26,10 @@ ENV_ID = "CompanyOS-v0"
 ENTRY_POINT = "companyos.gym:CompanyOSGym"
 SAMPLE_CHARSET = "".join(chr(c) for c in range(0x20, 0x7F)) + "\n\t"
 """What `sample()` draws from: printable ASCII and the whitespace of JSON and renderings."""
-MAX_ACTION_CHARS = MAX_ACTION_BYTES // 6
-"""A character is at most 6 bytes of JSON (`\\u001f`), so any text this long that is not JSON fits
-the log as the (rejected) action it is; JSON actions shrink or grow by less when re-encoded."""
+MAX_ACTION_CHARS = (MAX_ACTION_BYTES - 2) // 6
+"""A character is at most 6 bytes of JSON (`\\u001f`) and the string's quotes add 2, so any text
+this long that is not JSON fits the log as the (rejected) action it is; JSON actions shrink or grow
+by less when re-encoded."""
 MAX_OBSERVATION_CHARS = 2**62
 """No real bound: tool results echo what the agent wrote (comments, submissions), so a rendering's
 length has no limit the environment enforces."""

@@ -211,6 +211,18 @@ def test_a_text_that_is_not_json_is_logged_as_the_string_sent(sqlite_url):
     assert [e.data["action"] for e in events if e.type == "ActionTaken"] == ["please list the tickets"]
 
 
+def test_the_longest_text_in_the_action_space_of_the_costliest_characters_is_logged(sqlite_url):
+    """Every member of `action_space` is an action CompanyEnv takes: a text of control characters
+    (6 bytes of JSON each) at the space's length was 2 bytes (its quotes) over the limit."""
+    env = CompanyOSGym(db=sqlite_url)
+    env.reset(seed=1)
+    action = "\x01" * env.action_space.max_length
+    assert env.action_space.contains(action)
+    _, _, _, _, info = env.step(action)
+    env.close()
+    assert info["rejected"] == "malformed_action"
+
+
 def test_dict_actions_and_unicode_observations(sqlite_url):
     env = CompanyOSGym(db=sqlite_url, task="bug_escalation", chaos="none")
     try:
