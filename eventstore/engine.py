@@ -96,6 +96,8 @@ def sqlite_uri_mode(url: str | sa.URL) -> str | None:
 def create_engine(url: str, synchronous: str | None = None) -> sa.Engine:
     parsed = normalise_url(url)
     if parsed.get_backend_name() == "sqlite":
+        if "\x00" in (parsed.database or ""):  # sqlite3 raised "embedded null byte" on connect
+            raise ValueError("a file name cannot hold a NUL character (%00)")
         engine = _sqlite_engine(parsed, synchronous or "normal")
         if in_memory_sqlite(parsed):  # one connection, the database itself: a child has its copy
             return engine

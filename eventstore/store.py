@@ -511,7 +511,7 @@ def _refuse_a_sqlite_file_without_a_store(url: str, shown: str) -> None:
         path = sqlite_file(normalise_url(url))
     except Exception:  # not a URL at all: creating the engine says so
         return
-    if path is None:
+    if path is None or "\x00" in path:  # a file no system can name: creating the engine says so
         return
     if not os.path.exists(path):
         raise StoreUnavailable(f"there is no store at {path} ({url}); `companyos run` or "

@@ -354,12 +354,14 @@ def test_cli_names_a_store_it_cannot_open_without_a_traceback(tmp_path):
     assert "cannot open the store" in out.stderr and "Traceback" not in out.stderr
 
 
-@pytest.mark.parametrize("args", [["verify"], ["episodes"], ["db", "upgrade"], ["analytics", "sync"]])
-def test_a_url_whose_port_is_not_a_number_is_one_error_line(tmp_path, args):
-    out = subprocess.run([sys.executable, "-m", "companyos", *args, "--db",
-                          "postgresql://u@127.0.0.1:abc/db"], capture_output=True, text=True,
-                         cwd=tmp_path)
-    assert out.returncode == 2 and "Traceback" not in out.stderr
+@pytest.mark.parametrize("args", [["verify"], ["episodes"], ["db", "upgrade"], ["analytics", "sync"],
+                                  ["run", "--episodes", "1"]])
+@pytest.mark.parametrize("url", ["postgresql://u@127.0.0.1:abc/db", "sqlite:///%00"])
+def test_a_url_whose_port_is_not_a_number_or_file_a_nul_is_one_error_line(tmp_path, args, url):
+    """`sqlite:///%00` (a NUL in the file name) was a traceback of sqlite3's "embedded null byte"."""
+    out = subprocess.run([sys.executable, "-m", "companyos", *args, "--db", url],
+                         capture_output=True, text=True, cwd=tmp_path)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
     assert out.stderr.startswith("error: ") and "is not a database URL" in out.stderr
 
 
