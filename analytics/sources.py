@@ -249,6 +249,20 @@ _RANGE_SQL = f"SELECT {_SELECT} FROM commits WHERE position > ? AND position <= 
 _NEXT_SQL = "SELECT min(position) FROM commits WHERE position > ?"
 
 
+def _mistyped(keys: tuple[list, ...]) -> CorruptCommit:
+    """The first commit row whose column holds a value of another type (SQLite keeps whatever a
+    hand-made UPDATE writes: `first_version = 'x'`), named as a damaged commit, as `unpack` names
+    one (it was Arrow's traceback)."""
+    for row in zip(*keys, strict=True):
+        for value, field in zip(row, COMMIT_SCHEMA, strict=False):
+            try:
+                pa.array([value], type=field.type)
+            except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+                return CorruptCommit(str(row[1]), row[0] if type(row[0]) is int else -1,
+                                     f"its {field.name} {value!r} is no {field.type}")
+    return CorruptCommit("?", -1, "a commit row's columns do not have their types")
+
+
 class SqliteSource:
     """SQLite through the stdlib: commit rows gathered into columns, then one Arrow array each
     (a row per commit, not per event, so the Python cost is small). Positions are dense there, so
@@ -295,7 +309,10 @@ class SqliteSource:
                 payloads.add(row[0], row[1], row[-1])
         if not keys[0]:
             return COMMIT_SCHEMA.empty_table()
-        arrays = [pa.array(c, type=f.type) for c, f in zip(keys, list(COMMIT_SCHEMA)[:-1], strict=True)]
+        try:
+            arrays = [pa.array(c, type=f.type) for c, f in zip(keys, list(COMMIT_SCHEMA)[:-1], strict=True)]
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+            raise _mistyped(keys) from None
         return pa.Table.from_arrays([*arrays, payloads.finish()], schema=COMMIT_SCHEMA)
 
     def close(self) -> None:

@@ -27,6 +27,9 @@ def _commits_for(limit: int) -> int:
 
 STAND_IN = "<undecodable commit: "
 """How a stand-in event's type begins (no event type of the domain starts with '<')."""
+UNREADABLE_VERSION = 2**62
+"""A stand-in's version when its row's `first_version` is no integer (edited by hand): past every
+real version, so folds never skip it as re-delivered, and a number they can compare."""
 
 
 def _events_of(row: tuple) -> Iterable[RecordedEvent]:
@@ -37,8 +40,12 @@ def _events_of(row: tuple) -> Iterable[RecordedEvent]:
         return unpack(row)
     except CorruptCommit as exc:
         position, stream_id, first_version, _payload = row
+        reason = exc.reason
+        if type(first_version) is not int:  # folds compared it with numbers: a traceback
+            reason = f"its first_version {first_version!r} is no integer"
+            first_version = UNREADABLE_VERSION
         return [RecordedEvent(position, stream_id, first_version, "",
-                              f"{STAND_IN}{exc.reason}>", 1, "{}", "{}", "")]
+                              f"{STAND_IN}{reason}>", 1, "{}", "{}", "")]
 
 
 def _upcast(store: EventStore, records: list[RecordedEvent]) -> list[RecordedEvent]:

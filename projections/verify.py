@@ -23,7 +23,7 @@ import sqlalchemy as sa
 
 import domain
 from eventstore import GENESIS_DIGEST, EventStore, RecordedEvent, canonical_json, chain_digest
-from projections.reader import STAND_IN, fetch_page, stream_records
+from projections.reader import STAND_IN, UNREADABLE_VERSION, fetch_page, stream_records
 from projections.runner import Entry, Projection, fold_records, row_of
 from projections.schema import projection_checkpoints
 
@@ -167,7 +167,8 @@ class Checker:
                 if s is None:
                     s = streams[sid] = _Stream()
                 s.lost = True
-                add(sid, f"the commit at position {position} (from version {version}) does not "
+                start = "" if version == UNREADABLE_VERSION else f" (from version {version})"
+                add(sid, f"the commit at position {position}{start} does not "
                          f"unpack: {type_[len(STAND_IN):-1]}; the stream is not checked past it")
                 continue
             if s is None:

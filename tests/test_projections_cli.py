@@ -273,6 +273,30 @@ def test_verify_reports_a_damaged_commit_against_its_episode_when_read_models_ex
     assert doc["ok"] is False and sorted(b["episode_id"] for b in doc["broken"]) == sorted(ids[1:])
 
 
+def test_a_commit_whose_first_version_is_text_is_reported_not_a_traceback(cli, db, tmp_path):
+    """SQLite keeps what a hand-made UPDATE writes: `first_version = 'x'` reached the folds, which
+    compared it with numbers (a TypeError traceback from verify and rebuild)."""
+    url, ids = db
+    url, engine = _copy(url, tmp_path)
+    assert cli("rebuild", "--db", url).exit_code == 0
+    position = tamper.stream_commits(engine, ids[1])[1][0]
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE commits SET first_version = 'x' WHERE position = :p"),
+                     {"p": position})
+    engine.dispose()
+    for workers in ("1", "2"):
+        out = companyos("verify", "--db", url, "--workers", workers, "--json")
+        assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+        doc = json.loads(out.stdout)
+        assert [b["episode_id"] for b in doc["broken"]] == [ids[1]]
+        assert any(f"the commit at position {position}" in problem
+                   and "its first_version 'x' is no integer" in problem
+                   for problem in doc["broken"][0]["problems"]), doc
+    out = companyos("rebuild", "--db", url)
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+    assert ids[1] in out.stderr and "left out" in out.stderr
+
+
 @pytest.mark.parametrize(("column", "change", "words"), [
     ("type", lambda _: "Bogus", "unknown event type 'Bogus'"),
     ("schema", lambda _: 99, "schema version 99 is newer than this code"),
