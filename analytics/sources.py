@@ -30,6 +30,7 @@ keep it going.
 from __future__ import annotations
 
 import io
+import sqlite3
 from typing import Protocol
 
 import duckdb
@@ -43,7 +44,15 @@ import sqlalchemy as sa
 from analytics.stores import POSTGRES_READER, SQLITE_READER, STORE_READER, reader_for
 from eventstore.backends import PG_VISIBLE
 from eventstore.engine import create_engine, normalise_url, sqlite_file
-from eventstore.packing import CorruptCommit, payload_columns, payload_text, unpack
+from eventstore.packing import (
+    CorruptCommit,
+    NotUtf8,
+    not_utf8_error,
+    payload_columns,
+    payload_text,
+    text_or_escapes,
+    unpack,
+)
 
 COMMIT_COLUMNS = ("position", "stream_id", "first_version", "last_digest", "payload")
 COMMIT_SCHEMA = pa.schema([
@@ -272,8 +281,6 @@ class SqliteSource:
     name = SQLITE_READER
 
     def __init__(self, path: str) -> None:
-        import sqlite3
-
         self._con = sqlite3.connect(_read_only_uri(path), uri=True, check_same_thread=False)
         self._con.execute("PRAGMA busy_timeout=60000")
         self._unpacker = Unpacker()
@@ -295,6 +302,28 @@ class SqliteSource:
         return max(head - after, 0)
 
     def fetch_range(self, after: int, upto: int) -> pa.Table:
+        try:
+            return self._fetch_range(after, upto)
+        except sqlite3.OperationalError as exc:
+            if not not_utf8_error(exc):
+                raise
+        raise self._not_utf8(after, upto)
+
+    def _not_utf8(self, after: int, upto: int) -> CorruptCommit:
+        """The first commit in (after, upto] holding text that is not UTF-8, named as a damaged
+        commit (the driver's decoding error named no episode)."""
+        self._con.text_factory = text_or_escapes
+        try:
+            for row in self._con.execute(_RANGE_SQL, (after, upto)):
+                if any(type(value) is NotUtf8 for value in row):
+                    return CorruptCommit(row[1], row[0], "its payload or stream id is not UTF-8 text")
+        except sqlite3.OperationalError as exc:  # a position that is no number, say
+            return CorruptCommit("?", after, f"a commit after position {after} is damaged: {exc}")
+        finally:
+            self._con.text_factory = str
+        return CorruptCommit("?", after, "a commit's text is not UTF-8")
+
+    def _fetch_range(self, after: int, upto: int) -> pa.Table:
         cursor = self._con.execute(_RANGE_SQL, (after, upto))
         keys: tuple[list, ...] = ([], [], [], [])
         payloads = self._payloads.start()

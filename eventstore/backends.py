@@ -27,7 +27,17 @@ import sqlalchemy as sa
 
 from eventstore import engine
 from eventstore.engine import sqlite_file
-from eventstore.packing import COMMIT_COLUMNS, READ_COLUMNS, Commit, PayloadEncoder, as_text, compress
+from eventstore.packing import (
+    COMMIT_COLUMNS,
+    READ_COLUMNS,
+    Commit,
+    NotUtf8,
+    PayloadEncoder,
+    as_text,
+    compress,
+    not_utf8_error,
+    text_or_escapes,
+)
 from eventstore.records import WriterBusy
 from eventstore.writerlock import TimedFlock
 
@@ -196,6 +206,32 @@ class SqliteBackend(Backend):
         self._lock_path = None if database is None else f"{os.path.abspath(database)}-writer.lock"
         self._file_lock: TimedFlock | None = None
         _SQLITE_BACKENDS.add(self)
+
+    def fetch(self, sql: str, params: Sequence[Any]) -> list[tuple]:
+        try:
+            return super().fetch(sql, params)
+        except sqlite3.OperationalError as error:
+            if not not_utf8_error(error):
+                raise
+            exc = error
+        # a payload edited to bytes that are not UTF-8: read the page again with such text as
+        # NotUtf8, so readers name the damaged commit instead of failing the whole store. Only in
+        # the last column (the payload): a stream id is a key readers page by, and its escapes
+        # would not sort as its bytes do (a reader paging by it never got past it)
+        raw = self.engine.raw_connection()
+        try:
+            raw.driver_connection.text_factory = text_or_escapes
+            cur = raw.cursor()
+            cur.execute(sql, params)
+            rows = cur.fetchall()
+            cur.close()
+            raw.rollback()
+        finally:
+            raw.driver_connection.text_factory = str
+            raw.close()
+        if any(type(value) is NotUtf8 for row in rows for value in row[:-1]):
+            raise exc
+        return rows
 
     def _process_file_lock(self) -> TimedFlock | None:
         """This process's lock of the lock file (None for an in-memory database)."""

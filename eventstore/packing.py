@@ -188,6 +188,26 @@ class CorruptCommit(ValueError):
                          f"unpack: {reason}")
 
 
+class NotUtf8(str):
+    """A stored text whose bytes are not UTF-8 (SQLite keeps what a hand-made UPDATE writes), with
+    those bytes as escapes: the SQLite backend reads a page that holds one again this way, so
+    `unpack` names that commit as damaged (and a stream id reads as its escapes) where the
+    driver's decoding error stopped every reader of the store."""
+
+
+def text_or_escapes(data: bytes) -> str:
+    """A SQLite `text_factory`: the text, or NotUtf8 when its bytes are not UTF-8."""
+    try:
+        return data.decode()
+    except UnicodeDecodeError:
+        return NotUtf8(data.decode("utf-8", "backslashreplace"))
+
+
+def not_utf8_error(exc: Exception) -> bool:
+    """Whether sqlite3 failed to decode a text column (`Could not decode to UTF-8 column ...`)."""
+    return str(exc).startswith("Could not decode to UTF-8")
+
+
 _DAMAGE = (orjson.JSONDecodeError, lz4.block.LZ4BlockError, KeyError, TypeError, ValueError,
            AttributeError, IndexError)
 
@@ -205,6 +225,8 @@ def unpack(row: tuple) -> list[RecordedEvent] | Iterator[RecordedEvent]:
     try:
         # payload_text, inlined: a call per commit would cost a 4-event commit 2% of its unpacking
         text = _decompress(payload).decode() if type(payload) is bytes else payload
+        if type(text) is NotUtf8:
+            raise ValueError("its payload is not UTF-8 text")
         columns, meta, event_metas = (_json_columns if text.startswith(_JSON_PAYLOAD)
                                       else _separated_columns)(text)
         if event_metas is not None:

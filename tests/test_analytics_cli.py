@@ -905,6 +905,23 @@ def test_a_commit_row_holding_text_for_a_number_is_one_error_line_naming_it(logg
                                  "unpack: its first_version 'x' is no int32"), out.stderr
 
 
+def test_a_payload_that_is_not_utf8_is_one_error_line_naming_its_commit(logged, tmp_path):
+    """sqlite3's decoding error ("Could not decode to UTF-8 column 'payload'") named no episode."""
+    url, _ = logged
+    copy = pathlib.Path(shutil.copyfile(url.removeprefix("sqlite:///"), tmp_path / "s.db"))
+    con = sqlite3.connect(copy)
+    position, stream = con.execute("SELECT position, stream_id FROM commits ORDER BY position "
+                                   "LIMIT 1 OFFSET 40").fetchone()
+    con.execute("UPDATE commits SET payload = CAST(x'80' AS TEXT) || payload WHERE position = ?",
+                (position,))
+    con.commit()
+    con.close()
+    out = _companyos("analytics", "sync", "--db", f"sqlite:///{copy}", cwd=tmp_path)
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+    assert out.stderr.startswith(f"error: stream '{stream}': the commit at position {position} does not "
+                                 "unpack: its payload or stream id is not UTF-8 text"), out.stderr
+
+
 @pytest.mark.parametrize("command, db", [
     ("sync", "{tmp}/s.db"),  # a path, not a URL
     ("report", "COMPANYOS_DB={tmp}/s.db"),

@@ -297,6 +297,32 @@ def test_a_commit_whose_first_version_is_text_is_reported_not_a_traceback(cli, d
     assert ids[1] in out.stderr and "left out" in out.stderr
 
 
+def test_a_payload_that_is_not_utf8_is_named_against_its_episode(cli, db, tmp_path):
+    """sqlite3 fails to decode such a text column as it fetches the row, so one damaged commit
+    stopped verify, rebuild and every listing for the whole store, naming no episode."""
+    url, ids = db
+    url, engine = _copy(url, tmp_path)
+    assert cli("rebuild", "--db", url).exit_code == 0
+    position = tamper.stream_commits(engine, ids[1])[1][0]
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE commits SET payload = CAST(x'80' AS TEXT) || payload "
+                             "WHERE position = :p"), {"p": position})
+    engine.dispose()
+    for workers in ("1", "2"):
+        out = companyos("verify", "--db", url, "--workers", workers, "--json")
+        assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+        doc = json.loads(out.stdout)
+        assert [b["episode_id"] for b in doc["broken"]] == [ids[1]]
+        assert any(f"the commit at position {position}" in problem and "not UTF-8" in problem
+                   for problem in doc["broken"][0]["problems"]), doc
+    out = companyos("rebuild", "--db", url)
+    assert out.returncode == 1 and ids[1] in out.stderr and "Traceback" not in out.stderr
+    listed = json.loads(companyos("episodes", "--db", url, "--json").stdout)
+    assert sorted(e["episode_id"] for e in listed["episodes"]) == sorted(set(ids) - {ids[1]})
+    out = companyos("replay", ids[1], "--db", url)
+    assert out.returncode == 1 and f"the commit at position {position}" in out.stderr
+
+
 @pytest.mark.parametrize(("column", "change", "words"), [
     ("type", lambda _: "Bogus", "unknown event type 'Bogus'"),
     ("schema", lambda _: 99, "schema version 99 is newer than this code"),
