@@ -328,10 +328,24 @@ def _someone_elses(con: duckdb.DuckDBPyConnection) -> str | None:
     names = [name for (name,) in con.execute(
         "SELECT table_name FROM information_schema.tables WHERE table_catalog = current_database() "
         "ORDER BY table_name").fetchall()]
-    if not names or "sync_state" in names:
+    if not names or ("sync_state" in names and _ours(con)):
         return None
     shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
     return f"is a DuckDB database of something else, not a CompanyOS warehouse (it holds {shown})"
+
+
+def _ours(con: duckdb.DuckDBPyConnection) -> bool:
+    """Whether `sync_state` is the warehouse's own: (key, value) text with key as its primary key.
+    Another application's table of that name (an id and a timestamp, say) was taken for one, and
+    the sync added its tables to that file, and `--rebuild` emptied the other table."""
+    columns = con.execute(
+        "SELECT column_name, data_type FROM information_schema.columns WHERE table_catalog = "
+        "current_database() AND table_name = 'sync_state' ORDER BY ordinal_position").fetchall()
+    keyed = con.execute(
+        "SELECT constraint_column_names FROM duckdb_constraints() WHERE database_name = "
+        "current_database() AND table_name = 'sync_state' AND constraint_type = 'PRIMARY KEY'"
+    ).fetchall()
+    return columns == [("key", "VARCHAR"), ("value", "VARCHAR")] and keyed == [(["key"],)]
 
 
 COULD_NOT_WRITE = "Could not write file"

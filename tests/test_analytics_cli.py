@@ -448,6 +448,11 @@ def _unfit_warehouse(case: str, tmp: pathlib.Path, store: str) -> pathlib.Path:
         con.execute("CREATE TABLE episodes AS SELECT 'expert' AS agent, 1.0 AS success_rate")
         con.close()
         return tmp / "analysis.duckdb"
+    if case == "another-apps-sync-state":  # a table of that name is not the warehouse's own
+        con = duckdb.connect(str(tmp / "jobs.duckdb"))
+        con.execute("CREATE TABLE sync_state AS SELECT 1 AS id, 'yesterday' AS last_run")
+        con.close()
+        return tmp / "jobs.duckdb"
     (tmp / "afile").write_text("x")
     return tmp / "afile" / "w.duckdb"
 
@@ -458,6 +463,8 @@ def _unfit_warehouse(case: str, tmp: pathlib.Path, store: str) -> pathlib.Path:
     ("a-json-file", "not a valid DuckDB"),
     ("another-apps-duckdb", "is a DuckDB database of something else, not a CompanyOS warehouse (it "
                             "holds episodes); pass another --warehouse"),
+    ("another-apps-sync-state", "is a DuckDB database of something else, not a CompanyOS warehouse "
+                                "(it holds sync_state)"),
     ("a-directory", "is a directory"), ("under-a-file", "cannot create the warehouse")])
 def test_a_warehouse_path_that_cannot_hold_one_is_refused_and_left_alone(logged, tmp_path, cli, case, words):
     url, _ = logged
