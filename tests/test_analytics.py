@@ -354,6 +354,10 @@ def test_bad_query_names_and_parameters_give_clear_errors(filled, tmp_path):
         # a long number is out of range, not 'not an integer'; the message stays short
         with pytest.raises(QueryError, match=r"'k' must be between 1 and 64, got '9{56}\.\.\.$"):
             service.run_named(wh, "pass_at_k", {"k": "9" * 5000})
+        with pytest.raises(QueryError, match=r"'k' must be between 1 and 64, got '-9{55}\.\.\.$"):
+            service.run_named(wh, "pass_at_k", {"k": "-" + "9" * 5000})
+        # leading zeros are no size: 21 characters of them and a 2 is k=2 (it read as out of range)
+        assert {r["k"] for r in service.run_named(wh, "pass_at_k", {"k": "0" * 20 + "2"})} == {1, 2}
         with pytest.raises(QueryError, match="'min_calls' must be a 32-bit integer"):
             service.run_named(wh, "tool_error_rates", {"min_calls": "99999999999999"})
         assert [len(r["example_episode_ids"]) for r in service.run_named(wh, "failure_modes", {"examples": 0})
