@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import html
 import math
+import re
 import time
 from collections.abc import Callable
 from decimal import ROUND_HALF_UP, Decimal
@@ -251,8 +252,19 @@ def counted(n: int, noun: str) -> str:
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
+_MARKUP = re.compile(r"[\\|<>`*\[\]&]|(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])")
+"""What Markdown reads as markup in a table cell: HTML (`<script>` in an agent's label ran where the
+report was rendered), code, emphasis, links, entities and the cell separator. An underscore inside
+a word (`stale_data_used`) is no emphasis, so names stay as they read."""
+
+
+def _md(text: str) -> str:
+    """Stored text as Markdown shows it as it is: markup characters escaped with a backslash."""
+    return _MARKUP.sub(lambda m: "\\" + m.group(), text)
+
+
 def to_markdown(data: dict[str, Any]) -> str:
-    out = [f"# {report_title(data)}", "", summary_line(data["summary"]), ""]
+    out = [f"# {_md(report_title(data))}", "", summary_line(data["summary"]), ""]
     for key, title in SECTIONS:
         rows = data[key]
         if not rows:
@@ -262,7 +274,7 @@ def to_markdown(data: dict[str, Any]) -> str:
         out.append("| " + " | ".join(cols) + " |")
         out.append("|" + "|".join("---" for _ in cols) + "|")
         for r in rows:
-            out.append("| " + " | ".join(_cell(r[c]).replace("|", "\\|") for c in cols) + " |")
+            out.append("| " + " | ".join(_md(_cell(r[c])) for c in cols) + " |")
         out.append("")
         if note := data["notes"].get(key):
             out += [note, ""]

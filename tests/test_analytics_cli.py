@@ -223,6 +223,27 @@ def test_a_task_filter_naming_no_family_is_refused_not_answered_empty(logged, tm
     assert out.exit_code == 2 and "must be a task family" in out.output, out.output
 
 
+def test_the_markdown_report_shows_an_agents_label_as_text_where_it_is_rendered(tmp_path, cli):
+    """Labels come from any client: `<script>` went into the Markdown as raw HTML, which a
+    CommonMark renderer (a notebook, a wiki) emitted as a live element."""
+    from markdown_it import MarkdownIt
+
+    from companyos.env import CompanyEnv
+
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    label = "<script>alert(1)</script> *bold* `code` [a](b) x|y _e_"
+    with CompanyEnv(url, agent=label) as env:
+        env.reset(seed=1, options={"max_steps": 1})
+        env.step({"app": "ticketdesk", "method": "list_tickets", "params": {}})
+    out = cli("report", "--markdown", "--db", url, "--warehouse", str(tmp_path / "w.duckdb"))
+    assert out.exit_code == 0, out.output
+    rendered = MarkdownIt("commonmark").enable("table").render(out.output)
+    assert "<script>" not in rendered and "<em>" not in rendered and "<code>" not in rendered
+    assert "<a " not in rendered
+    assert "&lt;script&gt;alert(1)&lt;/script&gt; *bold* `code` [a](b) x|y _e_" in rendered
+    assert "| step_budget_exhausted |" in out.output  # names with underscores read as they are
+
+
 def test_an_empty_agent_filter_is_refused_everywhere(logged, tmp_path, cli):
     """An empty --agent (an unset shell variable) listed every episode in `episodes` but gave an
     empty report and empty query rows: no episode has an empty label, so each refuses it."""
