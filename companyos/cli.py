@@ -74,9 +74,21 @@ def main() -> None:
             raise SystemExit(130) from None
         if not _store_error(exc):
             raise
-        hint = pooler_hint(exc)
+        hint = pooler_hint(exc) or _missing_read_model_hint(exc)
         say_error(f"the store failed: {getattr(exc, 'orig', None) or exc}" + (f"; {hint}" if hint else ""))
         raise SystemExit(1) from None
+
+
+def _missing_read_model_hint(exc: BaseException) -> str | None:
+    """What to do when a read model's table is gone (dropped by hand): the log is intact, and a
+    rebuild makes the table again and folds it."""
+    from projections.schema import episode_views, episodes
+
+    text = str(getattr(exc, "orig", None) or exc)
+    for table in (episodes.name, episode_views.name):
+        if text == f"no such table: {table}" or text.startswith(f'relation "{table}" does not exist'):
+            return "`companyos rebuild` makes the read model's table again from the log"
+    return None
 
 
 def quiet_library_logs() -> None:

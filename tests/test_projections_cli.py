@@ -297,6 +297,27 @@ def test_a_commit_whose_first_version_is_text_is_reported_not_a_traceback(cli, d
     assert ids[1] in out.stderr and "left out" in out.stderr
 
 
+def test_a_read_model_table_dropped_by_hand_is_made_again_by_rebuild(cli, db, tmp_path):
+    """docs/projections.md: a damaged read model can always be rebuilt from the log; with its
+    table gone, `rebuild` failed as `episodes` did (no such table)."""
+    url, ids = db
+    url, engine = _copy(url, tmp_path)
+    assert cli("rebuild", "--db", url).exit_code == 0
+    with engine.begin() as conn:
+        conn.execute(sa.text("DROP TABLE episodes"))
+        conn.execute(sa.text("DROP TABLE episode_views"))
+        conn.execute(sa.text("UPDATE projection_checkpoints SET position = 0"))  # so a catch-up folds
+    engine.dispose()
+    out = companyos("episodes", "--db", url)
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+    assert "no such table: episodes; `companyos rebuild` makes the read model's table again" in out.stderr
+    out = companyos("rebuild", "--db", url)
+    assert out.returncode == 0, out.stderr
+    listed = json.loads(companyos("episodes", "--db", url, "--json").stdout)
+    assert sorted(e["episode_id"] for e in listed["episodes"]) == sorted(ids)
+    assert json.loads(companyos("verify", "--db", url, "--json").stdout)["ok"] is True
+
+
 def test_a_payload_that_is_not_utf8_is_named_against_its_episode(cli, db, tmp_path):
     """sqlite3 fails to decode such a text column as it fetches the row, so one damaged commit
     stopped verify, rebuild and every listing for the whole store, naming no episode."""
