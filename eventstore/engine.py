@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import re
+import warnings
 import weakref
 from urllib.parse import parse_qs, unquote, urlsplit
 
@@ -214,7 +216,17 @@ def _sqlite_engine(url: sa.URL, synchronous: str) -> sa.Engine:
     kwargs: dict = {}
     if in_memory:
         kwargs = {"poolclass": StaticPool, "connect_args": {"check_same_thread": False}}
-    engine = sa.create_engine(url, **kwargs)
+    with warnings.catch_warnings():
+        # an argument the driver ignores (a typo such as `?mdoe=ro`, or `?mode=ro` without
+        # `uri=true`) was a warning with a source line, and the store opened as if it were absent
+        warnings.simplefilter("error", sa.exc.SAWarning)
+        try:
+            engine = sa.create_engine(url, **kwargs)
+        except sa.exc.SAWarning as exc:
+            ignored = re.search(r"argument\(s\) (.+?) are not accepted", str(exc))
+            raise ValueError(f"SQLite takes no query argument {ignored.group(1) if ignored else ''}"
+                             " here; its URI arguments (mode=ro, immutable=1, ...) need uri=true "
+                             "as well") from None
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn, _record) -> None:

@@ -365,6 +365,19 @@ def test_a_url_whose_port_is_not_a_number_or_file_a_nul_is_one_error_line(tmp_pa
     assert out.stderr.startswith("error: ") and "is not a database URL" in out.stderr
 
 
+def test_a_sqlite_url_argument_the_driver_would_ignore_is_refused(tmp_path):
+    """A typo (`?mdoe=ro`) or `?mode=ro` without `uri=true` was a warning with a source line, and
+    the store opened read-write as if the argument were absent."""
+    EventStore.open(f"sqlite:///{tmp_path / 's.db'}").close()
+    for args in (["episodes"], ["run", "--episodes", "1"]):
+        out = subprocess.run([sys.executable, "-m", "companyos", *args, "--db", "sqlite:///s.db?mdoe=ro"],
+                             capture_output=True, text=True, cwd=tmp_path)
+        assert out.returncode == 2 and "Traceback" not in out.stderr and "Warning" not in out.stderr
+        assert "SQLite takes no query argument 'mdoe' here" in out.stderr, out.stderr
+    with EventStore.open(f"sqlite:///{tmp_path / 's.db'}") as store:
+        assert store.last_position() == 0
+
+
 @pytest.mark.parametrize("args", [["verify"], ["episodes"], ["rebuild"], ["replay", "x"],
                                   ["analytics", "sync"], ["analytics", "query", "failure_modes"]])
 def test_a_command_that_reads_the_log_refuses_a_store_file_that_does_not_exist(tmp_path, args):
