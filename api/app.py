@@ -255,10 +255,17 @@ def _register_errors(app: FastAPI) -> None:
         return JSON({"detail": str(exc), "code": "body_too_large"}, status_code=413)
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, exc: StarletteHTTPException) -> JSON:
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
         cause = exc.__cause__  # FastAPI's "error parsing the body" hides what went wrong
         if isinstance(cause, BodyTooLarge):  # a chunked body, cut off at the limit
             return await too_large(request, cause)
+        if is_ui_path(route_path(request.scope)):  # a person's page (POST /ui): said as a page
+            allowed = (exc.headers or {}).get("Allow")
+            message = (f"{request.method} is not allowed here: this page answers {allowed}"
+                       if exc.status_code == 405 and allowed else str(exc.detail))
+            page = error_page(exc.status_code, message)
+            page.headers.update(exc.headers or {})
+            return page
         code = HTTPStatus(exc.status_code).phrase.lower().replace(" ", "_").replace("-", "_")
         return JSON({"detail": str(exc.detail), "code": code}, status_code=exc.status_code,
                     headers=exc.headers)

@@ -184,7 +184,7 @@ def document(title: str, body: str, head: str = "") -> str:
 
 
 _TITLES = {400: "Bad request", 401: "API key needed", 403: "Wrong API key", 404: "Not found",
-           413: "Too large", 500: "Server error", 503: "Unavailable"}
+           405: "Method not allowed", 413: "Too large", 500: "Server error", 503: "Unavailable"}
 
 
 def error_page(status: int, message: str) -> HTMLResponse:

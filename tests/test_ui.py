@@ -308,6 +308,17 @@ def test_missing_episode_is_a_404_page(ui):
     assert "no UI page" in _html_ok(c.get("/ui/nothing/here"), 404)
 
 
+def test_a_method_a_page_does_not_take_is_a_405_page_naming_the_one_it_does(ui):
+    """POST /ui answered 405 in the API's JSON, where every other refusal of a page is a page."""
+    c, _, ids = ui
+    for method, path in (("POST", "/ui"), ("DELETE", f"/ui/episodes/{ids['failure']}"), ("PUT", "/")):
+        r = c.request(method, path)
+        assert r.headers["allow"] == "GET", (method, path)
+        page = _html_ok(r, 405)
+        assert "Method not allowed" in page and f"{method} is not allowed here: this page answers GET" in page
+    assert c.post("/episodes").headers["content-type"] == "application/json"  # the API stays JSON
+
+
 def test_the_server_root_and_ui_slash_lead_to_the_episode_list(ui):
     c, _, _ = ui
     for path in ("/", "/ui/"):
