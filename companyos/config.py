@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from eventstore import DEFAULT_URL, StoreUnavailable
-from eventstore.engine import in_memory_sqlite, sqlite_uri_mode
+from eventstore.engine import in_memory_sqlite, sqlite_read_only
 
 
 def resolve_db(db: str | None) -> str:
@@ -31,17 +31,18 @@ def in_memory_store(url: str) -> bool:
 
 def read_only_store(url: str) -> bool:
     """Whether the URL opens a SQLite store read-only (`?mode=ro&uri=true`, the README's way to
-    look without writing): `run`, `serve` and `rebuild`, which write, refuse it up front (they
-    failed at their first write, `serve` with a 503 on every route while /ready said ready)."""
+    look without writing, or `immutable=1`): `run`, `serve` and `rebuild`, which write, refuse it
+    up front (they failed at their first write, `serve` with a 503 on every route while /ready
+    said ready)."""
     import sqlalchemy
 
     try:
-        return sqlite_uri_mode(url) == "ro"
+        return sqlite_read_only(url)
     except (sqlalchemy.exc.ArgumentError, ValueError):
         return False
 
 
-READ_ONLY_WORDS = "opens the store read-only (mode=ro)"
+READ_ONLY_WORDS = "opens the store read-only (mode=ro or immutable=1)"
 
 
 def read_only_refusal(url: str, writes: str) -> str | None:
@@ -49,7 +50,7 @@ def read_only_refusal(url: str, writes: str) -> str | None:
     one refusal `run`, `serve` and `rebuild` give a read-only store URL."""
     if not read_only_store(url):
         return None
-    return f"the store URL {url!r} {READ_ONLY_WORDS}, and {writes}; leave mode=ro out"
+    return f"the store URL {url!r} {READ_ONLY_WORDS}, and {writes}; leave that argument out"
 
 
 def api_key_problem(key: str) -> str | None:

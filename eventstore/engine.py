@@ -83,16 +83,28 @@ def _uri_file(parsed: sa.URL) -> str | None:
 def sqlite_uri_mode(url: str | sa.URL) -> str | None:
     """The `mode=` of a SQLite URI URL (`sqlite:///file:x.db?mode=ro&uri=true`: "ro"), else None;
     also when the URI itself holds it (`file:x.db%3Fmode=ro`)."""
+    return _sqlite_uri_argument(url, "mode")
+
+
+def sqlite_read_only(url: str | sa.URL) -> bool:
+    """Whether a SQLite URL opens its file read-only: `mode=ro`, or `immutable=1` (read-only
+    media, where SQLite cannot make the WAL's shared-memory file)."""
+    immutable = (_sqlite_uri_argument(url, "immutable") or "").lower()
+    return sqlite_uri_mode(url) == "ro" or immutable in ("1", "true", "yes", "on")
+
+
+def _sqlite_uri_argument(url: str | sa.URL, name: str) -> str | None:
+    """A SQLite URI argument of the URL's query or of the URI itself, else None."""
     parsed = sa.make_url(url)
     if parsed.get_backend_name() != "sqlite":
         return None
-    mode = parsed.query.get("mode")
-    if isinstance(mode, tuple):
-        mode = mode[-1]
-    if mode is None and (parsed.database or "")[:5].lower() == "file:":
-        modes = parse_qs(urlsplit(parsed.database).query).get("mode")
-        mode = modes[-1] if modes else None
-    return mode
+    value = parsed.query.get(name)
+    if isinstance(value, tuple):
+        value = value[-1]
+    if value is None and (parsed.database or "")[:5].lower() == "file:":
+        values = parse_qs(urlsplit(parsed.database).query).get(name)
+        value = values[-1] if values else None
+    return value
 
 
 def create_engine(url: str, synchronous: str | None = None) -> sa.Engine:

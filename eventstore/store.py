@@ -27,6 +27,7 @@ from eventstore.engine import (
     create_engine,
     normalise_url,
     sqlite_file,
+    sqlite_read_only,
     sqlite_uri_mode,
 )
 from eventstore.ids import new_event_id, new_event_ids
@@ -463,11 +464,12 @@ class EventStore:
                 "LIMIT :n"), {"n": limit})]
 
     def takes_writes(self) -> bool:
-        """Whether the database would take a write: not a SQLite file opened `mode=ro`, nor a
-        PostgreSQL session that is read-only (a hot standby, or `default_transaction_read_only`).
-        Readers that would first bring the read models up to date list what they hold instead."""
+        """Whether the database would take a write: not a SQLite file opened `mode=ro` or
+        `immutable=1`, nor a PostgreSQL session that is read-only (a hot standby, or
+        `default_transaction_read_only`). Readers that would first bring the read models up to
+        date list what they hold instead."""
         if self.engine.dialect.name != "postgresql":
-            return sqlite_uri_mode(self.engine.url) != "ro"
+            return not sqlite_read_only(self.engine.url)
         with self.engine.connect() as conn:
             return conn.execute(sa.text("SELECT current_setting('transaction_read_only')")).scalar() != "on"
 

@@ -412,10 +412,13 @@ def test_a_store_named_by_a_sqlite_uri_is_the_same_store(cli, db, tmp_path, monk
     assert not list(tmp_path.glob("file:*")), "no lock or store file is made under the URI's text"
 
 
-def test_a_read_only_url_lists_what_the_read_models_hold_and_refuses_to_write(cli, tmp_path, monkeypatch):
+@pytest.mark.parametrize("read_only", ["mode=ro", "immutable=1"])
+def test_a_read_only_url_lists_what_the_read_models_hold_and_refuses_to_write(cli, tmp_path, monkeypatch,
+                                                                              read_only):
     """`mode=ro` is the README's way to look without writing, yet `episodes` right after a run
     failed ("attempt to write a readonly database", exit 1) catching the read models up, and so
-    did `rebuild`, `run` and every route of `serve` (503, while /ready said ready)."""
+    did `rebuild`, `run` and every route of `serve` (503, while /ready said ready). `immutable=1`
+    (read-only media) still did, until it was taken for read-only as well."""
     from companyos.commands import run as run_command
     from companyos.commands import serve
     from tests.test_projections import play
@@ -426,7 +429,7 @@ def test_a_read_only_url_lists_what_the_read_models_hold_and_refuses_to_write(cl
     assert json.loads(cli("episodes", "--db", url, "--json").stdout)["episodes"][0]["episode_id"] == first
     with EventStore.open(url) as store:
         play(store, "bug_escalation", 2, "none", "expert")
-    ro = f"sqlite:///file:{tmp_path / 'store.db'}?mode=ro&uri=true"
+    ro = f"sqlite:///file:{tmp_path / 'store.db'}?{read_only}&uri=true"
     out = cli("episodes", "--db", ro, "--json")
     assert out.exit_code == 0, out.output
     assert [e["episode_id"] for e in json.loads(out.stdout)["episodes"]] == [first]
