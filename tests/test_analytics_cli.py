@@ -132,6 +132,13 @@ def test_pass_at_k_over_repeated_seeds(logged, tmp_path, cli):
     rows = json.loads(out.stdout)
     assert {r["k"] for r in rows} == {1, 2}
     assert all(r["mean_trials"] == 2 for r in rows)  # each expert instance ran twice
+    assert "note:" not in out.stderr
+    # every expert instance ran twice: asking for k=3 answers rows with no instance, and says why
+    out = cli("query", "pass_at_k", "--param", "k=3", "--param", "agent=expert",
+              "--db", url, "--warehouse", str(tmp_path / "w.duckdb"))
+    assert out.exit_code == 0, out.output
+    assert "note: no instance (agent, task, seed, chaos, step budget, reward profile) has 3 trials" \
+        in out.stderr, out.stderr
 
 
 def test_answers_that_leave_out_logged_events_say_so(fresh_pg_url, tmp_path, cli):

@@ -174,6 +174,11 @@ def query_command(
     finally:
         wh.close()
     _print_rows(names, rows, fmt, title=f"{name}: {query.description}")
+    if name == "pass_at_k" and rows and not any(row[names.index("instances")] for row in rows):
+        k = bound["k"]
+        typer.echo(f"note: no instance (agent, task, seed, chaos, step budget, reward profile) has "
+                   f"{k} trials, so every row is empty: run the same seeds {k} times (`companyos "
+                   "run --seed S` again), or ask for a smaller k", err=True)
 
 
 @analytics_app.command("sql")
