@@ -207,6 +207,14 @@ def report_title(data: dict[str, Any]) -> str:
     return "CompanyOS failure-mode report" + (f" ({filters})" if filters else "")
 
 
+def _html_title(data: dict[str, Any]) -> str:
+    """The title with the agent's label isolated (`<bdi>`): a label's right-to-left override
+    turned the title's own words around it backwards. The other filters are the domain's words."""
+    filters = ", ".join(f"{_esc(k)}=<bdi>{_esc(v)}</bdi>" if k == "agent" else f"{_esc(k)}={_esc(v)}"
+                        for k, v in data["filters"].items())
+    return "CompanyOS failure-mode report" + (f" ({filters})" if filters else "")
+
+
 def _shown(value: Any) -> Any:
     """A summary figure as a person reads it, as the tables print numbers (11, not 11.0); n/a when
     there is nothing to average."""
@@ -475,12 +483,10 @@ def charts(data: dict[str, Any]) -> list[str]:
                               notes=[counted(r["episodes"], "episode") for r in modes]))
     first = data["first_mistake_step"]
     if first:
-        steps = first_mistake_bars(first)
-        out.append(bar_chart([str(step) for step, _ in steps], [r["share"] if r else 0.0 for _, r in steps],
+        bars = first_mistake_bars(first)
+        out.append(bar_chart([label for label, _, _ in bars], [share for _, share, _ in bars],
                              title="Step of the first mistake (share of episodes with a mistake)",
-                             color=PALETTE[2], zoom=True,
-                             notes=[f"{counted(r['episodes'], 'episode')}, mostly "
-                                    f"{r['most_common_mode']}" if r else "0 episodes" for _, r in steps]))
+                             color=PALETTE[2], zoom=True, notes=[note for _, _, note in bars]))
     agents = sorted(data["compare_agents"], key=lambda r: (-r["success_rate"], r["agent"]))
     if len(agents) > 1:  # a row per agent: model names are long
         out.append(hbar_chart([r["agent"] for r in agents], [r["success_rate"] for r in agents],
@@ -519,13 +525,26 @@ def _agents_by_chaos_chart(rows: list[dict[str, Any]]) -> str:
                              title="Success rate by chaos level and agent")
 
 
-def first_mistake_bars(rows: list[dict[str, Any]], most: int = 40) -> list[tuple[int, dict | None]]:
-    """One bar per step from the first step with a mistake on (at most `most`), a step no
-    episode went wrong at included as an empty bar, so the axis keeps the distribution's shape."""
+def first_mistake_bars(rows: list[dict[str, Any]], most: int = 40) -> list[tuple[str, float, str]]:
+    """(label, share, note) of a bar per step from the first step with a mistake on, a step no
+    episode went wrong at included as an empty bar, so the axis keeps the distribution's shape.
+    Past `most` bars the last one holds every later step ("43+"): cut there, those episodes
+    were missing from the chart without a word."""
     by_step = {r["first_mistake_step"]: r for r in rows}
-    lo = min(by_step)
-    hi = min(max(by_step), lo + most - 1)
-    return [(step, by_step.get(step)) for step in range(lo, hi + 1)]
+    lo, last = min(by_step), max(by_step)
+    hi = last if last - lo < most else lo + most - 2  # the steps with a bar of their own
+    bars = [(str(step), by_step[step]["share"], _mistake_note(by_step[step])) if step in by_step
+            else (str(step), 0.0, "0 episodes") for step in range(lo, hi + 1)]
+    if hi < last:
+        tail = [r for step, r in by_step.items() if step > hi]
+        episodes = sum(r["episodes"] for r in tail)
+        bars.append((f"{hi + 1}+", sum(r["share"] for r in tail),
+                     f"{counted(episodes, 'episode')} at steps {hi + 1} to {last}"))
+    return bars
+
+
+def _mistake_note(row: dict[str, Any]) -> str:
+    return f"{counted(row['episodes'], 'episode')}, mostly {row['most_common_mode']}"
 
 
 REPORT_CSS = """
@@ -539,6 +558,7 @@ th{background:#f5f5f5;white-space:nowrap}
 .charts{display:flex;flex-wrap:wrap;gap:1.5rem}
 .summary{font-size:1rem;background:#f7f7f7;padding:.6rem 1rem;border-radius:6px}
 .kpi{display:inline-block;margin-right:2rem}.kpi b{display:block;font-size:1.4rem}
+@media (max-width:640px){.charts{overflow-x:auto}.charts svg{max-width:none}}
 """
 
 
@@ -557,7 +577,7 @@ def html_body(data: dict[str, Any], episode_href: Callable[[str], str] | None = 
     kpis = [("episodes", s["episodes"]), ("success rate", _rate(s)),
             ("mean return", _shown(s["mean_return"])), ("mean steps", _shown(s["mean_steps"])),
             ("top failure mode", top_mode)]
-    body = [f"<h1>{_esc(report_title(data))}</h1>",
+    body = [f"<h1>{_html_title(data)}</h1>",
             '<div class="summary">' + "".join(f'<span class="kpi">{_esc(k)}<b>{_esc(v)}</b></span>'
                                               for k, v in kpis) + "</div>",
             '<div class="charts">' + "".join(charts(data)) + "</div>"]

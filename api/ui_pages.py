@@ -266,7 +266,7 @@ def views_page(result: dict[str, Any]) -> HTMLResponse:
     ep = result["episode"]
     body = [f"<h1>Episode {esc(episode_id)} — step {step} of {steps}</h1>",
             f"<p class='muted'>{esc(ep.get('task'))}, seed {esc(ep.get('seed'))}, "
-            f"chaos {esc(number(ep.get('chaos')))}, agent {esc(ep.get('agent') or '—')}; "
+            f"chaos {esc(number(ep.get('chaos')))}, agent <bdi>{esc(ep.get('agent') or '—')}</bdi>; "
             f"the apps after stream version {esc(result.get('version'))}</p>",
             f"<div class='pager'>{''.join(nav)}</div>", _step_facts(result)]
     for app in APPS:

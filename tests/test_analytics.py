@@ -1263,10 +1263,16 @@ def test_the_report_says_what_it_leaves_out_and_keeps_the_steps_axis_whole(tmp_p
     note = f"{35 - report.TOOL_ROWS} more tools with lower error rates are not shown"
     assert note in report.to_markdown(data) and note in report.to_html(data)
     bars = report.first_mistake_bars(data["first_mistake_step"])
-    assert [step for step, _ in bars] == list(range(2, 10))
-    assert [step for step, row in bars if row] == [2, 3, 9]
+    assert [label for label, _, _ in bars] == [str(step) for step in range(2, 10)]
+    assert [label for label, share, _ in bars if share] == ["2", "3", "9"]
     (chart,) = [c for c in report.charts(data) if "Step of the first mistake" in c]
     assert all(f">{step}</text>" in chart for step in range(2, 10))  # empty steps keep their place
+    # a long tail is one last bar, not cut off: steps 2, 3 and 9 in bars of at most 4
+    tail = report.first_mistake_bars(data["first_mistake_step"], most=4)
+    assert [label for label, _, _ in tail] == ["2", "3", "4", "5+"]
+    assert tail[-1][1] == next(r["share"] for r in data["first_mistake_step"] if r["first_mistake_step"] == 9)
+    assert tail[-1][2] == "1 episode at steps 5 to 9"
+    assert sum(share for _, share, _ in tail) == pytest.approx(1.0, abs=1e-5)
 
 
 def test_a_progress_file_that_cannot_be_written_leaves_nothing_beside_the_warehouse(tmp_path, monkeypatch):

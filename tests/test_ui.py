@@ -308,6 +308,21 @@ def test_missing_episode_is_a_404_page(ui):
     assert "no UI page" in _html_ok(c.get("/ui/nothing/here"), 404)
 
 
+def test_an_agents_label_cannot_turn_the_pages_own_words_around(ui):
+    """A label ending in an unclosed right-to-left override (U+202E) reversed the rest of the
+    views page's line of facts in Chromium ("stream version 21" read 12), and a tool's the
+    arguments beside it: the label is isolated (<bdi>), and so are a step's tool and arguments."""
+    from analytics.report import _html_title
+    from api.ui_html import _CSS
+
+    c, _, ids = ui
+    page = _html_ok(c.get(f"/ui/episodes/{ids['failure']}/views", params={"step": 1}))
+    assert f"agent <bdi>{html.escape(HOSTILE)}</bdi>;" in page
+    assert re.search(r"td b,td code\{unicode-bidi:isolate\}", _CSS)
+    title = _html_title({"filters": {"agent": "\u202eevil", "chaos": "high"}})
+    assert title == "CompanyOS failure-mode report (agent=<bdi>\u202eevil</bdi>, chaos=high)"
+
+
 def test_a_method_a_page_does_not_take_is_a_405_page_naming_the_one_it_does(ui):
     """POST /ui answered 405 in the API's JSON, where every other refusal of a page is a page."""
     c, _, ids = ui
@@ -405,7 +420,7 @@ def test_analytics_page_holds_the_report_and_its_charts(ui):
     assert HOSTILE not in page and html.escape(HOSTILE) in page  # the agents table
     assert page.count("<body>") == 1 and page.count("<html") == 1  # the report's body, in ours
     only = _html_ok(c.get("/ui/analytics", params={"agent": "random-agent", "task": ""}))
-    assert "agent=random-agent" in only and "irreversible_action" not in only
+    assert "agent=<bdi>random-agent</bdi>" in only and "irreversible_action" not in only
     level = _html_ok(c.get("/ui/analytics", params={"chaos": "high"}))
     assert "chaos=high" in level and '<option value="high" selected>' in level
     swept = _html_ok(c.get("/ui/analytics", params={"chaos": "0.3"}))  # a level of a sweep stays chosen
@@ -637,7 +652,11 @@ def test_pages_fit_a_narrow_screen_and_keep_numbers_whole(ui):
     from analytics.report import REPORT_CSS
     from api.ui_html import _CSS
 
-    assert "overflow-wrap:anywhere}" not in re.sub(r"(h1|dl\.summary dd|dl\.summary code)\{[^}]*\}", "", _CSS)
+    # no cell breaks anywhere; headings, the summary list and a page's line of facts (a 100-
+    # character agent label made a step page scroll sideways at 375 px) do
+    assert "overflow-wrap:anywhere}" not in re.sub(r"(h1|dl\.summary dd|dl\.summary code|p\.muted)\{[^}]*\}",
+                                                   "", _CSS)
+    assert re.search(r"p\.muted\{[^}]*overflow-wrap:anywhere", _CSS)
     for rule in (r"td\.num\{[^}]*white-space:nowrap", r"th\{[^}]*white-space:nowrap"):
         assert re.search(rule, _CSS), rule
     assert re.search(r"dl\.summary code\{[^}]*overflow-wrap:anywhere", _CSS)
