@@ -377,6 +377,11 @@ def _register_openenv(app: FastAPI, server: Server) -> None:
         X-Episode-Id + X-Episode-Token."""
         body = await request.body()
         headers = request.headers
+        version = headers.get("mcp-protocol-version")
+        if version is not None and version not in mcp.PROTOCOL_VERSIONS:  # MCP: 400, not ignored
+            return JSON(mcp.error(mcp.INVALID_REQUEST, f"MCP-Protocol-Version {version[:40]!r} is "
+                                  f"not one this server speaks: {', '.join(mcp.PROTOCOL_VERSIONS)}"),
+                        status_code=400)
         return await server.in_thread(_mcp_http, server, body, headers.get("mcp-session-id"),
                                 headers.get("x-episode-id"), headers.get("x-episode-token"),
                                 request.query_params.multi_items())

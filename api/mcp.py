@@ -16,7 +16,7 @@ from typing import Any
 
 from api import catalog
 from api.querystring import RepeatedParameter, single_valued, whole_number
-from api.sessions import ApiError, Session, SessionManager
+from api.sessions import ApiError, Session, SessionManager, refusal
 
 PROTOCOL_VERSIONS = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
 LATEST_PROTOCOL = PROTOCOL_VERSIONS[-1]
@@ -45,7 +45,7 @@ class McpContext:
 
 @dataclass(slots=True)
 class McpReply:
-    body: dict[str, Any] | None  # None for a notification (HTTP 202, no body)
+    body: dict[str, Any] | list[dict[str, Any]] | None  # None: nothing to answer (HTTP 202)
     session_key: str | None = None  # a new Mcp-Session-Id to announce
     status: int = 200
     session: Session | None = None  # the episode `initialize` started or bound (a WebSocket binds it)
@@ -68,16 +68,19 @@ def _api_error(exc: ApiError, request_id: Any) -> dict[str, Any]:
 
 
 def handle(manager: SessionManager, message: Any, ctx: McpContext) -> McpReply:
-    """Answer one JSON-RPC message. Never raises for anything a client can send."""
+    """Answer one JSON-RPC message, or a batch of them. Never raises for anything a client can
+    send; a database outage is a JSON-RPC error too (an HTTP 503 ended an MCP client's session)."""
+    if isinstance(message, list):
+        return _batch(manager, message, ctx)
     if not isinstance(message, dict):
-        if isinstance(message, list):
-            return McpReply(error(INVALID_REQUEST, "JSON-RPC batches are not supported; send one "
-                                  "request per message"))
         return McpReply(error(INVALID_REQUEST, "a JSON-RPC request must be a JSON object"))
+    if "method" not in message and "id" in message and ("result" in message or "error" in message):
+        return McpReply(None, status=202)  # a client's response: this server asks nothing of clients
     request_id = message.get("id")
-    if request_id is not None and (isinstance(request_id, bool)
-                                   or not isinstance(request_id, str | int)):
-        return McpReply(error(INVALID_REQUEST, "id must be a string, an integer or null"))
+    if "id" in message and (request_id is None or isinstance(request_id, bool)
+                            or not isinstance(request_id, str | int)):
+        return McpReply(error(INVALID_REQUEST, "id must be a string or an integer (MCP: never "
+                              "null)"))
     if isinstance(request_id, int) and not ID_MIN <= request_id <= ID_MAX:
         # checked before anything runs: the answer could not carry it back (a step taken, then a
         # 500 that made the client retry it)
@@ -95,10 +98,28 @@ def handle(manager: SessionManager, message: Any, ctx: McpContext) -> McpReply:
         return McpReply(error(INVALID_PARAMS, "params must be an object", request_id))
     try:
         return _dispatch(manager, method, params, ctx, request_id)
-    except ApiError as exc:
+    except Exception as exc:
+        refused = refusal(exc)  # the caller's mistake, or the database failed: said in JSON-RPC
+        if refused is None:
+            raise
         # MCP over HTTP: an unknown Mcp-Session-Id is a 404, and the client re-initializes
-        unknown_session = bool(ctx.session_key) and exc.code == "episode_not_found"
-        return McpReply(_api_error(exc, request_id), status=404 if unknown_session else 200)
+        unknown_session = bool(ctx.session_key) and refused.code == "episode_not_found"
+        return McpReply(_api_error(refused, request_id), status=404 if unknown_session else 200)
+
+
+def _batch(manager: SessionManager, messages: list, ctx: McpContext) -> McpReply:
+    """A JSON-RPC batch (MCP 2025-03-26 has them): each message answered in turn, notifications
+    and responses not at all; nothing to answer is HTTP 202, as for one notification."""
+    if not messages:
+        return McpReply(error(INVALID_REQUEST, "an empty JSON-RPC batch"))
+    if any(isinstance(m, dict) and m.get("method") == "initialize" for m in messages):
+        return McpReply(error(INVALID_REQUEST, "initialize must not be part of a JSON-RPC batch "
+                              "(MCP): send it alone"))
+    replies = [handle(manager, m, ctx) if not isinstance(m, list)
+               else McpReply(error(INVALID_REQUEST, "a JSON-RPC batch inside a batch"))
+               for m in messages]
+    bodies = [reply.body for reply in replies if reply.body is not None]
+    return McpReply(bodies or None, status=200 if bodies else 202)
 
 
 def _dispatch(manager: SessionManager, method: str, params: dict, ctx: McpContext,

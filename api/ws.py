@@ -28,6 +28,8 @@ VALIDATION_ERROR = "VALIDATION_ERROR"
 EXECUTION_ERROR = "EXECUTION_ERROR"
 CAPACITY_REACHED = "CAPACITY_REACHED"
 SESSION_ERROR = "SESSION_ERROR"
+NO_REPLY = ""
+"""What `handle` returns for a message that gets no frame back (an MCP notification)."""
 WS_QUERY = ("episode_token", "session_id")
 """The query parameters `/ws` takes: a session to resume, and its token."""
 
@@ -104,7 +106,8 @@ async def websocket_app(server: Any, scope: dict, receive: Any, send: Any) -> No
             if reply is None:
                 await send({"type": "websocket.close", "code": 1000})
                 break
-            await send({"type": "websocket.send", "text": reply})
+            if reply is not NO_REPLY:
+                await send({"type": "websocket.send", "text": reply})
     except OSError:  # the client went away mid-send
         pass
     finally:
@@ -143,7 +146,8 @@ class _Connection:
         self._bind(session)
 
     async def handle(self, raw: str | bytes) -> str | None:
-        """One client message -> the reply frame (None: the client asked to close)."""
+        """One client message -> the reply frame (None: the client asked to close; NO_REPLY: no
+        frame, for an MCP notification)."""
         try:
             message = loads(raw)
         except json.JSONDecodeError as exc:
@@ -213,5 +217,6 @@ class _Connection:
         reply = await self.server.run(mcp.handle, self.server.sessions, message.get("data"), ctx)
         if reply.session is not None and reply.session is not self.session:
             self._bind(reply.session)  # `initialize` started this socket's episode: its tools/call act there
-        body = reply.body if reply.body is not None else {"jsonrpc": "2.0", "result": None}
-        return _dumps({"type": "mcp", "data": body}).decode()
+        if reply.body is None:  # a notification: JSON-RPC answers none (a reply without an id was
+            return NO_REPLY  # no JSON-RPC message at all)
+        return _dumps({"type": "mcp", "data": reply.body}).decode()

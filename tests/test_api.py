@@ -1134,6 +1134,75 @@ def test_a_store_that_fails_mid_episode_is_a_503_in_words_and_the_episode_goes_o
 
 
 
+def test_a_store_that_fails_under_an_mcp_call_is_a_json_rpc_error_and_the_session_goes_on(sqlite_url,
+                                                                                            monkeypatch):
+    """MCP's transport wants a JSON-RPC answer to every request: an HTTP 503 with the API's JSON
+    made the MCP SDK's client end its whole session, with the words lost."""
+    real_append = EventStore.append_head
+    failing = {"on": False}
+
+    def append_head(self, *args, **kwargs):
+        if failing["on"]:
+            raise sa.exc.OperationalError("INSERT INTO commits ...", {}, Exception("terminated"))
+        return real_append(self, *args, **kwargs)
+
+    monkeypatch.setattr(EventStore, "append_head", append_head)
+    call = {"name": "datahub_list_metrics", "arguments": {}}
+    with client(sqlite_url) as c:
+        r = rpc(c, "initialize", {"protocolVersion": "2025-06-18"}, path="/mcp?seed=3")
+        session = {"Mcp-Session-Id": r.headers["mcp-session-id"]}
+        failing["on"] = True
+        r = rpc(c, "tools/call", call, headers=session, id_=7)
+        assert r.status_code == 200 and r.json()["id"] == 7, r.text
+        assert r.json()["error"]["data"] == {"status": 503, "code": "store_unavailable"}
+        assert r.json()["error"]["message"].startswith("the store's database failed")
+        failing["on"] = False
+        r = rpc(c, "tools/call", call, headers=session, id_=8)
+        assert r.json()["result"]["structuredContent"]["metadata"]["step"] == 1  # not applied before
+
+
+def test_mcp_batches_responses_null_ids_and_protocol_versions_follow_the_spec(sqlite_url):
+    """MCP 2025-03-26, which the server agrees to, has JSON-RPC batches (they were refused); a
+    client's response is acknowledged (202), not "Invalid Request"; a null id is refused (MCP);
+    an MCP-Protocol-Version the server does not speak is a 400; over the WebSocket a notification
+    got a "response" without an id."""
+    with client(sqlite_url) as c:
+        r = rpc(c, "initialize", {"protocolVersion": "2025-03-26"}, path="/mcp?seed=5")
+        assert r.json()["result"]["protocolVersion"] == "2025-03-26"
+        session = {"Mcp-Session-Id": r.headers["mcp-session-id"]}
+        batch = [{"jsonrpc": "2.0", "method": "notifications/initialized"},
+                 {"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                  "params": {"name": "datahub_list_metrics", "arguments": {}}},
+                 {"jsonrpc": "2.0", "id": "two", "method": "ping"},
+                 {"jsonrpc": "2.0", "id": 3, "method": "nope"}]
+        r = c.post("/mcp", json=batch, headers=session)
+        assert r.status_code == 200, r.text
+        answers = r.json()
+        assert [a["id"] for a in answers] == [1, "two", 3]
+        assert answers[0]["result"]["structuredContent"]["metadata"]["step"] == 1
+        assert answers[1]["result"] == {} and answers[2]["error"]["code"] == -32601
+        only_notes = [{"jsonrpc": "2.0", "method": "notifications/initialized"}]
+        assert c.post("/mcp", json=only_notes, headers=session).status_code == 202
+        r = c.post("/mcp", json=[{"jsonrpc": "2.0", "id": 9, "method": "initialize", "params": {}}])
+        assert "initialize must not be part of a JSON-RPC batch" in r.json()["error"]["message"]
+        for response in ({"jsonrpc": "2.0", "id": 7, "result": {}},
+                         {"jsonrpc": "2.0", "id": 7, "error": {"code": 1, "message": "x"}}):
+            r = c.post("/mcp", json=response, headers=session)
+            assert r.status_code == 202 and r.content == b""
+        r = c.post("/mcp", json={"jsonrpc": "2.0", "id": None, "method": "tools/call",
+                                 "params": {"name": "datahub_list_metrics"}}, headers=session)
+        assert r.json()["error"]["code"] == -32600 and "never null" in r.json()["error"]["message"]
+        r = c.post("/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "ping"},
+                   headers={**session, "MCP-Protocol-Version": "1999-01-01"})
+        assert r.status_code == 400 and "1999-01-01" in r.json()["error"]["message"]
+        episode = session["Mcp-Session-Id"].split(".")[0]
+        assert c.get(f"/episodes/{episode}").json()["steps"] == 1  # the batch's one call, nothing else
+        with c.websocket_connect("/ws") as ws:
+            ws.send_json({"type": "mcp", "data": {"jsonrpc": "2.0", "method": "notifications/initialized"}})
+            ws.send_json({"type": "mcp", "data": {"jsonrpc": "2.0", "id": 1, "method": "ping"}})
+            assert ws.receive_json()["data"] == {"jsonrpc": "2.0", "id": 1, "result": {}}  # no frame before
+
+
 def _ws_step_refused_then_taken(c: TestClient, failing: dict) -> dict:
     """A WebSocket step while `failing["on"]` is refused as 503 `store_unavailable` in a frame, and
     the same socket's next step, the failure gone, is step 1 (nothing was applied); the frame."""
