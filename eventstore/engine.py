@@ -128,12 +128,23 @@ def create_engine(url: str, synchronous: str | None = None) -> sa.Engine:
     # SQL_ASCII made psycopg hand out bytes); a URL's own ?client_encoding= wins.
     if "client_encoding" not in parsed.query:
         connect_args["client_encoding"] = "utf8"
+    # a server that went silent (a partition, a failover with no reset): a request waited on it
+    # until the kernel gave up, minutes later, and only then became a 503. Keepalives and a bound
+    # on unacknowledged data end such a connection in about a minute; a URL's own values win
+    connect_args.update({name: value for name, value in PG_DEAD_PEER.items() if name not in parsed.query})
     prepare, parsed = _prepare_threshold(parsed)
     connect_args.update(prepare)
     engine = sa.create_engine(parsed, pool_size=8, max_overflow=32, pool_pre_ping=True,
                               connect_args=connect_args)
     event.listen(engine, "connect", _bounded_lock_waits)
     return _pooled_per_process(engine)
+
+
+PG_DEAD_PEER = {"keepalives": 1, "keepalives_idle": 30, "keepalives_interval": 10,
+                "keepalives_count": 3, "tcp_user_timeout": 60_000}
+"""libpq's settings that notice a PostgreSQL server gone silent: an idle connection is probed
+after 30 s and dropped after 3 unanswered probes; sent data unacknowledged for 60 s (the store's
+lock wait) ends it too."""
 
 
 POOLER_HINT = ("a transaction pooler (PgBouncer's pool_mode=transaction) between the store and "

@@ -680,6 +680,25 @@ def test_a_postgresql_server_that_never_answers_fails_to_open_in_seconds(monkeyp
             assert refused, f"opening {url} still waits for a server that never answers"
 
 
+def test_postgresql_connections_notice_a_server_gone_silent_and_the_url_wins(pg_database_url):
+    """An established connection to a server that went silent (a partition, a failover without a
+    reset) held a request until the kernel gave up, minutes later: keepalives and libpq's
+    `tcp_user_timeout` end it in about a minute, as a 503. A URL's own value is kept."""
+    from eventstore.engine import PG_DEAD_PEER
+
+    for url, user_timeout in ((pg_database_url, "60000"),
+                              (f"{pg_database_url}?tcp_user_timeout=5000", "5000")):
+        with EventStore.open(url) as store:
+            raw = store.engine.raw_connection()
+            try:
+                given = raw.driver_connection.info.get_parameters()
+            finally:
+                raw.close()
+        assert given["tcp_user_timeout"] == user_timeout
+        assert {k: given[k] for k in PG_DEAD_PEER if k != "tcp_user_timeout"} == {
+            k: str(v) for k, v in PG_DEAD_PEER.items() if k != "tcp_user_timeout"}
+
+
 def test_read_stream_pages_through_a_long_stream(store, monkeypatch):
     """It fetched a stream's every commit at once: a long stream of big events was all in memory
     before its first event was handed out."""
