@@ -10,6 +10,7 @@ import html
 import math
 import re
 import time
+import unicodedata
 from collections.abc import Callable
 from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
@@ -304,14 +305,39 @@ def _nice_ceiling(value: float) -> float:
 
 
 _CHAR_PX = 6.5
-"""About the width of one character at the charts' 11 px sans-serif: what a label may take."""
+"""About the width of an average character at the charts' 11 px sans-serif."""
+_FONT_PX = 11
+_EM_WIDTHS = {**dict.fromkeys("iljI.,:;'|!", 250), **dict.fromkeys("ftr -()[]/\\", 330),
+              **dict.fromkeys("mwMW@%", 880)}
+"""Widths in thousandths of an em that differ most from a letter's (Arial's, rounded up a little)."""
+
+
+def _char_em(char: str) -> int:
+    if char in _EM_WIDTHS:
+        return _EM_WIDTHS[char]
+    if char.isascii():
+        return 690 if char.isupper() else 570
+    return 1000 if unicodedata.east_asian_width(char) in "WF" else 620
+
+
+def _text_px(text: str) -> float:
+    """About how wide `text` is at the charts' font: by each character's width, not a count (a
+    label of capitals, cut by its count, ran past the chart's edge)."""
+    return sum(map(_char_em, text)) * _FONT_PX / 1000
 
 
 def _fit(label: str, px: float) -> str:
     """`label` cut to what fits in `px` pixels, marked with an ellipsis (the bar's tooltip keeps it
     whole): long agent names printed over each other, or past the chart's edge."""
-    most = max(3, int(px / _CHAR_PX))
-    return label if len(label) <= most else label[:most - 1] + "\u2026"
+    if _text_px(label) <= px:
+        return label
+    room, kept = px - _text_px("\u2026"), 0
+    for char in label:
+        room -= _char_em(char) * _FONT_PX / 1000
+        if room < 0:
+            break
+        kept += 1
+    return label[:max(kept, 2)] + "\u2026"
 
 
 def _label_stride(labels: list[str], slot: float) -> int:
@@ -440,7 +466,7 @@ def _legend_layout(names: list[str], width: int, left: int) -> list[tuple[int, i
     run past the right edge, so long agent names wrap instead of leaving the chart."""
     placed, x, row = [], 0, 0
     for name in names:
-        span = 24 + round(_CHAR_PX * min(len(name), (width - left - 30) / _CHAR_PX))
+        span = 24 + round(min(_text_px(name), width - left - 30))
         if x and left + x + span > width - 10:
             x, row = 0, row + 1
         placed.append((x, row))

@@ -1342,6 +1342,24 @@ def test_the_agents_chart_keeps_long_model_names_readable():
     assert widths[0] == pytest.approx(0.9 * (560 - 190 - 60), abs=0.1)  # rates on an absolute scale
 
 
+def test_chart_labels_are_cut_by_their_width_not_their_length():
+    """A label of 100 capitals, cut to a character count, still ran past the chart's edge (the
+    legend) or began before it (the agents' bars), as wide CJK text would."""
+    import re
+
+    from analytics import report
+
+    for label in ("A" * 100, "W" * 40 + "-model", "智能体" * 20):
+        legend_chart = report.grouped_bar_chart(["none (0)"], {label: [0.5], "b": [0.25]}, title="t")
+        width = float(re.search(r'viewBox="0 0 ([\d.]+)', legend_chart)[1])
+        for x, text in re.findall(r'<text x="([\d.]+)" y="[\d.]+">([^<]+)</text>', legend_chart):
+            assert float(x) + report._text_px(text) <= width, text
+        bars = report.hbar_chart([label, "b"], [0.5, 0.25], title="t")
+        (x, text), _ = re.findall(r'<text x="([\d.]+)" y="[\d.]+" text-anchor="end">([^<]+)</text>', bars)
+        assert text.endswith("\u2026") and float(x) - report._text_px(text) >= 0, text
+    assert report._fit("random", 100) == "random"  # one that fits is whole
+
+
 def test_the_per_agent_chart_draws_the_busiest_agents_and_keeps_its_legend_inside(tmp_path):
     """Twelve agents with long model names: the chart draws the eight with the most episodes, best
     first, each legend entry inside the picture (they wrapped past its bottom edge before), and
