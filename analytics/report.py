@@ -307,17 +307,18 @@ def _nice_ceiling(value: float) -> float:
 _CHAR_PX = 6.5
 """About the width of an average character at the charts' 11 px sans-serif."""
 _FONT_PX = 11
-_EM_WIDTHS = {**dict.fromkeys("iljI.,:;'|!", 250), **dict.fromkeys("ftr -()[]/\\", 330),
-              **dict.fromkeys("mwMW@%", 880)}
-"""Widths in thousandths of an em that differ most from a letter's (Arial's, rounded up a little)."""
+_EM_WIDTHS = {**dict.fromkeys("iljI.,:;'|!", 320), **dict.fromkeys("ftr -()[]/\\", 410),
+              **dict.fromkeys("mwMW@%", 1040)}
+"""Widths in thousandths of an em that differ most from a letter's: the wider of DejaVu Sans's
+(Linux's sans-serif) and Arial's, so a label cut to fit fits in either."""
 
 
 def _char_em(char: str) -> int:
     if char in _EM_WIDTHS:
         return _EM_WIDTHS[char]
     if char.isascii():
-        return 690 if char.isupper() else 570
-    return 1000 if unicodedata.east_asian_width(char) in "WF" else 620
+        return 730 if char.isupper() else 640
+    return 1000 if unicodedata.east_asian_width(char) in "WF" else 680
 
 
 def _text_px(text: str) -> float:

@@ -1335,7 +1335,7 @@ def test_the_agents_chart_keeps_long_model_names_readable():
             "first_mistake_step": [], "compare_agents": agents}
     (chart,) = report.charts(data)
     labels = re.findall(r'<text x="184" y="\d+" text-anchor="end">([^<]*)</text>', chart)
-    assert labels == ["claude-3-5-sonnet-tools", "gpt-4o-2024-08-06-react-wit\u2026",
+    assert labels == ["claude-3-5-sonnet-tools", "gpt-4o-2024-08-06-react-with\u2026",
                       "llama-3.1-70b-instruct", "random"]  # ranked, the long one cut
     assert all(f"<title>{n}: " in chart for n in names)
     widths = [float(w) for w in re.findall(r'<rect x="190" y="\d+" width="([\d.]+)"', chart)]
