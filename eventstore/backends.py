@@ -134,8 +134,15 @@ class Backend:
         """Release connections the backend holds outside the pool."""
 
     def fetch(self, sql: str, params: Sequence[Any]) -> list[tuple]:
+        return self._fetch(sql, params)
+
+    def _fetch(self, sql: str, params: Sequence[Any],
+               text_factory: Callable[[bytes], str] | None = None) -> list[tuple]:
+        """The rows of a read; with `text_factory`, SQLite's text read by it for this read only."""
         raw = self.engine.raw_connection()
         try:
+            if text_factory is not None:
+                raw.driver_connection.text_factory = text_factory
             cur = raw.cursor()
             cur.execute(sql, params)
             rows = cur.fetchall()
@@ -147,6 +154,8 @@ class Backend:
                 raw.invalidate()  # the pool would log a traceback resetting it, as for a write
             raise
         finally:
+            if text_factory is not None:
+                raw.driver_connection.text_factory = str
             raw.close()
 
 
@@ -209,7 +218,7 @@ class SqliteBackend(Backend):
 
     def fetch(self, sql: str, params: Sequence[Any]) -> list[tuple]:
         try:
-            return super().fetch(sql, params)
+            return self._fetch(sql, params)
         except sqlite3.OperationalError as error:
             if not not_utf8_error(error):
                 raise
@@ -218,17 +227,7 @@ class SqliteBackend(Backend):
         # NotUtf8, so readers name the damaged commit instead of failing the whole store. Only in
         # the last column (the payload): a stream id is a key readers page by, and its escapes
         # would not sort as its bytes do (a reader paging by it never got past it)
-        raw = self.engine.raw_connection()
-        try:
-            raw.driver_connection.text_factory = text_or_escapes
-            cur = raw.cursor()
-            cur.execute(sql, params)
-            rows = cur.fetchall()
-            cur.close()
-            raw.rollback()
-        finally:
-            raw.driver_connection.text_factory = str
-            raw.close()
+        rows = self._fetch(sql, params, text_or_escapes)
         if any(type(value) is NotUtf8 for row in rows for value in row[:-1]):
             raise exc
         return rows
