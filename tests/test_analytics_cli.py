@@ -909,52 +909,27 @@ def _companyos(*args: str, cwd: pathlib.Path, env: dict | None = None) -> subpro
                           timeout=120)
 
 
-def test_a_damaged_commit_is_one_error_line_naming_it(logged, tmp_path):
+@pytest.mark.parametrize("damage, command, words", [
+    ("payload = '{\"garbage\": '", ("query", "failure_modes"), "unpack"),
+    # SQLite keeps what a hand-made UPDATE writes: each of these was Arrow's or sqlite3's traceback
+    # or error, naming no episode
+    ("first_version = 'x'", ("sync",), "unpack: its first_version 'x' is no int32"),
+    ("payload = CAST(x'80' AS TEXT) || payload", ("sync",),
+     "unpack: its payload or stream id is not UTF-8 text"),
+])
+def test_a_damaged_commit_is_one_error_line_naming_it(logged, tmp_path, damage, command, words):
     url, _ = logged
     copy = pathlib.Path(shutil.copyfile(url.removeprefix("sqlite:///"), tmp_path / "s.db"))
     con = sqlite3.connect(copy)
     position, stream = con.execute("SELECT position, stream_id FROM commits ORDER BY position "
                                    "LIMIT 1 OFFSET 40").fetchone()
-    con.execute("UPDATE commits SET payload = '{\"garbage\": ' WHERE position = ?", (position,))
+    con.execute(f"UPDATE commits SET {damage} WHERE position = ?", (position,))
     con.commit()
     con.close()
-    out = _companyos("analytics", "query", "failure_modes", "--db", f"sqlite:///{copy}", cwd=tmp_path)
-    assert out.returncode == 1, out.stderr
-    assert out.stderr.startswith(f"error: stream '{stream}': the commit at position {position} does not "
-                                 "unpack") and out.stderr.count("\n") == 1, out.stderr
-
-
-def test_a_commit_row_holding_text_for_a_number_is_one_error_line_naming_it(logged, tmp_path):
-    """`first_version = 'x'`, which SQLite keeps, was Arrow's traceback from the sync."""
-    url, _ = logged
-    copy = pathlib.Path(shutil.copyfile(url.removeprefix("sqlite:///"), tmp_path / "s.db"))
-    con = sqlite3.connect(copy)
-    position, stream = con.execute("SELECT position, stream_id FROM commits ORDER BY position "
-                                   "LIMIT 1 OFFSET 40").fetchone()
-    con.execute("UPDATE commits SET first_version = 'x' WHERE position = ?", (position,))
-    con.commit()
-    con.close()
-    out = _companyos("analytics", "sync", "--db", f"sqlite:///{copy}", cwd=tmp_path)
+    out = _companyos("analytics", *command, "--db", f"sqlite:///{copy}", cwd=tmp_path)
     assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
     assert out.stderr.startswith(f"error: stream '{stream}': the commit at position {position} does not "
-                                 "unpack: its first_version 'x' is no int32"), out.stderr
-
-
-def test_a_payload_that_is_not_utf8_is_one_error_line_naming_its_commit(logged, tmp_path):
-    """sqlite3's decoding error ("Could not decode to UTF-8 column 'payload'") named no episode."""
-    url, _ = logged
-    copy = pathlib.Path(shutil.copyfile(url.removeprefix("sqlite:///"), tmp_path / "s.db"))
-    con = sqlite3.connect(copy)
-    position, stream = con.execute("SELECT position, stream_id FROM commits ORDER BY position "
-                                   "LIMIT 1 OFFSET 40").fetchone()
-    con.execute("UPDATE commits SET payload = CAST(x'80' AS TEXT) || payload WHERE position = ?",
-                (position,))
-    con.commit()
-    con.close()
-    out = _companyos("analytics", "sync", "--db", f"sqlite:///{copy}", cwd=tmp_path)
-    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
-    assert out.stderr.startswith(f"error: stream '{stream}': the commit at position {position} does not "
-                                 "unpack: its payload or stream id is not UTF-8 text"), out.stderr
+                                 f"{words}") and out.stderr.count("\n") == 1, out.stderr
 
 
 @pytest.mark.parametrize("command, db", [
