@@ -50,7 +50,7 @@ def export(wh: Warehouse, target: str | Path, tables: tuple[str, ...] = tuple(_T
     root.mkdir(parents=True, exist_ok=True)
     marker = root / MARKER
     existing = [t for t in tables if (root / t).exists()]
-    if existing and not marker.exists():
+    if existing and not marker.exists() and not set(existing) <= _swapped_in_by_a_killed_export(root):
         raise ExportRefused(f"{root} already holds {', '.join(existing)} that companyos did not export; "
                             "choose an empty directory")
     _recover(root)  # after the check: only in a directory companyos exported to
@@ -127,6 +127,19 @@ def _recover(root: Path) -> None:
             shutil.rmtree(staging, ignore_errors=True)
     for manifest in root.glob(f".{MARKER}.*.tmp"):
         manifest.unlink(missing_ok=True)
+
+
+def _swapped_in_by_a_killed_export(root: Path) -> set[str]:
+    """The tables a first export into `root`, killed among its renames, may have swapped in: those
+    its manifest lists, which it writes beside the marker's place before the first rename and
+    which only a kill leaves behind (the next export refused them as someone else's)."""
+    tables: set[str] = set()
+    for written in root.glob(f".{MARKER}.*.tmp"):
+        try:
+            tables |= set(json.loads(written.read_text())["tables"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # cut short or not ours: it vouches for nothing
+    return tables
 
 
 def _quote(path: Path) -> str:

@@ -373,6 +373,26 @@ def test_an_export_that_fails_midway_leaves_the_previous_export_and_no_staging(l
     n = duckdb.connect().execute(f"SELECT count(*) FROM read_parquet('{target}/steps/*/*.parquet')"
                                  ).fetchone()[0]
     assert n > 0
+    # a first export killed among its renames: two tables in place, the rest still staged, its
+    # manifest written aside and no marker. The next export refused the directory as another
+    # tool's, for good; it is this export's own, and the next one completes it
+    killed = tmp_path / "killed"
+    killed.mkdir()
+    for table in ("episodes", "steps"):
+        shutil.copytree(target / table, killed / table)
+    shutil.copytree(target / "rewards", killed / ".rewards.0badc0de.tmp")
+    shutil.copy(target / exporting.MARKER, killed / f".{exporting.MARKER}.0badc0de.tmp")
+    foreign = tmp_path / "foreign"  # a manifest left aside vouches only for the tables it lists
+    shutil.copytree(killed, foreign)
+    (foreign / "jobs").mkdir()
+    shutil.copytree(foreign / "episodes", foreign / "events")
+    (foreign / f".{exporting.MARKER}.0badc0de.tmp").write_text('{"tables": {"episodes": {}}}')
+    with Warehouse(tmp_path / "w.duckdb") as wh:
+        exporting.export(wh, killed)
+        with pytest.raises(exporting.ExportRefused, match="did not export"):
+            exporting.export(wh, foreign)
+    assert not list(killed.glob(".*")) and (killed / exporting.MARKER).exists()
+    assert {p.name for p in killed.iterdir()} == {exporting.MARKER, *exporting._TABLES}
     n = duckdb.connect().execute(f"SELECT count(*) FROM read_parquet('{target}/episodes/*/*.parquet')"
                                  ).fetchone()[0]
     assert n == len(reported)
