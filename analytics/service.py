@@ -11,6 +11,7 @@ import asyncio
 import logging
 import math
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
@@ -139,6 +140,7 @@ class BackgroundSync:
         self.total: int | None = None
         self.heard = False  # a figure arrived: the warehouse is open, or another process's sync is followed
         self.error: BaseException | None = None
+        self.began = time.monotonic()
         self._ended: Future[None] = Future()
         self._ended.set_running_or_notify_cancel()  # so a waiter that gives up cannot cancel it
         threading.Thread(target=self._run, name="analytics-background-sync", daemon=True).start()
@@ -197,23 +199,28 @@ _JOBS_LOCK = threading.Lock()
 async def sync_in_background(db_url: str, warehouse: str | Path | None,
                              wait_s: float) -> BackgroundSync | None:
     """Start a sync of this store into this warehouse, or join the one running, and wait up to
-    `wait_s` for it: None once it has ended well, the job (to ask how far it got) while it runs.
-    An ended sync is handed out once (to whoever sees it end first), and raises its error there;
-    but a sync that ended before this call began well, or waiting for a file another process held,
-    is not this call's answer (the file may have been taken or freed since): this call starts
-    another, which finds little or nothing to do. Small backlogs end within the wait, so the
-    caller answers at once. Awaited on the event loop: the sync has its own thread, and the waiting
-    request holds none."""
+    `wait_s` for it: None once a sync that began during this call has ended well, the job (to ask
+    how far it got) while one runs. An ended sync is handed out once (to whoever sees it end
+    first), and raises its error there. One that began before this call is not its answer: what
+    the store gained meanwhile (a run writing) is not in the warehouse, and the caller's own sync
+    of it took as long as it took (18 s past a 1 s wait), so another begins, within the same wait.
+    Small backlogs end within the wait, so the caller answers at once, syncing only what arrived
+    since. Awaited on the event loop: the sync has its own thread, and the waiting request holds
+    none."""
+    called = time.monotonic()
+    deadline = called + wait_s
     key = (db_url, str(warehouse_path(db_url, warehouse)))
-    with _JOBS_LOCK:
-        job = _JOBS.get(key)
-        if job is None or job.stale():
-            job = _JOBS[key] = BackgroundSync(db_url, warehouse)
-    if not await job.ended_within(wait_s):
-        return job
-    with _JOBS_LOCK:
-        if _JOBS.get(key) is job:
-            del _JOBS[key]
-    if job.error is not None:
-        raise job.error
-    return None
+    while True:
+        with _JOBS_LOCK:
+            job = _JOBS.get(key)
+            if job is None or job.stale():
+                job = _JOBS[key] = BackgroundSync(db_url, warehouse)
+        if not await job.ended_within(max(deadline - time.monotonic(), 0.0)):
+            return job
+        with _JOBS_LOCK:
+            if _JOBS.get(key) is job:
+                del _JOBS[key]
+        if job.error is not None:
+            raise job.error
+        if job.began >= called:
+            return None

@@ -69,7 +69,8 @@ def analytics_router(db: str | Callable[[], str], warehouse: str | None = None) 
         except QueryError as exc:
             return _error(400, "invalid_param", str(exc))
         wait_s, preferred = preferred_wait(request.headers.get("prefer"))
-        applied = {"Preference-Applied": f"wait={wait_s:g}"} if preferred else {}
+        # delta-seconds, as RFC 7240 writes them: `wait=0` is honoured as the least wait (0.1 s)
+        applied = {"Preference-Applied": f"wait={int(wait_s)}"} if preferred else {}
         try:
             job = await service.sync_in_background(db_url(), warehouse, wait_s)
             if job is not None:
@@ -79,7 +80,7 @@ def analytics_router(db: str | Callable[[], str], warehouse: str | None = None) 
                                "for the answer",
                      "code": "syncing", "synced_events": job.done, "total_events": job.total},
                     status_code=202, headers={"Retry-After": str(RETRY_AFTER_S), **applied})
-            # synced again, at almost no cost: the job may have ended long before this request
+            # synced again: only what the store gained since a sync begun during this request
             rows = await run_in_threadpool(service.answer, db_url(), name, params, warehouse)
         except WarehouseError as exc:
             return _error(503, "warehouse_unavailable", str(exc))

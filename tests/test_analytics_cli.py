@@ -637,6 +637,26 @@ def test_http_route_answers_202_while_a_long_sync_runs(logged, tmp_path, monkeyp
         assert answered.status_code == 200, (prefer, answered.text)
 
 
+def test_a_request_is_answered_after_a_sync_begun_for_it_not_one_begun_before(logged, tmp_path,
+                                                                              held_sync):
+    """A sync begun before the request (another request's) ended within its wait, and the route
+    then synced what the store had gained meanwhile on its own, unbounded: 200 after 18.5 s on a
+    `Prefer: wait=1` while a run was writing. Another sync begins within the same wait instead."""
+    import asyncio
+    import threading
+
+    from analytics import service
+
+    url, _ = logged
+    warehouse = str(tmp_path / "w.duckdb")
+    release, calls = held_sync
+    earlier = asyncio.run(service.sync_in_background(url, warehouse, 0.05))  # another request's
+    assert earlier is not None and calls == [url]
+    threading.Timer(0.3, release.set).start()
+    assert asyncio.run(service.sync_in_background(url, warehouse, 30)) is None
+    assert earlier.ended() and len(calls) == 2  # a second sync began, and ended, within the wait
+
+
 def test_a_prefer_wait_is_read_as_rfc_7240_delta_seconds():
     from api.analytics_routes import MAX_WAIT_S, MIN_WAIT_S, SYNC_WAIT_S, preferred_wait
 
