@@ -72,3 +72,47 @@ def test_serve_on_port_0_names_the_port_it_listens_on(tmp_path):
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+def test_a_stopping_server_with_workers_refuses_new_connections_and_finishes_the_answers_it_owes(tmp_path):
+    """Uvicorn's supervisor kept the listening socket open until every worker had ended, so the
+    kernel accepted connections no one would serve, and reset them seconds later: a client could
+    not tell that from a step lost mid-way. A stop now refuses them at once, while the step under
+    way (waiting for the store's lock here) is still answered and logged."""
+    import sqlite3
+    import threading
+
+    port = _free_port()
+    db = tmp_path / "s.db"
+    server = subprocess.Popen([sys.executable, "-m", "companyos", "serve", "--workers", "2",
+                               "--port", str(port), "--log-level", "warning", "--db", f"sqlite:///{db}"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}"
+    holder = sqlite3.connect(db, isolation_level=None)
+    try:
+        assert get_once_listening(f"{base}/health").status_code == 200
+        reset = httpx.post(f"{base}/reset", json={"seed": 1}, timeout=30).json()
+        episode = reset["metadata"]["episode_id"]
+        body = {"episode_id": episode, "episode_token": reset["metadata"]["episode_token"],
+                "action": {"app": "ticketdesk", "method": "list_tickets", "params": {}}}
+        holder.execute("BEGIN IMMEDIATE")  # the store's writer waits for it
+        answered = []
+        stepping = threading.Thread(target=lambda: answered.append(
+            httpx.post(f"{base}/step", json=body, timeout=60)))
+        stepping.start()
+        time.sleep(1.0)  # the step is under way, waiting for the lock
+        server.send_signal(signal.SIGTERM)
+        time.sleep(1.5)  # the supervisor and both workers have begun to stop
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(f"{base}/health", timeout=5)
+        holder.execute("COMMIT")
+        stepping.join(60)
+        assert answered and answered[0].status_code == 200, answered
+        assert answered[0].json()["metadata"]["step"] == 1
+    finally:
+        holder.close()
+        server.send_signal(signal.SIGTERM)
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()

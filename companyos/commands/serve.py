@@ -100,10 +100,36 @@ def serve(
                    f"{max_sessions} (each session holds a connection): past about "
                    f"{max(descriptors - DESCRIPTOR_HEADROOM, 0)} clients are dropped without an "
                    "answer; raise `ulimit -n` or lower --max-sessions", err=True)
-    uvicorn.run(APP_FACTORY, factory=True, host=host, port=port, workers=workers,
-                log_level=log_level, root_path=root_path, http=HTTP_PROTOCOL, ws=WS_PROTOCOL,
-                ws_max_size=max_body, ws_ping_interval=20.0, ws_ping_timeout=20.0, backlog=4096,
-                timeout_keep_alive=30)
+    settings = dict(factory=True, host=host, port=port, workers=workers, log_level=log_level,
+                    root_path=root_path, http=HTTP_PROTOCOL, ws=WS_PROTOCOL, ws_max_size=max_body,
+                    ws_ping_interval=20.0, ws_ping_timeout=20.0, backlog=4096, timeout_keep_alive=30,
+                    timeout_worker_healthcheck=WORKER_READY_S)
+    if workers == 1:
+        uvicorn.run(APP_FACTORY, **settings)
+    else:
+        _supervise(uvicorn.Config(APP_FACTORY, **settings))
+
+
+WORKER_READY_S = 30
+"""How long a worker may take to answer the supervisor's health check, and a new one to start
+in a rolling restart (SIGHUP): at Uvicorn's 5 s, a restart under load gave up half-way ("was not
+ready in time"), leaving one worker of the old code."""
+
+
+def _supervise(config) -> None:
+    """Run the workers under Uvicorn's supervisor, which stops listening as it begins to stop: it
+    kept its copy of the listening socket open until every worker had ended, so the kernel still
+    accepted connections that no one would serve, reset seconds later (a client cannot tell that
+    from a step lost mid-way: "may or may not have been applied"). Now they are refused at once."""
+    from uvicorn.supervisors import Multiprocess
+
+    class Supervisor(Multiprocess):
+        def terminate_all(self) -> None:
+            for sock in self.sockets:  # the workers close their copies as they begin to stop
+                sock.close()
+            super().terminate_all()
+
+    Supervisor(config, sockets=[config.bind_socket()]).run()
 
 
 DESCRIPTOR_HEADROOM = 128
