@@ -37,6 +37,8 @@ ENVELOPE_TYPES = ("list_tools", "call_tool")
 _INFO_KEYS = ("episode_id", "step", "outcome", "failure_mode", "rejected")
 # OpenEnv's WebSocket error codes that carry no HTTP status of their own
 _WS_STATUS = {"INVALID_JSON": 400, "UNKNOWN_TYPE": 400, "VALIDATION_ERROR": 400, "CAPACITY_REACHED": 503}
+_WS_CLOSING_ERRORS = frozenset({"CAPACITY_REACHED", "SESSION_ERROR"})
+"""Error frames the server closes the socket after (a full server, a resume it refused)."""
 _WS_TOO_BIG = 1009  # the close code of a frame over the server's --max-body
 _WS_SERVICE_RESTART = 1012  # a shutting-down server answers the message under way, drops the rest
 
@@ -353,6 +355,10 @@ class _WebSocketWire:
         data = reply["data"]
         if reply.get("type") == "error":
             code = data.get("code", "error")
+            if code in _WS_CLOSING_ERRORS and self._conn is not None:
+                # the server closes this socket next: a call right after sent on it before its
+                # close arrived, and read the close as a step lost ("may have been applied")
+                self.drop()
             status = data.get("status") or _WS_STATUS.get(code, 500)
             raise remote_error(status, str(data.get("reason") or code), str(data.get("message")), self.url)
         return data
