@@ -7,6 +7,7 @@ from __future__ import annotations
 import socket
 
 import numpy as np
+import orjson
 import pytest
 
 import domain
@@ -323,6 +324,29 @@ def test_a_full_server_says_so_over_the_websocket(tmp_path):
         first.close()
         second.reset(seed=2)
         assert second.state["seed"] == 2
+
+
+def test_an_error_frame_the_server_closes_after_drops_the_socket_before_the_close_arrives():
+    """The race the live test above can only sometimes hit: the refusal read, the server's close
+    not yet arrived. The next call went out on that socket and read its close (1013) as a step
+    lost mid-way ("may or may not have been applied")."""
+    from companyos.client import _WebSocketWire
+
+    class Refusing:  # a socket whose server has sent its refusal and not yet its close
+        close_timeout = 0
+
+        def send(self, _text):
+            pass
+
+        def recv(self, timeout=None):
+            return orjson.dumps({"type": "error", "data": {
+                "code": "CAPACITY_REACHED", "message": "server at capacity: 1 of 1 sessions"}}).decode()
+
+    wire = _WebSocketWire("http://127.0.0.1:9", 5.0, {})
+    wire._conn = Refusing()
+    with pytest.raises(RemoteServerError) as full:
+        wire.call({"type": "reset", "data": {}})
+    assert full.value.code == "CAPACITY_REACHED" and wire._conn is None
 
 
 def test_a_server_failure_is_a_runtime_error(server):
