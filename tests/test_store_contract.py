@@ -712,14 +712,14 @@ def test_read_stream_pages_through_a_long_stream(store, monkeypatch):
         version = store.append(stream, [NewEvent("A", {"i": i, "k": 0}), NewEvent("A", {"i": i, "k": 1})],
                                version)[-1].version
     fetched = []
-    real_fetch = backends.Backend.fetch
+    real_fetch = backends.Backend._fetch  # what every backend's reads go through
 
-    def fetch(self, sql, params):
-        rows = real_fetch(self, sql, params)
+    def fetch(self, sql, params, text_factory=None):
+        rows = real_fetch(self, sql, params, text_factory)
         fetched.append(len(rows))
         return rows
 
-    monkeypatch.setattr(backends.Backend, "fetch", fetch)
+    monkeypatch.setattr(backends.Backend, "_fetch", fetch)
     everything = list(store.read_stream(stream))
     assert [e.version for e in everything] == list(range(20))
     assert max(fetched) == 3 and sum(fetched) == 10  # pages of three commits, each read once
