@@ -203,17 +203,17 @@ def number_text(value: float) -> str:
     return f"{value:.6f}".rstrip("0").rstrip(".")
 
 
-def report_title(data: dict[str, Any]) -> str:
-    filters = ", ".join(f"{k}={v}" for k, v in data["filters"].items())
+def report_title(data: dict[str, Any], shown: Callable[[str, Any], str] = "{}={}".format) -> str:
+    """The report's title naming its filters, each as `shown(name, value)` writes it."""
+    filters = ", ".join(shown(k, v) for k, v in data["filters"].items())
     return "CompanyOS failure-mode report" + (f" ({filters})" if filters else "")
 
 
 def _html_title(data: dict[str, Any]) -> str:
     """The title with the agent's label isolated (`<bdi>`): a label's right-to-left override
     turned the title's own words around it backwards. The other filters are the domain's words."""
-    filters = ", ".join(f"{_esc(k)}=<bdi>{_esc(v)}</bdi>" if k == "agent" else f"{_esc(k)}={_esc(v)}"
-                        for k, v in data["filters"].items())
-    return "CompanyOS failure-mode report" + (f" ({filters})" if filters else "")
+    return report_title(data, lambda k, v: f"{_esc(k)}=<bdi>{_esc(v)}</bdi>" if k == "agent"
+                        else f"{_esc(k)}={_esc(v)}")
 
 
 def _shown(value: Any) -> Any:
@@ -304,8 +304,6 @@ def _nice_ceiling(value: float) -> float:
     return 1.0
 
 
-_CHAR_PX = 6.5
-"""About the width of an average character at the charts' 11 px sans-serif."""
 _FONT_PX = 11
 _EM_WIDTHS = {**dict.fromkeys("iljI.,:;'|!", 320), **dict.fromkeys("ftr -()[]/\\", 410),
               **dict.fromkeys("mwMW@%", 1040)}
@@ -334,17 +332,21 @@ def _fit(label: str, px: float) -> str:
         return label
     room, kept = px - _text_px("\u2026"), 0
     for char in label:
-        room -= _char_em(char) * _FONT_PX / 1000
+        room -= _text_px(char)
         if room < 0:
             break
         kept += 1
     return label[:max(kept, 2)] + "\u2026"
 
 
+AXIS_LABEL_PX = 120
+"""The widest an axis label is drawn whole (about 18 characters, "medium (0.5)" and more)."""
+
+
 def _label_stride(labels: list[str], slot: float) -> int:
-    """Label every how-many-th slot so that the axis labels, up to 18 characters (longer ones are
-    cut), do not run into each other: a sweep of 21 chaos levels cut every label to `0.…`."""
-    widest = min(max((len(label) for label in labels), default=1), 18) * _CHAR_PX + 8
+    """Label every how-many-th slot so that the axis labels, up to AXIS_LABEL_PX wide (longer ones
+    are cut), do not run into each other: a sweep of 21 chaos levels cut every label to `0.…`."""
+    widest = min(max(map(_text_px, labels), default=_FONT_PX), AXIS_LABEL_PX) + 8
     return max(1, math.ceil(widest / slot))
 
 

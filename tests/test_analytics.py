@@ -1416,4 +1416,4 @@ def test_a_chaos_sweep_keeps_its_axis_labels_readable_and_apart():
         assert all("\u2026" not in text for _, text in labels), labels  # whole, not cut
         assert labels[0][1] == "none (0)"
         for (x1, a), (x2, b) in itertools.pairwise(labels):  # half of each width either side
-            assert x2 - x1 >= (len(a) + len(b)) / 2 * report._CHAR_PX, (a, b)
+            assert x2 - x1 >= (report._text_px(a) + report._text_px(b)) / 2, (a, b)
