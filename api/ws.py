@@ -106,7 +106,7 @@ async def websocket_app(server: Any, scope: dict, receive: Any, send: Any) -> No
             if reply is None:
                 await send({"type": "websocket.close", "code": 1000})
                 break
-            if reply is not NO_REPLY:
+            if reply:  # NO_REPLY (empty): nothing to send
                 await send({"type": "websocket.send", "text": reply})
     except OSError:  # the client went away mid-send
         pass
