@@ -17,7 +17,6 @@ from functools import partial
 from http import HTTPStatus
 from typing import Annotated, Any, Literal, TypeVar
 
-import orjson
 from fastapi import Body, FastAPI, Header, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
@@ -67,6 +66,7 @@ from domain import TASK_FAMILIES
 from eventstore import EventStore, WriterBusy
 from eventstore.backends import writers_waited_for
 from eventstore.encoding import parse_json as loads
+from eventstore.encoding import reply_json
 from projections.episodes import MAX_AGENT_LABEL, OUTCOMES
 
 T = TypeVar("T")
@@ -84,7 +84,7 @@ class JSON(JSONResponse):
     """orjson-encoded JSON response (FastAPI's default encoder is several times slower)."""
 
     def render(self, content: Any) -> bytes:
-        return orjson.dumps(content)
+        return reply_json(content)
 
 
 class CompanyOSApp(FastAPI):

@@ -31,6 +31,12 @@ def _json(status: int, code: str, message: str, extra_headers: list | None = Non
     return status, headers, body
 
 
+def _shown(value: bytes) -> str:
+    """A header's value as a refusal quotes it: decoded whatever its bytes, and not too long."""
+    text = value.decode("latin-1").strip()
+    return repr(text if len(text) <= 40 else f"{text[:37]}...")
+
+
 def no_websocket_at(path: str) -> tuple:
     """The answer to a WebSocket handshake for a path other than /ws: 404 in words."""
     shown = path if len(path) <= 80 else f"{path[:77]}..."
@@ -71,6 +77,10 @@ class Guard:
                                  [(b"www-authenticate", b"Bearer")])
                 if hmac.compare_digest(key.strip(), self.api_key):
                     return None
+                if not key.strip():  # "Bearer" alone: no key sent, not a wrong one
+                    return _json(401, "unauthorized", "the Authorization header holds no key after "
+                                 "Bearer; send Authorization: Bearer <key>",
+                                 [(b"www-authenticate", b"Bearer")])
                 return _json(403, "forbidden", "wrong API key",
                              [(b"www-authenticate", b'Bearer error="invalid_token"')])
         return _json(401, "unauthorized",
@@ -80,7 +90,7 @@ class Guard:
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         kind = scope["type"]
         if kind == "http":
-            error = self.auth_error(scope) or self._size_error(scope)
+            error = self.auth_error(scope) or self._body_error(scope)
             if error is not None:
                 if is_ui_path(route_path(scope)):
                     ROOT_PATH.set(scope.get("root_path", ""))  # the page's links, under the prefix
@@ -97,7 +107,9 @@ class Guard:
         else:
             await self.app(scope, receive, send)
 
-    def _size_error(self, scope: dict) -> tuple | None:
+    def _body_error(self, scope: dict) -> tuple | None:
+        """A body over the limit by its Content-Length, or coded in a way this server never
+        decodes: a gzipped body was read as its compressed bytes and refused as "not UTF-8"."""
         for name, value in scope.get("headers", ()):
             if name == b"content-length":
                 try:
@@ -106,6 +118,13 @@ class Guard:
                     return _json(400, "bad_request", "Content-Length is not a number")
                 if too_big:
                     return self._too_big()
+            elif name == b"content-encoding" and value.strip().lower() not in (b"", b"identity"):
+                return _json(415, "unsupported_encoding",
+                             f"Content-Encoding {_shown(value)} is not read here: send the body "
+                             "uncompressed", [(b"accept-encoding", b"identity")])
+            elif name == b"transfer-encoding" and value.strip().lower() != b"chunked":
+                return _json(501, "unsupported_transfer_encoding",
+                             f"Transfer-Encoding {_shown(value)} is not read here: only chunked is")
         return None
 
     def _too_big(self) -> tuple:

@@ -15,12 +15,11 @@ import json
 from typing import Any
 from urllib.parse import parse_qsl
 
-import orjson
-
 from api import catalog, mcp
 from api.querystring import RepeatedParameter, single_valued, unknown_parameter
 from api.sessions import ApiError, Session, refusal
 from eventstore.encoding import parse_json as loads
+from eventstore.encoding import reply_json
 
 INVALID_JSON = "INVALID_JSON"
 UNKNOWN_TYPE = "UNKNOWN_TYPE"
@@ -33,7 +32,7 @@ NO_REPLY = ""
 WS_QUERY = ("episode_token", "session_id")
 """The query parameters `/ws` takes: a session to resume, and its token."""
 
-_dumps = orjson.dumps
+_dumps = reply_json
 
 
 def _error(message: str, code: str, **extra: Any) -> str:

@@ -51,10 +51,11 @@ def spec_from_options(seed: int | None, options: dict[str, Any] | None) -> domai
     unknown = set(options) - RESET_OPTIONS
     if unknown:
         raise ValueError(f"unknown reset options: {sorted(unknown)}")
-    for key in ("task", "reward_profile"):
-        if options.get(key) is not None and not isinstance(options[key], str):
-            raise ValueError(f"{key} must be a string")
-    task = options.get("task") or task_for_seed(seed)
+    for key in ("task", "reward_profile"):  # an empty one (an unset variable) is refused, not
+        # read as "not given": an agent would train on tasks it never asked for
+        if options.get(key) is not None and (not isinstance(options[key], str) or not options[key]):
+            raise ValueError(f"{key} must be a non-empty string (leave it out for the default)")
+    task = task_for_seed(seed) if options.get("task") is None else options["task"]
     domain.task_family(task)
     chaos = domain.parse_chaos(DEFAULT_CHAOS if options.get("chaos") is None else options["chaos"])
     profile = options.get("reward_profile") or "default"

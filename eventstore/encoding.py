@@ -6,6 +6,8 @@ import hashlib
 import json
 import math
 import re
+import sys
+import threading
 from typing import Any
 
 import orjson
@@ -85,8 +87,19 @@ def _finite(text: str) -> float:
     return value
 
 
-_STDLIB = json.JSONDecoder(parse_constant=_not_json, parse_float=_finite)
-TOO_DEEP = "nested too deeply to parse (orjson's limit: 1,024 levels)"
+def _integer(text: str) -> int:
+    """Python turns at most 4,300 digits into an int (a guard against quadratic conversion); its
+    plain ValueError passed every door's JSON handling and became a 500 or a dropped socket."""
+    if len(text.lstrip("-")) > _MAX_DIGITS:
+        raise json.JSONDecodeError(f"an integer of {len(text.lstrip('-')):,} digits is longer than "
+                                   f"the {_MAX_DIGITS:,} digits read", "", 0)
+    return int(text)
+
+
+_MAX_DIGITS = sys.get_int_max_str_digits() or 4300
+_STDLIB = json.JSONDecoder(parse_constant=_not_json, parse_float=_finite, parse_int=_integer)
+TOO_DEEP = ("nested too deeply to parse (1,024 levels at most; about 990 in text holding a "
+            "19-digit number or a lone-surrogate escape)")
 # 19 digits in a row: maybe an integer orjson would turn into a float (2**64 has 20 digits, and
 # -2**63 - 1 only 19); a pattern for each type, so a WebSocket frame (text) is not copied to bytes
 # to be searched
@@ -106,8 +119,40 @@ def parse_json(raw: bytes | str) -> Any:
                 raise
     try:
         text = raw.decode() if isinstance(raw, bytes | bytearray) else raw
-        return _STDLIB.decode(text)
     except UnicodeDecodeError as exc:  # past the surrogate orjson stopped at
         raise json.JSONDecodeError(f"not valid UTF-8 ({exc.reason} at byte {exc.start})", "", 0) from None
-    except RecursionError:
-        raise json.JSONDecodeError(TOO_DEEP, "", 0) from None
+    return _on_fresh_stack(text)
+
+
+def _on_fresh_stack(text: str) -> Any:
+    """The stdlib parser on a thread of its own. It recurses once a level, so on the caller's stack
+    how deep it could go depended on how deep the caller was: the same bytes parsed over one
+    door and were too deep over another. A new thread starts every door at the same depth."""
+    outcome: list[Any] = []
+
+    def parse() -> None:
+        try:
+            outcome.append(_STDLIB.decode(text))
+        except RecursionError:
+            outcome.append(json.JSONDecodeError(TOO_DEEP, "", 0))
+        except json.JSONDecodeError as exc:
+            outcome.append(exc)
+
+    parser = threading.Thread(target=parse, name="json-parse")
+    parser.start()
+    parser.join()
+    if not outcome:
+        raise json.JSONDecodeError("the parser failed", "", 0)
+    if isinstance(outcome[0], json.JSONDecodeError):
+        raise outcome[0]
+    return outcome[0]
+
+
+def reply_json(value: Any) -> bytes:
+    """The JSON of a reply. orjson writes no lone surrogate, yet a reply may echo one the caller
+    sent (an unknown message type, a JSON-RPC id): the stdlib writes it back as the escape it
+    came in (`\\ud800`), so the reply is sent instead of failing the request or the socket."""
+    try:
+        return orjson.dumps(value)
+    except orjson.JSONEncodeError:
+        return json.dumps(value, ensure_ascii=True, separators=(",", ":"), allow_nan=False).encode()

@@ -7,6 +7,7 @@ and a lagging or damaged read model can always be rebuilt from the log.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -167,6 +168,7 @@ OUTCOMES = ("success", "failure", "truncated", "running")
 
 
 MAX_AGENT_LABEL = 100
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def _storable_label(agent: object) -> str | None:
@@ -187,6 +189,8 @@ def agent_label_problem(agent: object) -> str | None:
     control = control_character(agent)
     if control is not None:
         return f"agent must not hold control characters (it holds {control!r})"
+    if not agent.isascii() and (surrogate := _LONE_SURROGATE.search(agent)):  # no UTF-8 log holds one
+        return f"agent must be Unicode text (it holds the lone surrogate {surrogate[0]!r})"
     return None
 
 

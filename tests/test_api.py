@@ -3,6 +3,7 @@ that live in the log (restart, any worker, 409), access rules, bad inputs, the e
 
 from __future__ import annotations
 
+import gzip
 import json
 import logging
 import threading
@@ -360,6 +361,8 @@ def test_api_key(sqlite_url):
         r = c.get("/tasks")
         assert r.status_code == 401 and "Authorization" in r.json()["detail"]
         assert c.get("/tasks", headers={"Authorization": "Bearer nope"}).status_code == 403
+        r = c.get("/tasks", headers={"Authorization": "Bearer "})  # no key at all: not a wrong one
+        assert r.status_code == 401 and "holds no key after Bearer" in r.json()["detail"]
         # the right key in another scheme was "wrong API key" (403): the form is what is wrong
         for header in ("Basic sekret", "sekret"):
             r = c.get("/tasks", headers={"Authorization": header})
@@ -543,6 +546,68 @@ def test_bodies_the_parser_gives_up_on_are_said_in_words(sqlite_url):
         assert "deep" in said or "depth" in said, said
         assert not_utf8.status_code == 422 and "not valid UTF-8" in not_utf8.json()["detail"][0]["msg"]
         assert reset(c)[0]  # and the server goes on serving
+
+
+def test_bodies_in_a_coding_the_server_does_not_read_are_refused_for_it(sqlite_url):
+    """A gzipped body was read as its compressed bytes and refused as "not valid UTF-8", which
+    named the wrong problem; a transfer coding other than chunked went through undecoded."""
+    body = gzip.compress(json.dumps(RESET).encode())
+    with client(sqlite_url) as c:
+        r = c.post("/reset", content=body, headers={"content-type": "application/json",
+                                                    "content-encoding": "gzip"})
+        assert r.status_code == 415 and r.json()["code"] == "unsupported_encoding"
+        assert "Content-Encoding 'gzip' is not read here" in r.json()["detail"]
+        assert r.headers["accept-encoding"] == "identity"
+        r = c.post("/reset", content=json.dumps(RESET), headers={
+            "content-type": "application/json", "content-encoding": "identity"})
+        assert r.status_code == 200
+        assert c.get("/episodes").json()["total"] == 1  # the refused body started nothing
+
+
+def test_an_integer_too_long_for_python_is_refused_in_words_on_every_door(sqlite_url):
+    """Python turns at most 4,300 digits into an int: its plain ValueError was a 400 "There was an
+    error parsing the body" over HTTP, a 500 over MCP and a dropped socket over WebSocket."""
+    digits = "1" + "0" * 5000
+    with client(sqlite_url) as c:
+        r = c.post("/reset", content=f'{{"seed": {digits}}}', headers={"content-type": "application/json"})
+        assert r.status_code == 422, r.text
+        assert "an integer of 5,001 digits is longer than the 4,300 digits read" in r.json()["detail"][0]["msg"]
+        r = c.post("/mcp", content=f'{{"jsonrpc": "2.0", "id": {digits}, "method": "ping"}}',
+                   headers={"content-type": "application/json"})
+        assert r.json()["error"]["code"] == -32700 and "5,001 digits" in r.json()["error"]["message"]
+        with c.websocket_connect("/ws") as ws:
+            ws.send_json({"type": "reset", "data": RESET})
+            assert ws.receive_json()["type"] == "observation"
+            ws.send_text(f'{{"type": "step", "data": {digits}}}')
+            frame = ws.receive_json()
+            assert frame["data"]["code"] == "INVALID_JSON" and "5,001 digits" in frame["data"]["message"]
+            ws.send_json({"type": "step", "data": ACTIONS[0]})  # the socket and its episode go on
+            assert ws.receive_json()["type"] == "observation"
+
+
+def test_a_lone_surrogate_echoed_back_is_answered_not_a_500_or_a_dropped_socket(sqlite_url):
+    """orjson writes no lone surrogate: a reply quoting one (an unknown message type, a JSON-RPC
+    id) failed the request or dropped the socket. It comes back as the escape it came in."""
+    with client(sqlite_url) as c:
+        r = c.post("/mcp", content='{"jsonrpc": "2.0", "id": "a\\ud800", "method": "ping"}',
+                   headers={"content-type": "application/json"})
+        assert r.status_code == 200 and r.json()["id"] == "a\ud800" and "result" in r.json()
+        r = c.post("/mcp", content='{"jsonrpc": "2.0", "id": 1, "method": "no\\udfff"}',
+                   headers={"content-type": "application/json"})
+        assert r.json()["error"]["code"] == -32601 and "no\udfff" in r.json()["error"]["message"]
+        created = c.post("/mcp", content='{"jsonrpc": "2.0", "id": 2, "method": '
+                         '"openenv/session/create", "params": {"agent": "a\\ud800"}}',
+                         headers={"content-type": "application/json"}).json()
+        assert "agent must be Unicode text" in created["error"]["message"]
+        with c.websocket_connect("/ws") as ws:
+            ws.send_text('{"type": "x\\ud800"}')
+            frame = ws.receive_json()
+            assert frame["data"]["code"] == "UNKNOWN_TYPE" and frame["data"]["message"].endswith("x\ud800")
+            ws.send_text('{"type": "reset", "data": {"agent": "a\\ud800"}}')
+            assert "agent must be Unicode text" in ws.receive_json()["data"]["message"]
+            ws.send_json({"type": "reset", "data": RESET})
+            assert ws.receive_json()["type"] == "observation"
+        assert c.get("/episodes").json()["total"] == 1
 
 
 def test_finished_episode_is_a_409(sqlite_url):

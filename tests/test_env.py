@@ -252,8 +252,11 @@ def test_same_seed_and_actions_give_the_same_digest_in_any_process(tmp_path):
     ({"reward_profile": "lavish"}, "reward_profile"),
     ({"max_steps": 0}, "max_steps"),
     ({"colour": "red"}, "unknown reset options"),
-    ({"task": ["vendor_onboarding"]}, "task must be a string"),
-    ({"reward_profile": {"a": 1}}, "reward_profile must be a string"),
+    ({"task": ["vendor_onboarding"]}, "task must be a non-empty string"),
+    ({"reward_profile": {"a": 1}}, "reward_profile must be a non-empty string"),
+    # an empty one (an unset variable) was read as "not given": the task chosen by seed
+    ({"task": ""}, "task must be a non-empty string"),
+    ({"reward_profile": ""}, "reward_profile must be a non-empty string"),
 ])
 def test_bad_reset_options_are_refused_in_words(sqlite_url, options, message):
     with CompanyEnv(sqlite_url) as env, pytest.raises(ValueError, match=message):
