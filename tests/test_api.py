@@ -585,6 +585,24 @@ def test_an_integer_too_long_for_python_is_refused_in_words_on_every_door(sqlite
             assert ws.receive_json()["type"] == "observation"
 
 
+def test_deep_text_the_stdlib_parser_reads_is_one_action_on_every_door(sqlite_url):
+    """Text with a 19-digit run goes to the stdlib parser, which recurses once a level: on the
+    caller's stack it gave up at 955 levels over HTTP and 971 over WebSocket, so the same bytes
+    were an action on one door and a 422 on the other."""
+    action = "[" * 980 + '"1234567890123456789"' + "]" * 980
+    with client(sqlite_url) as c:
+        episode_id, token, _ = reset(c)
+        r = c.post("/step", content=f'{{"episode_id": "{episode_id}", "action": {action}}}',
+                   headers={"content-type": "application/json", "X-Episode-Token": token})
+        assert r.status_code == 200 and r.json()["metadata"]["rejected"] == "malformed_action", r.text
+        with c.websocket_connect("/ws") as ws:
+            ws.send_json({"type": "reset", "data": RESET})
+            assert ws.receive_json()["type"] == "observation"
+            ws.send_text(f'{{"type": "step", "data": {action}}}')
+            frame = ws.receive_json()
+            assert frame["type"] == "observation" and frame["data"]["metadata"]["rejected"] == "malformed_action"
+
+
 def test_a_lone_surrogate_echoed_back_is_answered_not_a_500_or_a_dropped_socket(sqlite_url):
     """orjson writes no lone surrogate: a reply quoting one (an unknown message type, a JSON-RPC
     id) failed the request or dropped the socket. It comes back as the escape it came in."""
