@@ -20,6 +20,7 @@ from domain.events import (
     ApprovalTypeDefined,
     refused,
 )
+from domain.quoting import shown
 
 # Building a NamedTuple through its class runs a Python-level __new__; on the hot path we call
 # tuple.__new__ directly, which builds the same value in C (fields in declaration order).
@@ -57,17 +58,17 @@ def decide(state: ApprovalFlowState, cmd: Command) -> list:
         tname = params["approval_type"]
         atype = state.types.get(tname)
         if atype is None:
-            return refused(cmd.step, "not_found", f"No approval type {tname!r}. Use "
+            return refused(cmd.step, "not_found", f"No approval type {shown(tname)}. Use "
                            "approvalflow.list_approval_types.")
         a = cmd.approver
         if a is None:
             return refused(cmd.step, "not_found",
-                           f"No approver named {params['approver']!r} in the directory; "
+                           f"No approver named {shown(params['approver'])} in the directory; "
                            "look the approver up with datahub.get_approver(role).")
         if a["role"] not in cmd.chain:
             return refused(cmd.step, "precondition_failed",
                            f"{a['name']} ({a['role']}) may not approve {tname}: it needs role "
-                           f"{atype['approver_role']!r} or that role's delegate.")
+                           f"{shown(atype['approver_role'])} or that role's delegate.")
         data = params["data"]
         missing = [f for f in atype["required_fields"] if _empty(data.get(f))]
         if missing:
@@ -81,7 +82,7 @@ def decide(state: ApprovalFlowState, cmd: Command) -> list:
     ap = state.approvals.get(aid)
     if ap is None:
         return refused(cmd.step, "not_found",
-                       f"No approval {aid!r}. Use approvalflow.list_approvals.")
+                       f"No approval {shown(aid)}. Use approvalflow.list_approvals.")
     status = ap["status"]
     if method == "check_status":
         if status != "pending" and status != "escalated":

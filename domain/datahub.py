@@ -17,6 +17,7 @@ from domain.events import (
     MetricWentStale,
     refused,
 )
+from domain.quoting import shown
 
 TODAY = "2024-03-15"  # the simulated date of every episode (time inside events is simulated)
 _EPOCH = datetime.fromisoformat(TODAY).replace(hour=9, tzinfo=UTC)
@@ -55,14 +56,14 @@ def decide(state: DataHubState, cmd: Command) -> list:
         a = state.approvers.get(role)
         if a is None:
             return refused(cmd.step, "not_found",
-                           f"No approver with role {role!r}. Known roles: "
+                           f"No approver with role {shown(role)}. Known roles: "
                            f"{', '.join(state.approvers)}.")
         return [ApproverLookedUp(role, a["name"], a["out_of_office"])]
     name = cmd.params["metric_name"]
     m = state.metrics.get(name)
     if m is None:
         return refused(cmd.step, "not_found",
-                       f"No metric {name!r}. Use datahub.list_metrics.")
+                       f"No metric {shown(name)}. Use datahub.list_metrics.")
     if method == "refresh_data":
         if m["refreshing"]:
             return []  # already running: the call succeeds and changes nothing
@@ -203,7 +204,7 @@ def result(method: str, state: DataHubState, params: dict, events: list):
         if a["out_of_office"]:
             res["warnings"] = [
                 f"{a['name']} is out of office until {a['until']}; requests routed to them "
-                f"will not be handled. Delegate: role {a['delegate_role']!r} "
+                f"will not be handled. Delegate: role {shown(a['delegate_role'])} "
                 f"({res['delegate_name']})."]
             return res, f"{a['name']} ({a['role']}) is OUT OF OFFICE."
         res["warnings"] = []

@@ -15,6 +15,7 @@ from domain.events import (
     MistakeRecorded,
     TicketStatusChanged,
 )
+from domain.quoting import number_text, shown
 
 FAILURE_MODES: dict[str, str] = {
     "stale_data_used": "acted on a metric value that was stale (the agent's last read was "
@@ -49,8 +50,11 @@ def same(given, expected) -> bool:
         return given is expected
     if isinstance(expected, (int, float)):
         if isinstance(given, str):
+            spelled = number_text(given.strip().replace(",", ""))  # digits as 3.11 reads them
+            if spelled is None:
+                return False
             try:
-                given = float(given.strip().replace(",", ""))
+                given = float(spelled)
             except ValueError:
                 return False
         if isinstance(given, (int, float)):
@@ -85,7 +89,7 @@ def review(target: dict, world, approval_type: str, data: dict) -> list[str]:
 def _shown(value) -> str:
     """A submitted value in words, its objects' keys sorted: the log keeps them sorted, so the text
     must not follow the order the agent sent them in (a rerun would differ from the live episode)."""
-    return repr(_keys_sorted(value))
+    return shown(_keys_sorted(value))
 
 
 def _keys_sorted(value):

@@ -21,6 +21,7 @@ from domain.events import (
     TicketVerificationChanged,
     refused,
 )
+from domain.quoting import shown
 
 PRIORITIES = ("low", "medium", "high", "critical")
 SETTABLE_STATUSES = ("open", "in_progress", "resolved", "closed")
@@ -63,7 +64,7 @@ def decide(state: TicketDeskState, cmd: Command) -> list:
     t = state.tickets.get(tid)
     if t is None:
         return refused(cmd.step, "not_found",
-                       f"No ticket {tid!r}. Use ticketdesk.list_tickets or search_tickets.")
+                       f"No ticket {shown(tid)}. Use ticketdesk.list_tickets or search_tickets.")
     if method == "get_ticket":
         return []
     if method == "add_comment":
@@ -80,7 +81,7 @@ def decide(state: TicketDeskState, cmd: Command) -> list:
     if field == "priority":
         if value not in PRIORITIES:
             return refused(cmd.step, "invalid_params",
-                           f"priority must be one of {', '.join(PRIORITIES)}; got {value!r}.")
+                           f"priority must be one of {', '.join(PRIORITIES)}; got {shown(value)}.")
         return [TicketPriorityChanged(tid, value, t["priority"])]
     if field == "assignee":
         if type(value) is not str or not value.strip() or len(value) > 100:
@@ -93,7 +94,7 @@ def decide(state: TicketDeskState, cmd: Command) -> list:
     if field == "linked_approval":
         if value is not None and (type(value) is not str or value not in cmd.approval_ids):
             return refused(cmd.step, "not_found",
-                           f"No approval {value!r}. Use approvalflow.list_approvals.")
+                           f"No approval {shown(value)}. Use approvalflow.list_approvals.")
         return [TicketApprovalLinked(tid, value, t["linked_approval"])]
     # status
     if value not in SETTABLE_STATUSES:
@@ -101,7 +102,7 @@ def decide(state: TicketDeskState, cmd: Command) -> list:
             return refused(cmd.step, "invalid_params",
                            "status 'blocked' is set by dependencies, not by hand.")
         return refused(cmd.step, "invalid_params",
-                       f"status must be one of {', '.join(SETTABLE_STATUSES)}; got {value!r}.")
+                       f"status must be one of {', '.join(SETTABLE_STATUSES)}; got {shown(value)}.")
     if t["blocked_by"] is not None and value != "closed":
         return refused(cmd.step, "precondition_failed",
                        f"{tid} is blocked by {t['blocked_by']}; deal with the blocker first.")
@@ -252,9 +253,9 @@ def result(method: str, state: TicketDeskState, params: dict, events: list):
     unblocked = [u.ticket_id for u in events[1:]]
     if unblocked:
         res["unblocked"] = unblocked
-        return res, (f"{e.ticket_id} {field} set to {value!r}; now unblocked: "
+        return res, (f"{e.ticket_id} {field} set to {shown(value)}; now unblocked: "
                      f"{', '.join(unblocked)}.")
-    return res, f"{e.ticket_id} {field} set to {value!r}."
+    return res, f"{e.ticket_id} {field} set to {shown(value)}."
 
 
 _EVENT_FIELD = {"priority": "priority", "assignee": "assignee", "status": "status",

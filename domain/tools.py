@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from domain.quoting import shown
 from domain.ticketdesk import FIELDS, PRIORITIES, SETTABLE_STATUSES
 
 
@@ -154,7 +155,7 @@ def parse_action(action) -> tuple[str, str, dict] | Invalid:
     if compiled is None:
         if tools is None:
             return Invalid("unknown_tool",
-                           f"Unknown app {app!r}; the apps are {', '.join(APPS)}.")
+                           f"Unknown app {shown(app)}; the apps are {', '.join(APPS)}.")
         return Invalid("unknown_tool", f"Unknown tool {app}.{method}; {app} has: "
                        f"{', '.join(tools)}.")
     params = action.get("params", _EMPTY)
@@ -180,24 +181,24 @@ def _explain(app: str, method: str, params, compiled) -> tuple[str, str, dict] |
     for pname in required:
         if pname not in params:
             return Invalid("invalid_params",
-                           f"{app}.{method}: missing required parameter {pname!r}.")
+                           f"{app}.{method}: missing required parameter {shown(pname)}.")
     known = [c.name for c in checks]
     # in key order, not the order they came in: the log keeps the action's keys sorted, so a
     # replay must name the same one (and equal actions must log equal events)
     for k in sorted(params, key=str):
         if k not in known:
             return Invalid("invalid_params",
-                           f"{app}.{method}: unexpected parameter {k!r}; expected "
+                           f"{app}.{method}: unexpected parameter {shown(k)}; expected "
                            f"{', '.join(known) or 'no parameters'}.")
     for c in checks:
         if c.name in params:
             v = params[c.name]
             if type(v) not in c.types:
                 return Invalid("invalid_params",
-                               f"{app}.{method}: {c.name!r} must be {c.label}, got "
+                               f"{app}.{method}: {shown(c.name)} must be {c.label}, got "
                                f"{_JSON_NAME.get(type(v), 'a value')}.")
             if c.enum is not None and v not in c.enum:
                 return Invalid("invalid_params",
-                               f"{app}.{method}: {c.name!r} must be one of {c.enum_text}; "
-                               f"got {v!r}.")
+                               f"{app}.{method}: {shown(c.name)} must be one of {c.enum_text}; "
+                               f"got {shown(v)}.")
     return app, method, params

@@ -171,8 +171,10 @@ def compare(episode_id: str, stored: list[Envelope], fresh: list[Envelope], acti
             if a is not None and b is not None and (a.type, a.schema_version) == (b.type, b.schema_version) \
                     and _same_value(a.data_json, b.data_json):
                 result.notes.append(f"version {i}: the stored data is the re-simulated value in other "
-                                    "bytes (not the canonical JSON the store writes: spaces or key "
-                                    "order), so it was rewritten after it was written")
+                                    "bytes (not the canonical JSON the store writes: spaces, key "
+                                    "order or a number's spelling), so it was rewritten after it was "
+                                    "written, or written by an orjson before 3.11.7 (which spelled "
+                                    "1e+16 as 1e16)")
             return result
         if a.digest != b.digest:
             result.first_difference = i

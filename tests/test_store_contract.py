@@ -67,6 +67,18 @@ def test_read_all_is_lazy_and_sees_what_was_appended_before_iteration_began(stor
     assert [r.data["n"] for r in events if r.stream_id == stream] == [0, 1, 2]
 
 
+def test_canonical_json_spells_numbers_as_every_supported_orjson_does():
+    """The digest is over these bytes, so their spelling is part of the log's format: orjson
+    3.11.7 began writing 1e16 as 1e+16, and an episode logged under one version then failed
+    `companyos rerun` under the other, as if tampered with. pyproject's lower bound keeps every
+    supported version on one spelling; a change in a later orjson fails here first."""
+    values = [1e16, 2.5e16, 1.5e-7, 5e-324, 1.7976931348623157e308, 123456789012345.6, 0.1, -0.0,
+              1e15, -(2**63), 7]
+    assert canonical_json(values) == (b"[1e+16,2.5e+16,1.5e-7,5e-324,1.7976931348623157e+308,"
+                                      b"123456789012345.6,0.1,-0.0,1000000000000000.0,"
+                                      b"-9223372036854775808,7]")
+
+
 def test_digest_chains_type_version_and_data_but_not_meta(store):
     a, b = unique_stream(), unique_stream()
     ra = store.append(a, [NewEvent("E", {"x": 1}, meta={"who": "one"}), NewEvent("F", {})], None)
