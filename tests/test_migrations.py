@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 import sqlalchemy as sa
@@ -113,6 +115,43 @@ def test_upgrading_a_one_row_per_event_sqlite_store_keeps_every_event(sqlite_url
 
 def test_upgrading_a_one_row_per_event_postgres_store_keeps_every_event(fresh_pg_url):
     _upgrade_keeps_every_event(fresh_pg_url)
+
+
+def test_an_event_an_older_writer_commits_during_the_upgrade_is_kept_not_dropped(fresh_pg_url):
+    """An older companyos writing while a newer one upgraded the store: the migration copied the
+    events, the writer committed one more, and the migration then dropped the table with it.
+    Here the writer's transaction is open as the upgrade begins and commits once the upgrade
+    waits for it."""
+    rows = _fill_one_row_per_event_store(fresh_pg_url)
+    engine = create_engine(fresh_pg_url, None)
+    writer = engine.connect()
+    writer.execute(sa.text(
+        "INSERT INTO events (position, stream_id, version, event_id, type, schema_version, data, "
+        "meta, digest) VALUES (1000, 'ep-c', 0, 'ep-c-id-0', 'Stepped', 1, :d, '{}', :g)"),
+        {"d": '{"n":0}', "g": chain_digest(GENESIS_DIGEST, "Stepped", 1, '{"n":0}')})
+    upgraded: list = []
+    upgrade = threading.Thread(target=lambda: upgraded.append(EventStore.open(fresh_pg_url)))
+    upgrade.start()
+    try:
+        with engine.connect() as probe:  # until the upgrade waits for the writer's lock
+            for _ in range(600):
+                waiting = probe.execute(sa.text(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND wait_event_type = 'Lock'")).scalar()
+                if waiting:
+                    break
+                time.sleep(0.05)
+            assert waiting, "the upgrade never waited for the older writer"
+        writer.commit()
+    finally:
+        writer.close()
+        upgrade.join(timeout=60)
+        engine.dispose()
+    store = upgraded[0]
+    try:
+        assert [r.stream_id for r in store.read_all()] == [r[1] for r in rows] + ["ep-c"]
+    finally:
+        store.close()
 
 
 def test_an_older_store_opened_read_only_says_it_needs_an_upgrade(tmp_path):

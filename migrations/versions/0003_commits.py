@@ -27,6 +27,12 @@ _PAYLOAD = {
 
 
 def upgrade() -> None:
+    if op.get_bind().dialect.name == "postgresql":
+        # Writers of the older companyos know nothing of this migration's advisory lock: an event
+        # one committed between the copies below was left out of `commits` and dropped with
+        # `events`. Writes wait for this transaction now, and then fail on the dropped table.
+        # (SQLite's migration holds the database's one write lock already.)
+        op.execute("LOCK TABLE events IN EXCLUSIVE MODE")
     op.create_table(
         "commits",
         sa.Column("position", sa.BigInteger().with_variant(sa.Integer(), "sqlite"),
