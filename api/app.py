@@ -55,6 +55,7 @@ from api.sessions import (
     pooler_classes,
     split_session_key,
     store_outage,
+    write_refused_classes,
 )
 from api.ui import ui_router
 from api.ui_html import error_page, is_ui_path
@@ -247,7 +248,7 @@ def _register_errors(app: FastAPI) -> None:
             return page
         return _error(failure)
 
-    for outage in (*outage_classes(), *pooler_classes()):
+    for outage in (*outage_classes(), *pooler_classes(), *write_refused_classes()):
         app.add_exception_handler(outage, database_outage)
 
     @app.exception_handler(BodyTooLarge)

@@ -97,11 +97,37 @@ def store_outage(exc: BaseException) -> ApiError | None:
     any other exception. Without it such a request was a bare "Internal Server Error", and a
     WebSocket dropped with no frame. A prepared statement a transaction pooler lost is one too
     (the store's URL lacks `?prepare_threshold=none`): it was a 500 that read as a server bug."""
+    if _sqlstate(exc) in _WRITES_REFUSED:
+        log.warning("the store's database refuses this server's writes", exc_info=exc)
+        return ApiError(503, "store_read_only", "the store's database refuses writes "
+                        f"({type(getattr(exc, 'orig', None) or exc).__name__}): this server can read "
+                        "episodes but not log new steps")
     hint = pooler_hint(exc)
     if hint is None and not isinstance(exc, outage_classes()):
         return None
     log.warning("the store's database failed under a request" + (f"; {hint}" if hint else ""), exc_info=exc)
     return outage_answer(exc, hint)
+
+
+@cache
+def write_refused_classes() -> tuple[type[Exception], ...]:
+    """What a database that refuses writes raises (`store_outage` tells them by SQLSTATE):
+    psycopg's own from the store's raw cursors, SQLAlchemy's wrappers elsewhere."""
+    try:
+        import psycopg
+    except ImportError:
+        return ()
+    return (psycopg.errors.ReadOnlySqlTransaction, psycopg.errors.InsufficientPrivilege,
+            sa.exc.InternalError, sa.exc.ProgrammingError)
+
+
+_WRITES_REFUSED = frozenset({"25006", "42501"})
+"""PostgreSQL's read_only_sql_transaction and insufficient_privilege: a read-only database or
+role, which the server opened as a store and could serve reads from; a write was a bare 500."""
+
+
+def _sqlstate(exc: BaseException) -> str | None:
+    return getattr(getattr(exc, "orig", None) or exc, "sqlstate", None)
 
 
 def outage_answer(exc: BaseException, hint: str | None = None) -> ApiError:

@@ -1566,3 +1566,30 @@ def test_the_api_docs_page_needs_nothing_from_the_internet(sqlite_url):
         assert "fonts.googleapis" not in redoc
     with TestClient(create_app(ServerConfig(db=sqlite_url)), root_path="/prefix") as c:  # behind a proxy
         assert '<script src="/prefix/docs/assets/swagger-ui-bundle.js">' in c.get("/docs").text
+
+
+def test_a_read_only_postgresql_store_serves_reads_and_refuses_steps_in_words(fresh_pg_url):
+    """A hot standby or a role without write grants: the server opened it and served reads, and
+    every reset or step was a bare 500 with a traceback in the log."""
+    from tests.conftest import _pg_engine
+
+    with client(fresh_pg_url) as c:
+        episode_id, _, _ = reset(c)
+    admin = _pg_engine()
+    database = sa.make_url(fresh_pg_url).database
+    with admin.connect() as conn:
+        conn.exec_driver_sql(f"ALTER DATABASE {database} SET default_transaction_read_only = on")
+    try:
+        with client(fresh_pg_url) as c:
+            assert c.get(f"/episodes/{episode_id}/events").status_code == 200
+            r = c.post("/reset", json=RESET)
+            assert r.status_code == 503 and r.json()["code"] == "store_read_only", r.text
+            assert "refuses writes (ReadOnlySqlTransaction)" in r.json()["detail"]
+            with c.websocket_connect("/ws") as ws:
+                ws.send_json({"type": "reset", "data": RESET})
+                frame = ws.receive_json()
+                assert frame["data"]["reason"] == "store_read_only" and frame["data"]["status"] == 503
+    finally:
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f"ALTER DATABASE {database} RESET default_transaction_read_only")
+        admin.dispose()
