@@ -22,7 +22,7 @@ from analytics import adhoc, named
 from analytics.adhoc import SqlRefused
 from analytics.named import QueryError
 from analytics.sync import Progress, open_store, sync, warehouse_path
-from analytics.warehouse import Warehouse, WarehouseBusy, WarehouseError, open_for_sync
+from analytics.warehouse import Warehouse, WarehouseBusy, WarehouseError, open_for_sync, store_label
 
 _LOCK = threading.Lock()
 log = logging.getLogger(__name__)
@@ -153,9 +153,9 @@ class BackgroundSync:
             self.error = exc
             if isinstance(exc, WarehouseError):  # said in words (busy, unfit file): no traceback
                 if not isinstance(exc, WarehouseBusy):
-                    log.warning("the analytics sync of %s failed: %s", self.db_url, exc)
+                    log.warning("the analytics sync of %s failed: %s", store_label(self.db_url), exc)
             else:
-                log.warning("the analytics sync of %s failed", self.db_url, exc_info=exc)
+                log.warning("the analytics sync of %s failed", store_label(self.db_url), exc_info=exc)
         finally:
             self._ended.set_result(None)
 

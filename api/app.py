@@ -210,7 +210,10 @@ def create_app(config: ServerConfig | None = None, store: EventStore | None = No
     _register_openenv(app, server)
     _register_log(app, server)
     add_api_docs(app)
-    store_url = store.engine.url.render_as_string(hide_password=False)
+    # the URL as given: the engine's lacks what the store's create_engine took out of it
+    # (`?prepare_threshold=none`, which the analytics' own connections behind a pooler need too)
+    store_url = (resolve_db(config.db) if owns_store
+                 else store.engine.url.render_as_string(hide_password=False))
     app.include_router(analytics_router(store_url, config.warehouse))
     app.include_router(ui_router(server.log, store_url, config.warehouse))
     app.server = server

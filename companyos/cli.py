@@ -18,10 +18,11 @@ def db_upgrade(db: str | None = DbOption) -> None:
     """Create the store or bring it to the newest migration."""
     from eventstore import EventStore
     from eventstore.migrate import HEAD_REVISION
+    from eventstore.store import shown_url
 
     url = resolve_db(db)
     EventStore.open(url).close()
-    typer.echo(f"{url}: at migration {HEAD_REVISION}")
+    typer.echo(f"{shown_url(url)}: at migration {HEAD_REVISION}")
 
 
 def _register_commands() -> None:

@@ -541,7 +541,11 @@ def shown_url(url: str) -> str:
         parsed = sa.make_url(url)
     except (sa.exc.ArgumentError, ValueError):  # ValueError: a port that is not a number
         return repr(url)
-    return url if parsed.password is None else parsed.render_as_string(hide_password=True)
+    if "password" in parsed.query:  # libpq takes ?password= as well as user:password@
+        parsed = parsed.update_query_dict({"password": "***"})
+    elif parsed.password is None:
+        return url
+    return parsed.render_as_string(hide_password=True).replace("password=%2A%2A%2A", "password=***")
 
 
 def _check_stream_id(stream_id: Any) -> None:

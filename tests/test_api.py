@@ -571,7 +571,8 @@ def test_an_integer_too_long_for_python_is_refused_in_words_on_every_door(sqlite
     with client(sqlite_url) as c:
         r = c.post("/reset", content=f'{{"seed": {digits}}}', headers={"content-type": "application/json"})
         assert r.status_code == 422, r.text
-        assert "an integer of 5,001 digits is longer than the 4,300 digits read" in r.json()["detail"][0]["msg"]
+        said = r.json()["detail"][0]["msg"]
+        assert "an integer of 5,001 digits is longer than the 4,300 digits read" in said
         r = c.post("/mcp", content=f'{{"jsonrpc": "2.0", "id": {digits}, "method": "ping"}}',
                    headers={"content-type": "application/json"})
         assert r.json()["error"]["code"] == -32700 and "5,001 digits" in r.json()["error"]["message"]
@@ -600,7 +601,8 @@ def test_deep_text_the_stdlib_parser_reads_is_one_action_on_every_door(sqlite_ur
             assert ws.receive_json()["type"] == "observation"
             ws.send_text(f'{{"type": "step", "data": {action}}}')
             frame = ws.receive_json()
-            assert frame["type"] == "observation" and frame["data"]["metadata"]["rejected"] == "malformed_action"
+            assert frame["type"] == "observation"
+            assert frame["data"]["metadata"]["rejected"] == "malformed_action"
 
 
 def test_a_lone_surrogate_echoed_back_is_answered_not_a_500_or_a_dropped_socket(sqlite_url):

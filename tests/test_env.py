@@ -368,6 +368,21 @@ def test_a_url_whose_port_is_not_a_number_or_file_a_nul_is_one_error_line(tmp_pa
     assert out.stderr.startswith("error: ") and "is not a database URL" in out.stderr
 
 
+def test_a_password_in_the_store_url_is_never_printed(fresh_pg_url, tmp_path):
+    """`db upgrade` echoed the URL as given, password and all, into terminals and CI logs; a
+    password given as `?password=` (libpq takes it) was shown in every error line."""
+    url = sa.make_url(fresh_pg_url).set(password="s3cret")
+    as_given = url.render_as_string(hide_password=False)
+    out = subprocess.run([sys.executable, "-m", "companyos", "db", "upgrade", "--db", as_given],
+                         capture_output=True, text=True, cwd=tmp_path)
+    assert out.returncode == 0 and ":***@" in out.stdout and "s3cret" not in out.stdout, out.stdout
+    missing = url.set(password=None, database="companyos_no_such_db").update_query_dict(
+        {"password": "s3cret"}).render_as_string(hide_password=False)
+    out = subprocess.run([sys.executable, "-m", "companyos", "episodes", "--db", missing],
+                         capture_output=True, text=True, cwd=tmp_path)
+    assert out.returncode != 0 and "password=***" in out.stderr and "s3cret" not in out.stderr, out.stderr
+
+
 def test_a_sqlite_url_argument_the_driver_would_ignore_is_refused(tmp_path):
     """A typo (`?mdoe=ro`) or `?mode=ro` without `uri=true` was a warning with a source line, and
     the store opened read-write as if the argument were absent."""
