@@ -232,9 +232,32 @@ def _forget_the_parents_connections() -> None:
 os.register_at_fork(after_in_child=_forget_the_parents_connections)
 
 
+_SQLITE_URI_ARGUMENTS = ("cache", "immutable", "mode", "nolock", "psow", "vfs")
+_PYSQLITE_ARGUMENTS = frozenset({"uri", "timeout", "isolation_level", "detect_types",
+                                 "check_same_thread", "cached_statements"})
+
+
+def _check_sqlite_uri(url: sa.URL) -> None:
+    """With `uri=true` the driver passes every other argument into a URI, where SQLite drops
+    one it does not know (`mdoe=ro`: the store opened read-write), and reads the name as a URI
+    only when it begins with `file:` (else `store.db?mode=ro` was a new file of that name)."""
+    if not asbool(url.query.get("uri", False)):
+        return
+    database = url.database or ""
+    if database[:5].lower() != "file:":
+        raise ValueError(f"with uri=true SQLite reads the file name as a URI only when it begins with "
+                         f"file: (sqlite:///file:{database or 'store.db'}?...&uri=true); as it is, "
+                         "the store would be a file named with the arguments in its name")
+    unknown = sorted(set(url.query) - _PYSQLITE_ARGUMENTS - set(_SQLITE_URI_ARGUMENTS))
+    if unknown:
+        raise ValueError(f"SQLite takes no URI argument {', '.join(map(repr, unknown))}; its URI "
+                         f"arguments are {', '.join(_SQLITE_URI_ARGUMENTS)}")
+
+
 def _sqlite_engine(url: sa.URL, synchronous: str) -> sa.Engine:
     if synchronous not in SQLITE_SYNCHRONOUS:
         raise BadSynchronous(f"synchronous must be one of {SQLITE_SYNCHRONOUS}, not {synchronous!r}")
+    _check_sqlite_uri(url)
     in_memory = in_memory_sqlite(url)
     kwargs: dict = {}
     if in_memory:

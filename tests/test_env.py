@@ -396,6 +396,22 @@ def test_a_sqlite_url_argument_the_driver_would_ignore_is_refused(tmp_path):
         assert store.last_position() == 0
 
 
+@pytest.mark.parametrize("url, said", [
+    # with uri=true SQLite itself dropped the typo: the store opened read-write and took episodes
+    ("sqlite:///file:s.db?mdoe=ro&uri=true", "SQLite takes no URI argument 'mdoe'"),
+    # without file: the name was a file of its own, `s.db?mode=ro`, made and written
+    ("sqlite:///s.db?uri=true&mode=rw", "begins with file:"),
+])
+def test_a_sqlite_uri_that_would_open_another_file_or_drop_an_argument_is_refused(tmp_path, url, said):
+    EventStore.open(f"sqlite:///{tmp_path / 's.db'}").close()
+    out = subprocess.run([sys.executable, "-m", "companyos", "run", "--episodes", "1", "--db", url],
+                         capture_output=True, text=True, cwd=tmp_path)
+    assert out.returncode == 2 and said in out.stderr, out.stderr
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith("s.db-")) == ["s.db"]
+    with EventStore.open(f"sqlite:///{tmp_path / 's.db'}") as store:
+        assert store.last_position() == 0
+
+
 @pytest.mark.parametrize("args", [["verify"], ["episodes"], ["rebuild"], ["replay", "x"],
                                   ["analytics", "sync"], ["analytics", "query", "failure_modes"]])
 def test_a_command_that_reads_the_log_refuses_a_store_file_that_does_not_exist(tmp_path, args):
