@@ -697,6 +697,10 @@ def test_serve_says_in_one_line_why_it_cannot_listen(tmp_path):
     out = subprocess.run([sys.executable, "-m", "companyos", "serve", "--db", url], capture_output=True,
                          text=True, env={**os.environ, "COMPANYOS_API_KEY": "two words"})
     assert out.returncode == 2 and "COMPANYOS_API_KEY" in out.stderr and "' '" in out.stderr, out.stderr
+    # set but empty (`COMPANYOS_API_KEY=$KEY`, KEY unset) served every route without a key
+    out = subprocess.run([sys.executable, "-m", "companyos", "serve", "--db", url], capture_output=True,
+                         text=True, env={**os.environ, "COMPANYOS_API_KEY": ""})
+    assert out.returncode == 2 and "COMPANYOS_API_KEY is set but empty" in out.stderr, out.stderr
 
 
 _SERVE_WITH_FEW_FILES = """

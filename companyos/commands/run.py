@@ -28,8 +28,9 @@ def run(
                                  help="How many episodes; episode i uses seed S+i."),
     seed: int = typer.Option(0, help="Seed of the first episode."),
     workers: int = typer.Option(1, min=1, max=64, help="Processes sharing the store."),
-    durability: str = typer.Option("step", help="step: commit every step; episode: commit each "
-                                   "episode at its end (faster, a crash loses it)."),
+    durability: str = typer.Option("step", help="step: commit every step; episode: commit ended "
+                                   "episodes 16 at a time (faster; a crash loses the episodes under "
+                                   "way and up to 15 ended ones a worker held)."),
     reward_profile: str = typer.Option("default", help="default or sparse."),
     db: str | None = DbOption,
     as_json: bool = JsonOption,
@@ -133,8 +134,11 @@ def _print_summary(plan, summary: dict) -> None:
 
 
 def tasks(as_json: bool = JsonOption) -> None:
-    """List the task families (`--json`: the catalogue `GET /tasks` serves, chaos levels, reward
-    profiles and failure modes included, so a script reads one shape from either)."""
+    """List the task families; --json prints the catalogue GET /tasks serves.
+
+    The catalogue includes the chaos levels, reward profiles and failure modes, so a script reads
+    one shape from either.
+    """
     import domain
 
     if as_json:

@@ -69,7 +69,10 @@ def serve(
 
     if log_level not in LOG_LEVELS:
         fail(f"--log-level must be one of {', '.join(LOG_LEVELS)}, not {log_level!r}")
-    api_key = os.environ.get("COMPANYOS_API_KEY", "")
+    api_key = os.environ.get("COMPANYOS_API_KEY")
+    if api_key == "":  # `COMPANYOS_API_KEY=$KEY` with KEY unset served every route to anyone
+        fail("COMPANYOS_API_KEY is set but empty (an unset shell variable?): set it to the key, or "
+             "unset it to serve without one")
     if api_key and (problem := api_key_problem(api_key.strip())):  # said now, not as every
         fail(f"COMPANYOS_API_KEY: {problem}")  # client's "wrong API key"
     warehouse_file = _warehouse_file(warehouse) if warehouse else ""
