@@ -103,10 +103,16 @@ def build(wh: Warehouse, agent: str | None = None, task: str | None = None,
     data["tool_error_rates"] = tools[:TOOL_ROWS]
     data["notes"] = {}
     agents = agent_count(data["success_by_agent_and_chaos"])
-    if agents and data["chaos_impact"]:
+    levels = {r["chaos"] for r in data["success_by_chaos"]}
+    if data["chaos_impact"] and (agents or len(levels) > 1):
+        pooled = [f"all {agents} agents"] if agents else []
+        pooled += [f"{len(levels)} chaos levels"] if len(levels) > 1 else []
         data["notes"]["chaos_impact"] = (
-            f"These rates pool all {agents} agents: a mechanism that fires only at levels a strong "
-            "agent ran looks harmless, or helpful. Narrowed to one agent, the report shows its own.")
+            f"These rates pool {' and '.join(pooled)}: a mechanism is compared with every episode "
+            "it did not fire in, those at levels where it cannot fire (chaos none) and those of "
+            "agents it never met included, so it can look harmless, or helpful, when it is not. "
+            "Narrow the report to one agent and one chaos level (--agent, --chaos) to compare like "
+            "with like.")
     if agents > CHART_AGENTS:
         data["notes"]["success_by_agent_and_chaos"] = (
             f"The chart above draws the {CHART_AGENTS} agents with the most episodes; this table "
@@ -230,8 +236,11 @@ def _rate(s: dict[str, Any]) -> str:
     read "success 100.0%")."""
     if s["success_rate"] is None:
         return "n/a"
-    shown = _percent(s["success_rate"], 1)
     successes, finished = s["successes"], s["finished"]
+    # from the counts: the rate is rounded to 4 places already, and rounding it again read 1 of
+    # 22 (4.545%) as 4.6%
+    exact = successes / finished if finished else s["success_rate"]
+    shown = _percent(exact, 1)
     places = 1
     while 0 < successes < finished and shown in (0, 100) and places < 12:
         places += 1

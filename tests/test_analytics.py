@@ -1175,6 +1175,9 @@ def test_the_reports_success_rate_never_reads_100_or_0_percent_when_it_is_not():
     assert "success 0.0%," in report.summary_line({**summary, "successes": 0, "success_rate": 0.0})
     assert "success 99.9%," in report.summary_line({**summary, "successes": 999_000,
                                                     "success_rate": 0.999})
+    # from the counts, not the rate the queries round to 4 places: 1 of 22 is 4.545%, not 4.6%
+    assert "success 4.5%," in report.summary_line({**summary, "finished": 22, "successes": 1,
+                                                   "success_rate": 0.0455})
 
 
 def test_the_report_rounds_percentages_as_the_queries_round_rates(tmp_path):
