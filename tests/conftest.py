@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 import uuid
 
 import pytest
@@ -85,6 +86,17 @@ def sqlite_url(tmp_path):
 
 def unique_stream(prefix: str = "s") -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def poll_count(conn: sa.Connection, sql: str, tries: int = 200) -> int:
+    """Run a counting query every 50 ms until it counts something or `tries` run out: how a test
+    waits for another session to reach a point it can only see in `pg_stat_activity`."""
+    for _ in range(tries):
+        count = conn.execute(sa.text(sql)).scalar()
+        if count:
+            return count
+        time.sleep(0.05)
+    return 0
 
 
 def append_behind_a_held_lock(store, stream: str, lock_url: str) -> list[BaseException]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
-import time
 
 import pytest
 import sqlalchemy as sa
@@ -18,6 +17,7 @@ from eventstore import GENESIS_DIGEST, EventStore, NewEvent, StoreUnavailable, c
 from eventstore.engine import create_engine
 from eventstore.migrate import HEAD_REVISION, alembic_config
 from migrations.target import target_metadata
+from tests.conftest import poll_count
 
 
 def test_migrations_have_one_head_and_it_is_the_revision_the_store_checks_for():
@@ -134,14 +134,9 @@ def test_an_event_an_older_writer_commits_during_the_upgrade_is_kept_not_dropped
     upgrade.start()
     try:
         with engine.connect() as probe:  # until the upgrade waits for the writer's lock
-            for _ in range(600):
-                waiting = probe.execute(sa.text(
-                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                    "AND wait_event_type = 'Lock'")).scalar()
-                if waiting:
-                    break
-                time.sleep(0.05)
-            assert waiting, "the upgrade never waited for the older writer"
+            assert poll_count(probe, "SELECT count(*) FROM pg_stat_activity WHERE datname = "
+                              "current_database() AND wait_event_type = 'Lock'", tries=600), \
+                "the upgrade never waited for the older writer"
         writer.commit()
     finally:
         writer.close()

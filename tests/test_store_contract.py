@@ -27,7 +27,7 @@ from eventstore import (
 from eventstore.engine import normalise_url
 from eventstore.records import MAX_EVENT_BYTES
 from tests import tamper
-from tests.conftest import append_behind_a_held_lock, unique_stream
+from tests.conftest import append_behind_a_held_lock, poll_count, unique_stream
 
 
 @pytest.fixture
@@ -502,7 +502,6 @@ def test_a_read_whose_connection_the_server_drops_logs_no_pool_traceback(fresh_p
     dead connection back to the pool, whose reset then failed and logged a traceback in `serve`'s
     log; a write already invalidated such a connection."""
     import logging
-    import time
 
     import sqlalchemy as sa
 
@@ -519,14 +518,9 @@ def test_a_read_whose_connection_the_server_drops_logs_no_pool_traceback(fresh_p
     with caplog.at_level(logging.ERROR, logger="sqlalchemy.pool"):
         read = threading.Thread(target=reading, daemon=True)
         read.start()
-        with killer.connect() as conn:
-            for _ in range(200):  # until the read is running
-                killed = conn.execute(sa.text(
-                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE "
-                    "datname = current_database() AND query LIKE 'SELECT pg_sleep%'")).scalar()
-                if killed:
-                    break
-                time.sleep(0.05)
+        with killer.connect() as conn:  # once the read is running
+            killed = poll_count(conn, "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE "
+                                "datname = current_database() AND query LIKE 'SELECT pg_sleep%'")
         killer.dispose()
         read.join(30)
     assert killed and len(failed) == 1, failed
