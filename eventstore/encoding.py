@@ -6,7 +6,6 @@ import hashlib
 import json
 import math
 import re
-import sys
 import threading
 from typing import Any
 
@@ -88,15 +87,21 @@ def _finite(text: str) -> float:
 
 
 def _integer(text: str) -> int:
-    """Python turns at most 4,300 digits into an int (a guard against quadratic conversion); its
-    plain ValueError passed every door's JSON handling and became a 500 or a dropped socket."""
-    if len(text.lstrip("-")) > _MAX_DIGITS:
-        raise json.JSONDecodeError(f"an integer of {len(text.lstrip('-')):,} digits is longer than "
-                                   f"the {_MAX_DIGITS:,} digits read", "", 0)
-    return int(text)
+    """Python turns at most 4,300 digits into an int by default (a guard against quadratic
+    conversion); its plain ValueError passed every door's JSON handling and became a 500 or a
+    dropped socket. The bound is fixed, not the process's setting, so every process reads alike."""
+    digits = len(text.lstrip("-"))
+    try:
+        if digits > _MAX_DIGITS:
+            raise ValueError
+        return int(text)
+    except ValueError:  # also a process whose own limit (sys.set_int_max_str_digits) is lower
+        limit = f"the {_MAX_DIGITS:,} digits read" if digits > _MAX_DIGITS else "this process reads"
+        raise json.JSONDecodeError(f"an integer of {digits:,} digits is longer than {limit}", "",
+                                   0) from None
 
 
-_MAX_DIGITS = sys.get_int_max_str_digits() or 4300
+_MAX_DIGITS = 4_300
 _STDLIB = json.JSONDecoder(parse_constant=_not_json, parse_float=_finite, parse_int=_integer)
 TOO_DEEP = ("nested too deeply to parse (1,024 levels at most; about 990 in text holding a "
             "19-digit number or a lone-surrogate escape)")
