@@ -466,12 +466,15 @@ class EventStore:
     def takes_writes(self) -> bool:
         """Whether the database would take a write: not a SQLite file opened `mode=ro` or
         `immutable=1`, nor a PostgreSQL session that is read-only (a hot standby, or
-        `default_transaction_read_only`). Readers that would first bring the read models up to
-        date list what they hold instead."""
+        `default_transaction_read_only`) or whose role may not add to the log (`SELECT` grants
+        only). Readers that would first bring the read models up to date list what they hold
+        instead."""
         if self.engine.dialect.name != "postgresql":
             return not sqlite_read_only(self.engine.url)
         with self.engine.connect() as conn:
-            return conn.execute(sa.text("SELECT current_setting('transaction_read_only')")).scalar() != "on"
+            return bool(conn.execute(sa.text(
+                "SELECT current_setting('transaction_read_only') = 'off' "
+                "AND has_table_privilege('commits', 'INSERT')")).scalar())
 
     def readable_position(self) -> int:
         """The last position a reader of the global order may read now. On PostgreSQL a commit

@@ -472,6 +472,42 @@ def test_a_read_only_postgresql_database_lists_what_the_read_models_hold(cli, fr
     assert len(json.loads(cli("episodes", "--db", fresh_pg_url, "--json").stdout)["episodes"]) == 2
 
 
+def test_a_role_with_select_grants_only_lists_what_the_read_models_hold(cli, fresh_pg_url):
+    """A reporting role that may only read: `episodes` failed with "permission denied for table
+    projection_checkpoints" bringing the read models up to date; it lists what they hold, as on
+    a standby, and says why it could not fold the rest."""
+    import uuid
+
+    from tests.conftest import _pg_engine
+    from tests.test_projections import play
+
+    with EventStore.open(fresh_pg_url) as store:
+        first = play(store, "expense_report", 1, "none", "expert")["episode_id"]
+    assert len(json.loads(cli("episodes", "--db", fresh_pg_url, "--json").stdout)["episodes"]) == 1
+    with EventStore.open(fresh_pg_url) as store:
+        play(store, "bug_escalation", 2, "none", "expert")
+    role = f"reader_{uuid.uuid4().hex[:8]}"
+    owner = sa.create_engine(sa.make_url(fresh_pg_url).set(drivername="postgresql+psycopg"))
+    admin = _pg_engine()
+    with admin.connect() as conn:
+        conn.exec_driver_sql(f"CREATE ROLE {role} LOGIN")
+    try:
+        with owner.begin() as conn:
+            conn.exec_driver_sql(f"GRANT SELECT ON ALL TABLES IN SCHEMA public TO {role}")
+        as_reader = sa.make_url(fresh_pg_url).set(username=role).render_as_string(hide_password=False)
+        out = cli("episodes", "--db", as_reader, "--json")
+        assert out.exit_code == 0, out.output
+        assert [e["episode_id"] for e in json.loads(out.stdout)["episodes"]] == [first]
+        assert "a role with SELECT grants only" in out.stderr, out.stderr
+    finally:
+        with owner.begin() as conn:
+            conn.exec_driver_sql(f"REVOKE ALL ON ALL TABLES IN SCHEMA public FROM {role}")
+        owner.dispose()
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f"DROP ROLE {role}")
+        admin.dispose()
+
+
 def test_verify_waits_for_an_older_transaction_and_never_says_a_bare_ok_over_a_part(cli, fresh_pg_url):
     """PostgreSQL readers stop below the oldest running transaction of the whole cluster: a
     transaction held open anywhere made verify check nothing and print "ok", exit 0."""

@@ -80,8 +80,8 @@ def episodes(
         if read_only:
             why_not = ((f"the URL {READ_ONLY_WORDS}", "with a URL that may write")
                        if store.engine.dialect.name == "sqlite" else
-                       ("the database takes no writes (a standby, or default_transaction_read_only)",
-                        "against the primary"))
+                       ("the database takes no writes (a standby, default_transaction_read_only, "
+                        "or a role with SELECT grants only)", "as a role that may write, on the primary"))
         behind = min((runner.stored_checkpoints() if read_only else runner.checkpoints()).values())
         waiting = _commits_waiting(store)
         if read_only:  # the read models stay as they are: a list of what
