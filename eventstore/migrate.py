@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
 
-from eventstore.engine import sqlite_uri_mode
+from eventstore.engine import sqlite_read_only
 
 if TYPE_CHECKING:
     from alembic.config import Config
@@ -58,6 +58,15 @@ def known_revisions() -> frozenset[str]:
 
 class OutdatedStore(Exception):
     """The store needs a migration that the URL (read-only) does not allow."""
+
+
+class MigrationFailed(Exception):
+    """The database refused a migration of an older store (a read-only database, a role that
+    may not create tables, a lock held too long): `error` says why, `revision` where it stands."""
+
+    def __init__(self, revision: str, error: sa.exc.DBAPIError) -> None:
+        super().__init__(revision)
+        self.revision, self.error = revision, error
 
 
 class NoStore(Exception):
@@ -107,14 +116,19 @@ def upgrade(engine: sa.Engine, create: bool = True) -> None:
                              f"newest is {HEAD_REVISION!r}): upgrade companyos to use it")
     from alembic import command
 
-    if current is not None and sqlite_uri_mode(engine.url) == "ro":  # the README's way to read
-        # a store without writing to it
+    if current is not None and sqlite_read_only(engine.url):  # the README's way to read a
+        # store without writing to it
         raise OutdatedStore(f"its tables are at revision {current!r}, older than this companyos's "
                             f"{HEAD_REVISION!r}, and a read-only URL cannot migrate them: run "
                             "`companyos db upgrade` on it once, with a URL that may write")
-    with engine.connect().execution_options(companyos_write=True) as conn, conn.begin():
-        if conn.dialect.name == "postgresql":
-            conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": _PG_MIGRATION_LOCK})
-        config = alembic_config()
-        config.attributes["connection"] = conn
-        command.upgrade(config, "head")
+    try:
+        with engine.connect().execution_options(companyos_write=True) as conn, conn.begin():
+            if conn.dialect.name == "postgresql":
+                conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": _PG_MIGRATION_LOCK})
+            config = alembic_config()
+            config.attributes["connection"] = conn
+            command.upgrade(config, "head")
+    except sa.exc.DBAPIError as exc:
+        if current is None:  # creating a store: the database's words say it all
+            raise
+        raise MigrationFailed(current, exc) from exc

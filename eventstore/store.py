@@ -117,11 +117,19 @@ class EventStore:
             raise StoreUnavailable(f"there is no store at {shown}: the database holds none of its "
                                    "tables; `companyos run` or `companyos db upgrade` creates one"
                                    ) from None
-        except sa.exc.DBAPIError as exc:
+        except (sa.exc.DBAPIError, migrate.MigrationFailed) as exc:
             engine.dispose()
-            said = " ".join(str(exc.orig).split())  # one line: psycopg's text spans several
-            refused = StoreUnreachable if _worlds_fault(exc.orig, url) else StoreUnavailable
-            raise refused(f"cannot open the store at {shown}: {said}") from None
+            error = exc.error if isinstance(exc, migrate.MigrationFailed) else exc
+            said = " ".join(str(error.orig).split())  # one line: psycopg's text spans several
+            if _worlds_fault(error.orig, url):
+                raise StoreUnreachable(f"cannot open the store at {shown}: {said}") from None
+            if isinstance(exc, migrate.MigrationFailed):  # the user ran `episodes`: say it migrated
+                raise StoreUnavailable(
+                    f"the store at {shown} is at migration {exc.revision!r}, older than this "
+                    f"companyos's {migrate.HEAD_REVISION!r}, and upgrading it failed: {said}; run "
+                    "`companyos db upgrade` once with a URL and a role that may write and create "
+                    "tables") from None
+            raise StoreUnavailable(f"cannot open the store at {shown}: {said}") from None
         except migrate.NewerStore as exc:
             engine.dispose()
             raise StoreUnavailable(f"the store at {shown} is at {exc}") from None

@@ -159,15 +159,39 @@ def test_an_older_store_opened_read_only_says_it_needs_an_upgrade(tmp_path):
         conn.execute(sa.text("UPDATE alembic_version SET version_num = '0003_commits'"))
     engine.dispose()
     read_only = f"sqlite:///file:{path}?mode=ro&uri=true"
-    with pytest.raises(StoreUnavailable, match=f"older than this companyos's '{HEAD_REVISION}'.*"
-                                               "`companyos db upgrade`"):
-        EventStore.open(read_only)
+    for url in (read_only, f"sqlite:///file:{path}?immutable=1&uri=true"):  # read-only media too
+        with pytest.raises(StoreUnavailable, match=f"older than this companyos's '{HEAD_REVISION}'.*"
+                                                   "`companyos db upgrade`"):
+            EventStore.open(url)
     EventStore.open(f"sqlite:///{path}").close()  # upgraded with a URL that may write, it reads
     EventStore.open(read_only).close()
     from eventstore.engine import sqlite_uri_mode
 
     assert sqlite_uri_mode(read_only) == "ro" and sqlite_uri_mode(f"sqlite:///{path}?mode=ro") == "ro"
     assert sqlite_uri_mode("sqlite:////data/mode=rollout/x.db") is None  # a path is no mode
+
+
+def test_an_older_store_the_database_will_not_let_migrate_says_so(fresh_pg_url):
+    """A read-only database (or a role that may not create tables) holding an older store: the
+    user ran `episodes` and read "cannot execute CREATE TABLE in a read-only transaction", with
+    no word of a migration or where the store stands."""
+    from tests.conftest import _pg_engine
+
+    _fill_one_row_per_event_store(fresh_pg_url)
+    admin = _pg_engine()
+    database = sa.make_url(fresh_pg_url).database
+    with admin.connect() as conn:
+        conn.exec_driver_sql(f"ALTER DATABASE {database} SET default_transaction_read_only = on")
+    try:
+        with pytest.raises(StoreUnavailable, match="is at migration '0002_projections', older than "
+                           f"this companyos's '{HEAD_REVISION}', and upgrading it failed: .*read-only "
+                           "transaction; run `companyos db upgrade` once"):
+            EventStore.open(fresh_pg_url)
+    finally:
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f"ALTER DATABASE {database} RESET default_transaction_read_only")
+        admin.dispose()
+    EventStore.open(fresh_pg_url).close()  # and upgraded where it may write
 
 
 def test_a_store_from_a_newer_companyos_is_refused_in_words_and_left_alone(sqlite_url):
