@@ -688,6 +688,16 @@ resources, an object in use (a lock timeout), operator intervention (a backend t
 statement timeout, a shutdown), system and internal errors."""
 
 
+def _refused_url(error: BaseException) -> bool:
+    """psycopg's ProgrammingError without a SQLSTATE: libpq refused the connection string
+    (`invalid connection option "bogus"`) before reaching any server; trying again cannot help."""
+    try:
+        import psycopg
+    except ImportError:
+        return False
+    return isinstance(error, psycopg.ProgrammingError)
+
+
 def _worlds_fault(error: BaseException, url: str) -> bool:
     """Whether a database refusing to open the store is the world's fault (exit 1, worth trying
     again) rather than the call's (exit 2): a PostgreSQL connection that failed (no SQLSTATE:
@@ -699,7 +709,9 @@ def _worlds_fault(error: BaseException, url: str) -> bool:
     code = getattr(error, "sqlite_errorcode", None)
     if code is None:
         state = getattr(error, "sqlstate", "")
-        return state is None or str(state)[:2] in _PG_TRANSIENT_CLASSES
+        if state is None:  # a connection that failed, unless libpq refused the URL itself (an
+            return not _refused_url(error)  # option it does not know): the call's to mend
+        return str(state)[:2] in _PG_TRANSIENT_CLASSES
     code &= 0xFF  # the primary code, not the extended one
     if code in (_SQLITE_ERROR, _SQLITE_NOTADB):  # a URI SQLite cannot use (no such mode or VFS);
         return False  # a file that is no database (or whose header is damaged: SQLite cannot tell)

@@ -383,6 +383,15 @@ def test_a_password_in_the_store_url_is_never_printed(fresh_pg_url, tmp_path):
     assert out.returncode != 0 and "password=***" in out.stderr and "s3cret" not in out.stderr, out.stderr
 
 
+def test_a_postgresql_url_option_libpq_refuses_is_the_calls_fault_not_an_outage(tmp_path):
+    """`?bogus=1` exited 1, the code of an outage worth retrying; libpq refuses it before it
+    reaches any server, so no retry can help (exit 2, as SQLite's mistyped argument)."""
+    out = subprocess.run([sys.executable, "-m", "companyos", "episodes", "--db",
+                          "postgresql://nobody@127.0.0.1/nothing?bogus=1"],
+                         capture_output=True, text=True, cwd=tmp_path)
+    assert out.returncode == 2 and 'invalid connection option "bogus"' in out.stderr, out.stderr
+
+
 def test_a_sqlite_url_argument_the_driver_would_ignore_is_refused(tmp_path):
     """A typo (`?mdoe=ro`) or `?mode=ro` without `uri=true` was a warning with a source line, and
     the store opened read-write as if the argument were absent."""
