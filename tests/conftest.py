@@ -261,9 +261,9 @@ def held_sync(monkeypatch):
     real_sync = service.sync
 
     def slow_sync(db_url, wh, *, store, progress=None):
-        calls.append(db_url)
         if progress is not None:
             progress(1500, 3000)
+        calls.append(db_url)  # after the figure: a test that sees the call sees the figure
         release.wait(60)
         return real_sync(db_url, wh, store=store, progress=progress)
 
