@@ -686,6 +686,13 @@ def _held(path: pathlib.Path):
         holder.communicate("")
 
 
+def _job(logged, path):
+    """The background sync of this test's warehouse (another test's may still be running)."""
+    from analytics import service
+
+    return service._JOBS[(logged[0], str(path))]
+
+
 def _until(condition, within: float = 30.0) -> None:
     """Wait for `condition()` to hold: a background sync on a loaded machine takes its time."""
     deadline = time.monotonic() + within
@@ -720,14 +727,13 @@ def test_a_warehouse_held_by_another_process_is_said_and_retried_once_free(logge
     """While another process holds the file, the 202 says the sync is waiting for it (it said
     "0 events so far"); a sync that gave up waiting is not the answer to a later request, which
     tries again (it got the old 503 after the file had been freed)."""
-    from analytics import service
 
     client, path = busy_route
     with _held(path):
         waiting = client.get("/analytics/compare_agents")
         assert waiting.status_code == 202, waiting.text
         assert "waiting to open the warehouse, which another process may hold" in waiting.json()["detail"]
-        job = next(iter(service._JOBS.values()))
+        job = _job(logged, path)
         _ended(job)
         assert job.error is not None  # it gave up waiting while the file was held
     answered = client.get("/analytics/compare_agents", headers={"Prefer": "wait=30"})
@@ -739,18 +745,17 @@ def test_a_sync_that_ended_unseen_is_not_the_answer_while_the_file_is_held_again
     """A background sync that ended well with nobody asking after it was handed to the next
     request, which then waited for a file another process held and answered 503 (the UI's
     report page hung 30 s) instead of the 202 every other visit gets."""
-    from analytics import service
 
     client, path = busy_route
     with _held(path):
         assert client.get("/analytics/compare_agents").status_code == 202
-        job = next(iter(service._JOBS.values()))
+        job = _job(logged, path)
     _ended(job)
     assert job.error is None  # it synced once the file was free, and nobody asked again
     with _held(path):
         again = client.get("/analytics/compare_agents")
         assert again.status_code == 202, again.text
-        _ended(next(iter(service._JOBS.values())))
+        _ended(_job(logged, path))
     answered = client.get("/analytics/compare_agents", headers={"Prefer": "wait=30"})
     assert answered.status_code == 200 and sum(r["episodes"] for r in answered.json()) == len(logged[1])
 
@@ -766,12 +771,12 @@ def test_a_sync_that_failed_between_two_polls_is_reported_to_the_next(logged, bu
         raise WarehouseError("the warehouse w.duckdb was built from another store")
 
     monkeypatch.setattr(service, "sync", failing_sync)
-    client, _ = busy_route
+    client, path = busy_route
     assert client.get("/analytics/compare_agents").status_code == 202
-    _ended(next(iter(service._JOBS.values())))
+    _ended(_job(logged, path))
     told = client.get("/analytics/compare_agents")
     assert told.status_code == 503 and "built from another store" in told.json()["detail"], told.text
-    assert not service._JOBS  # handed out once
+    assert (logged[0], str(path)) not in service._JOBS  # handed out once
 
 
 def test_requests_waiting_for_a_sync_hold_no_server_thread(logged, tmp_path, held_sync):
