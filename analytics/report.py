@@ -248,6 +248,13 @@ def _rate(s: dict[str, Any]) -> str:
     return f"{shown}%"
 
 
+def _tick(fraction: float, top: float) -> str:
+    """An axis tick as a percentage: whole unless the axis is short or the tick falls between
+    (a quarter of 50% is 12.5%, which read "12%" beside "38%")."""
+    whole = abs(100 * fraction - round(100 * fraction)) < 1e-9
+    return percent_text(fraction, 0 if whole and top >= 0.2 else 1)
+
+
 def percent_text(fraction: float, places: int = 1) -> str:
     """A fraction as a percentage rounded as the queries round (half away from zero): f"{x:.1f}"
     rounds the binary value half to even, so 0.3125 read 31.2% where 0.6125 read 61.3%."""
@@ -387,7 +394,7 @@ def bar_chart(labels: list[str], values: list[float], *, title: str, percent: bo
     for i in range(5):
         y = top + inner_h * i / 4
         v = top_value * (1 - i / 4)
-        label = (f"{100 * v:.1f}%" if top_value < 0.2 else f"{100 * v:.0f}%") if percent else f"{v:.3g}"
+        label = _tick(v, top_value) if percent else f"{v:.3g}"
         parts.append(f'<line x1="{left}" x2="{width - 10}" y1="{y:.1f}" y2="{y:.1f}" stroke="#e5e5e5"/>')
         parts.append(f'<text x="{left - 4}" y="{y + 4:.1f}" text-anchor="end" fill="#666">{label}</text>')
     every = _label_stride(labels, slot)  # every how many bars an axis label fits, and its room

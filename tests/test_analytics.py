@@ -1424,3 +1424,14 @@ def test_a_chaos_sweep_keeps_its_axis_labels_readable_and_apart():
         assert labels[0][1] == "none (0)"
         for (x1, a), (x2, b) in itertools.pairwise(labels):  # half of each width either side
             assert x2 - x1 >= (report._text_px(a) + report._text_px(b)) / 2, (a, b)
+
+
+def test_a_percent_axis_shows_its_ticks_as_they_are():
+    """An axis to 50% has a tick at 12.5%: rounded half to even it read "12%" beside "38%"."""
+    import re
+
+    from analytics import report
+
+    chart = report.bar_chart(["a", "b"], [0.41, 0.2], title="t", zoom=True)  # to a 50% top
+    ticks = re.findall(r'fill="#666">([^<]+)</text>', chart)
+    assert ticks == ["50%", "37.5%", "25%", "12.5%", "0%"], ticks
