@@ -43,7 +43,7 @@ import sqlalchemy as sa
 
 from analytics.stores import POSTGRES_READER, SQLITE_READER, STORE_READER, reader_for
 from eventstore.backends import PG_VISIBLE
-from eventstore.engine import create_engine, normalise_url, sqlite_file
+from eventstore.engine import create_engine, normalise_url, sqlite_file, sqlite_immutable
 from eventstore.packing import (
     CorruptCommit,
     NotUtf8,
@@ -144,12 +144,14 @@ def _conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
     return table.cast(schema)
 
 
-def _read_only_uri(path: str) -> str:
-    """A SQLite URI opening `path` read-only (quoted: a path may hold '?', '#' or spaces)."""
+def _read_only_uri(path: str, immutable: bool = False) -> str:
+    """A SQLite URI opening `path` read-only (quoted: a path may hold '?', '#' or spaces), and
+    `immutable` when the store's URL says so: on read-only media SQLite cannot make the WAL's
+    shared-memory file that `mode=ro` needs, and every analytics command failed there."""
     from pathlib import Path
     from urllib.parse import quote
 
-    return f"file:{quote(str(Path(path).resolve()))}?mode=ro"
+    return f"file:{quote(str(Path(path).resolve()))}?mode=ro" + ("&immutable=1" if immutable else "")
 
 
 def _empty() -> pa.Table:
@@ -280,8 +282,8 @@ class SqliteSource:
 
     name = SQLITE_READER
 
-    def __init__(self, path: str) -> None:
-        self._con = sqlite3.connect(_read_only_uri(path), uri=True, check_same_thread=False)
+    def __init__(self, path: str, immutable: bool = False) -> None:
+        self._con = sqlite3.connect(_read_only_uri(path, immutable), uri=True, check_same_thread=False)
         self._con.execute("PRAGMA busy_timeout=60000")
         self._unpacker = Unpacker()
         self._payloads = PayloadBuffer()
@@ -556,7 +558,7 @@ def open_source(url: str, engine: sa.Engine | None = None, prefer: str | None = 
     """The fastest reader for the store at `url` (`prefer="store"` forces the reference reader)."""
     reader = reader_for(url, prefer)
     if reader == SQLITE_READER:
-        return SqliteSource(sqlite_file(normalise_url(url)))
+        return SqliteSource(sqlite_file(normalise_url(url)), immutable=sqlite_immutable(url))
     if reader == POSTGRES_READER:
         return PostgresSource(engine if engine is not None else create_engine(url))  # the store's settings
     from eventstore import EventStore

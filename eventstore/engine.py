@@ -87,10 +87,14 @@ def sqlite_uri_mode(url: str | sa.URL) -> str | None:
 
 
 def sqlite_read_only(url: str | sa.URL) -> bool:
-    """Whether a SQLite URL opens its file read-only: `mode=ro`, or `immutable=1` (read-only
-    media, where SQLite cannot make the WAL's shared-memory file)."""
-    immutable = (_sqlite_uri_argument(url, "immutable") or "").lower()
-    return sqlite_uri_mode(url) == "ro" or immutable in ("1", "true", "yes", "on")
+    """Whether a SQLite URL opens its file read-only: `mode=ro`, or `immutable=1`."""
+    return sqlite_uri_mode(url) == "ro" or sqlite_immutable(url)
+
+
+def sqlite_immutable(url: str | sa.URL) -> bool:
+    """Whether a SQLite URL says `immutable=1`: read-only media, where SQLite cannot make the
+    WAL's shared-memory file, so every reader of the file must say it too."""
+    return (_sqlite_uri_argument(url, "immutable") or "").lower() in ("1", "true", "yes", "on")
 
 
 def _sqlite_uri_argument(url: str | sa.URL, name: str) -> str | None:

@@ -27,6 +27,7 @@ from eventstore.engine import (
     create_engine,
     normalise_url,
     sqlite_file,
+    sqlite_immutable,
     sqlite_read_only,
     sqlite_uri_mode,
 )
@@ -530,7 +531,8 @@ def _refuse_a_sqlite_file_without_a_store(url: str, shown: str) -> None:
         raise StoreUnavailable(f"there is no store at {path} ({url}); `companyos run` or "
                                "`companyos db upgrade` creates one")
     try:
-        with closing(sqlite3.connect(f"{Path(path).resolve().as_uri()}?mode=ro", uri=True)) as con:
+        immutable = "&immutable=1" if sqlite_immutable(url) else ""  # read-only media: no -shm
+        with closing(sqlite3.connect(f"{Path(path).resolve().as_uri()}?mode=ro{immutable}", uri=True)) as con:
             # a table of the store's names without the revision table: migrate says whose it is
             names = ("alembic_version", *sorted(migrate.STORE_TABLES))
             holds = con.execute(f"SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name IN "

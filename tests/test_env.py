@@ -383,6 +383,24 @@ def test_a_password_in_the_store_url_is_never_printed(fresh_pg_url, tmp_path):
     assert out.returncode != 0 and "password=***" in out.stderr and "s3cret" not in out.stderr, out.stderr
 
 
+def test_a_store_on_read_only_media_is_read_by_every_command_without_side_files(tmp_path):
+    """`immutable=1` is the README's URL for read-only media, where SQLite cannot make the WAL's
+    side files: `verify` and `episodes` worked, but opening the store probed it with `mode=ro`
+    alone and the analytics read it so, and there every analytics command failed."""
+    def companyos(*args):
+        return subprocess.run([sys.executable, "-m", "companyos", *args], capture_output=True,
+                              text=True, cwd=tmp_path)
+
+    assert companyos("run", "--episodes", "3", "--db", "sqlite:///s.db").returncode == 0
+    assert not list(tmp_path.glob("s.db-[sw][ha][ml]"))  # a clean close leaves no WAL files
+    media = f"sqlite:///file:{tmp_path / 's.db'}?immutable=1&uri=true"
+    out = companyos("analytics", "query", "success_by_task_and_chaos", "--db", media,
+                    "--warehouse", str(tmp_path / "w.duckdb"), "--format", "json")
+    assert out.returncode == 0 and sum(r["episodes"] for r in json.loads(out.stdout)) == 3, out.stderr
+    assert companyos("verify", "--db", media).returncode == 0
+    assert not list(tmp_path.glob("s.db-[sw][ha][ml]"))  # nothing written beside the store
+
+
 def test_a_postgresql_url_option_libpq_refuses_is_the_calls_fault_not_an_outage(tmp_path):
     """`?bogus=1` exited 1, the code of an outage worth retrying; libpq refuses it before it
     reaches any server, so no retry can help (exit 2, as SQLite's mistyped argument)."""
