@@ -1595,3 +1595,22 @@ def test_a_read_only_postgresql_store_serves_reads_and_refuses_steps_in_words(fr
         with admin.connect() as conn:
             conn.exec_driver_sql(f"ALTER DATABASE {database} RESET default_transaction_read_only")
         admin.dispose()
+
+
+def test_a_sqlite_store_this_process_may_not_write_refuses_steps_as_read_only(tmp_path):
+    """A store file the server's user may not write (here SQLite's `query_only`, which fails as
+    a read-only file does, SQLITE_READONLY): every reset was a 503 "try again once it is back",
+    which no retry mends. It is `store_read_only`, and the log is still served."""
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    with client(url) as c:
+        episode_id, _, _ = reset(c)
+    store = EventStore.open(url)
+    sa.event.listen(store.engine, "connect", lambda conn, _: conn.execute("PRAGMA query_only = ON"))
+    store.engine.dispose()  # the connections opened before it
+    try:
+        with TestClient(create_app(ServerConfig(db=url), store=store)) as c:
+            assert c.get(f"/episodes/{episode_id}/events").status_code == 200
+            r = c.post("/reset", json=RESET)
+            assert r.status_code == 503 and r.json()["code"] == "store_read_only", r.text
+    finally:
+        store.close()
