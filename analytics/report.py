@@ -111,8 +111,7 @@ def build(wh: Warehouse, agent: str | None = None, task: str | None = None,
             f"These rates pool {' and '.join(pooled)}: a mechanism is compared with every episode "
             "it did not fire in, those at levels where it cannot fire (chaos none) and those of "
             "agents it never met included, so it can look harmless, or helpful, when it is not. "
-            "Narrow the report to one agent and one chaos level (--agent, --chaos) to compare like "
-            "with like.")
+            "Narrow the report to one agent and one chaos level to compare like with like.")
     if agents > CHART_AGENTS:
         data["notes"]["success_by_agent_and_chaos"] = (
             f"The chart above draws the {CHART_AGENTS} agents with the most episodes; this table "

@@ -574,7 +574,7 @@ def test_the_report_draws_success_by_chaos_per_agent_when_it_covers_several(repo
     assert "## Success by agent and chaos level" in report.to_markdown(data)
     levels, note = len(data["success_by_chaos"]), data["notes"]["chaos_impact"]
     assert note.startswith(f"These rates pool all 3 agents and {levels} chaos levels")
-    assert "(--agent, --chaos)" in note
+    assert "to one agent and one chaos level" in note
     assert only_random["success_by_agent_and_chaos"] == [] and "chaos_impact" not in only_random["notes"]
     page = report.to_html(only_random)
     assert "Success rate by chaos level<" in page and "and agent" not in page and "together" not in page

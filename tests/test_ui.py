@@ -429,7 +429,7 @@ def test_analytics_page_holds_the_report_and_its_charts(ui):
     assert "unknown chaos level" in refused
     scored = _html_ok(c.get("/ui/analytics", params={"profile": "sparse"}))  # the fixture logs none
     assert "profile=sparse" in scored and '<option value="sparse" selected>' in scored
-    assert "0 episodes" in scored and "irreversible_action" not in scored
+    assert 'class="kpi">episodes<b>0</b>' in scored and "irreversible_action" not in scored
     assert "irreversible_action" in _html_ok(c.get("/ui/analytics", params={"profile": "default"}))
 
 
