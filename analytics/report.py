@@ -18,7 +18,7 @@ from typing import Any
 from analytics.service import rows_of, run_named
 from analytics.warehouse import Warehouse
 from domain import CHAOS_LEVELS, reward_profile, task_family
-from domain.chaos import parse_chaos
+from domain.chaos import level_text, parse_chaos
 from domain.labels import control_character
 
 PALETTE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7",
@@ -180,20 +180,26 @@ SECTIONS = (
 )
 
 
-def _cell(value: Any) -> str:
+def _cell(value: Any, column: str = "") -> str:
     if value is None:
         return ""
     if isinstance(value, list):
         return ", ".join(map(str, value))
     if isinstance(value, float):
-        return number_text(value)
+        return level_text(value) if column in KEY_NUMBER_COLUMNS else number_text(value)
     return str(value)
+
+
+KEY_NUMBER_COLUMNS = frozenset({"chaos"})
+"""Columns whose numbers name a group rather than measure one: shown exactly, since two levels that
+differ in the last bits (0.3 and NumPy's 0.30000000000000004) are two groups, and a filter finds
+only the value as written."""
 
 
 def _html_cell(column: str, value: Any, episode_href: Callable[[str], str] | None) -> str:
     if column == "example_episode_ids" and episode_href is not None and isinstance(value, list):
         return ", ".join(f'<a href="{_esc(episode_href(str(e)))}">{_esc(e)}</a>' for e in value)
-    return _esc(_cell(value))
+    return _esc(_cell(value, column))
 
 
 def number_text(value: float) -> str:
@@ -298,7 +304,7 @@ def to_markdown(data: dict[str, Any]) -> str:
         out.append("| " + " | ".join(cols) + " |")
         out.append("|" + "|".join("---" for _ in cols) + "|")
         for r in rows:
-            out.append("| " + " | ".join(_md(_cell(r[c])) for c in cols) + " |")
+            out.append("| " + " | ".join(_md(_cell(r[c], c)) for c in cols) + " |")
         out.append("")
         if note := data["notes"].get(key):
             out += [note, ""]
@@ -498,8 +504,8 @@ _LEVEL_NAMES = {level: name for name, level in CHAOS_LEVELS.items()}
 def _chaos_label(value: float | None) -> str:
     if value is None:
         return "?"
-    name = _LEVEL_NAMES.get(round(value, 6))
-    return f"{name} ({value:g})" if name else f"{value:g}"
+    name = _LEVEL_NAMES.get(value)
+    return f"{name} ({level_text(value)})" if name else level_text(value)
 
 
 def charts(data: dict[str, Any]) -> list[str]:

@@ -22,6 +22,7 @@ from urllib.parse import quote, urlencode
 from fastapi.responses import HTMLResponse
 
 from analytics.report import number_text
+from domain.chaos import level_text
 
 CSP = ("default-src 'none'; style-src 'unsafe-inline'; img-src data:; "
        "form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
@@ -100,6 +101,11 @@ def number(value: float | int | None) -> str:
     if isinstance(value, float):
         return number_text(value)
     return str(value)
+
+
+def level(value: float | None) -> str:
+    """A chaos level exactly (0.30000000000000004 is not 0.3): what reruns it is what is shown."""
+    return "" if value is None else level_text(value)
 
 
 def json_text(value: Any, indent: int | None = None) -> str:

@@ -16,6 +16,7 @@ from api.ui_html import (
     episode_url,
     esc,
     json_text,
+    level,
     link,
     number,
     page,
@@ -65,7 +66,7 @@ def episode_list(listing: dict[str, Any], filters: dict[str, str]) -> HTMLRespon
         + f'<a href="{esc(ui_href())}">clear</a></form>')
     rows = [[link(episode_url(e["episode_id"]), e["episode_id"]), e["task"], e["agent"] or "",
              _outcome(e["outcome"]), _failure(e["failure_mode"]), e["steps"],
-             number(e["total_return"]), e["seed"], number(e["chaos"]), e["started_at"]]
+             number(e["total_return"]), e["seed"], level(e["chaos"]), e["started_at"]]
             for e in listing["episodes"]]
     offset, total = listing["offset"], listing["total"]
     shown = (f"episodes {offset + 1}–{offset + len(rows)} of {total}" if rows
@@ -110,7 +111,7 @@ def episode_page(summary: dict[str, Any], timeline: list[Step], first: int = 0) 
     """`GET /ui/episodes/{id}?from=K`: the summary, then what steps K to K+199 did and led to."""
     episode_id = summary["episode_id"]
     pairs = [("episode", episode_id), ("task", summary.get("task")), ("seed", summary.get("seed")),
-             ("chaos", number(summary.get("chaos"))), ("agent", summary.get("agent") or "—"),
+             ("chaos", level(summary.get("chaos"))), ("agent", summary.get("agent") or "—"),
              ("reward profile", summary.get("reward_profile")),
              ("outcome", _outcome(summary.get("outcome"))),
              ("failure mode", _failure_line(summary.get("failure_mode"))),
@@ -266,7 +267,7 @@ def views_page(result: dict[str, Any]) -> HTMLResponse:
     ep = result["episode"]
     body = [f"<h1>Episode {esc(episode_id)} — step {step} of {steps}</h1>",
             f"<p class='muted'>{esc(ep.get('task'))}, seed {esc(ep.get('seed'))}, "
-            f"chaos {esc(number(ep.get('chaos')))}, agent <bdi>{esc(ep.get('agent') or '—')}</bdi>; "
+            f"chaos {esc(level(ep.get('chaos')))}, agent <bdi>{esc(ep.get('agent') or '—')}</bdi>; "
             f"the apps after stream version {esc(result.get('version'))}</p>",
             f"<div class='pager'>{''.join(nav)}</div>", _step_facts(result)]
     for app in APPS:

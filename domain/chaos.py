@@ -85,6 +85,14 @@ def parse_chaos(value) -> float:
     return number + 0.0  # -0.0 is level 0: one value per level, or its log would differ by the sign
 
 
+def level_text(level: float) -> str:
+    """A chaos level exactly, in the fewest digits that read back as it: NumPy's
+    0.30000000000000004 is another level than 0.3 (another log, another group in the analytics),
+    and this text is what `--chaos` and a query's `chaos=` take to find it again. 1.0 reads 1."""
+    text = repr(float(level))
+    return text[:-2] if text.endswith(".0") else text
+
+
 def _k(value, scale) -> int:
     return round(value / scale)
 

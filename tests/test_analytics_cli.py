@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import pathlib
 import re
@@ -429,6 +430,33 @@ def test_the_report_narrows_to_one_chaos_level(logged, tmp_path, cli):
     out = cli("report", "--chaos", "extreme", "--db", url, "--warehouse", str(tmp_path / "x.duckdb"))
     assert out.exit_code == 2 and "unknown chaos level 'extreme'" in out.output, out.output
     assert not (tmp_path / "x.duckdb").exists()
+
+
+def test_levels_that_differ_in_the_last_bits_are_shown_apart_and_found_by_what_is_shown(tmp_path, cli):
+    """NumPy's linspace gives 0.30000000000000004 where a person types 0.3: two levels, two logs.
+    Tables, the Markdown report and its chart showed both alike (as "high (0.8)" here), and a
+    filter by what they showed found only one of them."""
+    url = f"sqlite:///{tmp_path / 'c.db'}"
+    near = math.nextafter(0.8, 1)  # 0.8000000000000002, one bit above "high"
+    for chaos, n in (("high", 2), (repr(near), 3)):
+        run_plan(RunPlan(url, "expert", "vendor_onboarding", chaos, n, 0, "episode"), workers=1)
+    wh = str(tmp_path / "w.duckdb")
+    out = cli("query", "success_by_task_and_chaos", "--db", url, "--warehouse", wh)
+    assert out.exit_code == 0, out.output
+    shown = re.findall(r"│ vendor_onboarding\s+│ (\S+)\s+│ (\d+)", out.stdout)
+    assert sorted(shown) == [("0.8", "2"), ("0.8000000000000002", "3")], out.stdout
+    for label, episodes in shown:  # what the table shows finds that level, and only it
+        out = cli("query", "success_by_task_and_chaos", "--param", f"chaos={label}", "--format", "json",
+                  "--db", url, "--warehouse", wh)
+        assert [r["episodes"] for r in json.loads(out.stdout)] == [int(episodes)], out.output
+    out = cli("report", "--markdown", "--db", url, "--warehouse", wh)
+    assert "| 0.8 | 2 |" in out.stdout and "| 0.8000000000000002 | 3 |" in out.stdout, out.stdout
+    html = tmp_path / "r.html"
+    out = cli("report", "--html", str(html), "--db", url, "--warehouse", wh)
+    assert out.exit_code == 0, out.output
+    chart = html.read_text().split("<svg", 1)[1].split("</svg>", 1)[0]  # success by chaos level
+    assert "high (0.8)" in chart and "0.8000000000000002" in chart, chart
+    assert "high (0.8000000000000002)" not in chart, chart
 
 
 def test_the_report_and_queries_narrow_to_one_reward_profile(tmp_path, cli):

@@ -349,13 +349,13 @@ def _print_rows(names: list[str], rows: list[tuple], fmt: str, title: str | None
     for n in names:
         table.add_column(n, overflow="fold")
     for row in rows:
-        table.add_row(*[_text(v) for v in row])
+        table.add_row(*[_text(v, column=n) for n, v in zip(names, row, strict=True)])
     stdout_console().print(table)
     if not rows:
         typer.echo("(no rows)")
 
 
-def _text(value: Any, short: bool = False) -> str:
+def _text(value: Any, short: bool = False, column: str = "") -> str:
     if value is None:
         return ""
     if isinstance(value, list):
@@ -364,9 +364,10 @@ def _text(value: Any, short: bool = False) -> str:
             items = [v if len(v) <= 14 else v[:12] + "…" for v in items]
         return ", ".join(items)
     if isinstance(value, float):
-        from analytics.report import number_text
+        from analytics.report import KEY_NUMBER_COLUMNS, number_text
+        from domain.chaos import level_text
 
-        return number_text(value)
+        return level_text(value) if column in KEY_NUMBER_COLUMNS else number_text(value)
     return str(value)
 
 
@@ -407,7 +408,7 @@ def _print_report(data: dict) -> None:
         for c in rows[0]:
             table.add_column(c, overflow="fold")
         for r in rows:
-            table.add_row(*[_text(v, short=True) for v in r.values()])
+            table.add_row(*[_text(v, short=True, column=c) for c, v in r.items()])
         console.print(table)
         if note := data["notes"].get(key):
             console.print(note, markup=False)

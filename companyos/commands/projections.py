@@ -105,13 +105,15 @@ def episodes(
         return
     from rich.table import Table
 
+    from domain.chaos import level_text
+
     table = Table(box=None, header_style="bold")
     for title in ("episode", "task", "seed", "chaos", "agent", "outcome", "failure mode", "steps",
                   "return", "started"):
         table.add_column(title, no_wrap=title == "episode",
                          justify="right" if title in ("seed", "chaos", "steps", "return") else "left")
     for r in rows:
-        table.add_row(r["episode_id"], r["task"], str(r["seed"]), f"{r['chaos']:g}",
+        table.add_row(r["episode_id"], r["task"], str(r["seed"]), level_text(r["chaos"]),
                       r["agent"] or "-", r["outcome"] or "running", r["failure_mode"] or "-",
                       str(r["steps"]), f"{r['total_return']:.2f}", (r["started_at"] or "")[:19])
     stdout_console().print(table)
