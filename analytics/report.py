@@ -142,7 +142,7 @@ def success_by_chaos(by_task_and_chaos: list[dict[str, Any]]) -> list[dict[str, 
         total[0] += row["episodes"]
         total[1] += row["successes"]
     order = sorted(totals, key=lambda chaos: (chaos is None, chaos or 0.0))  # NULL last, as SQL
-    return [{"chaos": chaos, "episodes": totals[chaos][0],
+    return [{"chaos": chaos, "episodes": totals[chaos][0], "successes": totals[chaos][1],
              "success_rate": _share(totals[chaos][1], totals[chaos][0])} for chaos in order]
 
 
@@ -516,13 +516,13 @@ def charts(data: dict[str, Any]) -> list[str]:
         out.append(_agents_by_chaos_chart(by_agent))
     elif by_chaos:
         out.append(bar_chart([_chaos_label(r["chaos"]) for r in by_chaos],
-                             [r["success_rate"] for r in by_chaos], title="Success rate by chaos level",
+                             [exact_rate(r) for r in by_chaos], title="Success rate by chaos level",
                              notes=[counted(r["episodes"], "episode") for r in by_chaos]))
     cells = data["success_by_task_and_chaos"]
     if cells:
         levels = sorted({r["chaos"] for r in cells})
         tasks = sorted({r["task"] for r in cells if r["task"] is not None})
-        rate = {(r["task"], r["chaos"]): r["success_rate"] for r in cells}
+        rate = {(r["task"], r["chaos"]): exact_rate(r) for r in cells}
         out.append(grouped_bar_chart([_chaos_label(c) for c in levels],
                                      {t: [rate.get((t, c)) for c in levels] for t in tasks},
                                      title="Success rate by task and chaos level" + _together(by_agent)))
@@ -537,9 +537,9 @@ def charts(data: dict[str, Any]) -> list[str]:
         out.append(bar_chart([label for label, _, _ in bars], [share for _, share, _ in bars],
                              title="Step of the first mistake (share of episodes with a mistake)",
                              color=PALETTE[2], zoom=True, notes=[note for _, _, note in bars]))
-    agents = sorted(data["compare_agents"], key=lambda r: (-r["success_rate"], r["agent"]))
+    agents = sorted(data["compare_agents"], key=lambda r: (-exact_rate(r), r["agent"]))
     if len(agents) > 1:  # a row per agent: model names are long
-        out.append(hbar_chart([r["agent"] for r in agents], [r["success_rate"] for r in agents],
+        out.append(hbar_chart([r["agent"] for r in agents], [exact_rate(r) for r in agents],
                               title="Success rate by agent", full_scale=1.0,
                               notes=[counted(r["episodes"], "episode") for r in agents]))
     return out
@@ -561,6 +561,12 @@ def chart_agents(rows: list[dict[str, Any]]) -> list[str]:
     return sorted(drawn, key=lambda a: (-totals[a][1] / totals[a][0], a))
 
 
+def exact_rate(row: dict[str, Any]) -> float:
+    """A row's success rate from its counts, for a chart to label: the column is rounded to 4
+    places, and labelling it rounded it again (1 of 22, 4.545%, read 4.6%)."""
+    return row["successes"] / row["episodes"]
+
+
 def _together(by_agent: list[dict[str, Any]] | None) -> str:
     """A title's warning that its rates pool several agents (an easy level run mostly by a strong
     agent then looks easier than it is)."""
@@ -569,7 +575,7 @@ def _together(by_agent: list[dict[str, Any]] | None) -> str:
 
 def _agents_by_chaos_chart(rows: list[dict[str, Any]]) -> str:
     levels = sorted({r["chaos"] for r in rows}, key=lambda c: (c is None, c or 0.0))
-    rate = {(r["agent"], r["chaos"]): r["success_rate"] for r in rows}
+    rate = {(r["agent"], r["chaos"]): exact_rate(r) for r in rows}
     return grouped_bar_chart([_chaos_label(c) for c in levels],
                              {a: [rate.get((a, c)) for c in levels] for a in chart_agents(rows)},
                              title="Success rate by chaos level and agent")

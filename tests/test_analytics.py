@@ -1336,8 +1336,8 @@ def test_the_agents_chart_keeps_long_model_names_readable():
 
     names = ["gpt-4o-2024-08-06-react-with-reflection-and-tools", "claude-3-5-sonnet-tools",
              "llama-3.1-70b-instruct", "random"]
-    agents = [{"agent": n, "episodes": 10, "success_rate": rate}
-              for n, rate in zip(names, (0.5, 0.9, 0.2, 0.0), strict=True)]
+    agents = [{"agent": n, "episodes": 10, "successes": wins, "success_rate": wins / 10}
+              for n, wins in zip(names, (5, 9, 2, 0), strict=True)]
     data = {"success_by_chaos": [], "success_by_task_and_chaos": [], "failure_modes": [],
             "first_mistake_step": [], "compare_agents": agents}
     (chart,) = report.charts(data)
@@ -1424,6 +1424,29 @@ def test_a_chaos_sweep_keeps_its_axis_labels_readable_and_apart():
         assert labels[0][1] == "none (0)"
         for (x1, a), (x2, b) in itertools.pairwise(labels):  # half of each width either side
             assert x2 - x1 >= (report._text_px(a) + report._text_px(b)) / 2, (a, b)
+
+
+def test_chart_bars_label_success_rates_from_the_counts(tmp_path):
+    """1 success in 22 episodes is 4.545%: its rate column is rounded to 4 places (0.0455), and the
+    bars, labelled from that, read 4.6% in every success chart."""
+    import re
+
+    from analytics import report
+
+    def write(store):
+        for agent in ("a", "b"):
+            for k in range(22):
+                outcome = ("success", None) if k == 0 else ("failure", "wrong_decision")
+                _episode(store, f"{agent}{k}", [[]], outcome, agent=agent)
+
+    with _warehouse_of(tmp_path, write) as wh:
+        data = report.build(wh)
+        only_a = report.build(wh, agent="a")
+    assert [r["success_rate"] for r in data["compare_agents"]] == [0.0455, 0.0455]
+    for built, drawn in ((data, 3), (only_a, 2)):  # agents by chaos, task by chaos, agents; chaos, task
+        charts = [c for c in report.charts(built) if 'aria-label="Success rate' in c]
+        labels = [re.findall(r"<title>[^<]*: (\d+(?:\.\d+)?%)", c) for c in charts]
+        assert len(charts) == drawn and all(labels) and all(set(c) == {"4.5%"} for c in labels), labels
 
 
 def test_a_percent_axis_shows_its_ticks_as_they_are():

@@ -18,6 +18,7 @@ top AS (  -- ties: the alphabetically first mode
 )
 SELECT coalesce(e.agent, '(unknown)') AS agent,
        count(*) AS episodes,
+       count(*) FILTER (WHERE outcome = 'success') AS successes,
        round_decimal(count(*) FILTER (WHERE outcome = 'success') / count(*), 4) AS success_rate,
        round_decimal(avg(total_return::DECIMAL(18, 6)), 3) AS mean_return,
        round_decimal(coalesce(stddev_samp(total_return), 0), 3) AS std_return,
