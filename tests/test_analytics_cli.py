@@ -615,7 +615,9 @@ def test_http_route_answers_named_queries_only(logged, tmp_path):
     client = TestClient(app)
     listing = client.get("/analytics").json()
     assert "failure_modes" in {q["name"] for q in listing}
-    rows = client.get("/analytics/compare_agents").json()
+    # the first answer syncs ~18,000 events, which on a loaded machine outlasts the 2 s a request
+    # waits by default (a 202)
+    rows = client.get("/analytics/compare_agents", headers={"Prefer": "wait=120"}).json()
     assert {r["agent"] for r in rows} == {"random", "expert", "noop"}
     assert sum(r["episodes"] for r in rows) == len(reported)
     rows = client.get("/analytics/failure_modes", params={"chaos": "medium", "examples": "1"}).json()
@@ -1289,9 +1291,9 @@ def test_the_server_syncs_the_warehouse_it_was_given(logged, tmp_path):
     config = ServerConfig.from_env({"COMPANYOS_DB": f"sqlite:///{copy}",
                                     "COMPANYOS_WAREHOUSE": str(elsewhere)})
     with TestClient(create_app(config)) as client:
-        rows = client.get("/analytics/compare_agents").json()
+        rows = client.get("/analytics/compare_agents", headers={"Prefer": "wait=120"}).json()
         assert sum(r["episodes"] for r in rows) == len(reported)
-        page = client.get("/ui/analytics")
+        page = client.get("/ui/analytics")  # synced by the request before
         words = " ".join(re.sub("<[^>]+>", " ", page.text).split())
         assert page.status_code == 200 and f"episodes {len(reported)} success rate" in words
     assert elsewhere.exists() and not (copy.parent / "companyos.duckdb").exists()
