@@ -205,8 +205,9 @@ async def sync_in_background(db_url: str, warehouse: str | Path | None,
     the store gained meanwhile (a run writing) is not in the warehouse, and the caller's own sync
     of it took as long as it took (18 s past a 1 s wait), so another begins, within the same wait.
     Small backlogs end within the wait, so the caller answers at once, syncing only what arrived
-    since. Awaited on the event loop: the sync has its own thread, and the waiting request holds
-    none."""
+    since. A sync that gave up waiting for a file another process holds is no answer either:
+    another begins, so a caller waits (202s) for as long as the file is held. Awaited on the event
+    loop: the sync has its own thread, and the waiting request holds none."""
     called = time.monotonic()
     deadline = called + wait_s
     key = (db_url, str(warehouse_path(db_url, warehouse)))
@@ -220,6 +221,8 @@ async def sync_in_background(db_url: str, warehouse: str | Path | None,
         with _JOBS_LOCK:
             if _JOBS.get(key) is job:
                 del _JOBS[key]
+        if isinstance(job.error, WarehouseBusy):  # gave up on a file another process still holds:
+            continue  # wait on for it, as a new job, rather than answer "busy" for good (a 503)
         if job.error is not None:
             raise job.error
         if job.began >= called:

@@ -356,7 +356,7 @@ def syncing_page(how_far: str, refresh_s: int) -> HTMLResponse:
     report is ready (202: the work is accepted and under way)."""
     body = (f"<h1>Syncing the warehouse</h1><p>The analytics read a DuckDB warehouse fed from the "
             f"store; it is catching up: {esc(how_far)}.</p>"
-            f"<p class='muted'>This page reloads itself every {refresh_s} s and shows the report "
+            f"<p class='muted'>This page reloads itself {refresh_s} s after each answer and shows the report "
             "when the sync is done. The sync goes on if you leave.</p>")
     return page("Analytics", body, status=202,
                 head=f"<meta http-equiv='refresh' content='{int(refresh_s)}'>")

@@ -771,6 +771,20 @@ def test_a_warehouse_held_by_another_process_is_said_and_retried_once_free(logge
     assert sum(r["episodes"] for r in answered.json()) == len(logged[1])
 
 
+def test_a_request_waiting_while_the_file_stays_held_is_told_to_wait_not_refused(logged, busy_route):
+    """A sync gives up on a held file after a while (30 s; 0.5 s here), and the request waiting when
+    it did answered 503 "in use by another process", a page that stopped reloading, where every
+    other visit waits with a 202 until the file is free (README)."""
+    client, path = busy_route
+    with _held(path):
+        assert client.get("/analytics/compare_agents").status_code == 202
+        waited = client.get("/analytics/compare_agents", headers={"Prefer": "wait=2"})  # 3+ give-ups
+        assert waited.status_code == 202, waited.text
+        assert "waiting to open the warehouse" in waited.json()["detail"]
+    answered = client.get("/analytics/compare_agents", headers={"Prefer": "wait=30"})
+    assert answered.status_code == 200 and sum(r["episodes"] for r in answered.json()) == len(logged[1])
+
+
 def test_a_sync_that_ended_unseen_is_not_the_answer_while_the_file_is_held_again(logged, busy_route):
     """A background sync that ended well with nobody asking after it was handed to the next
     request, which then waited for a file another process held and answered 503 (the UI's
