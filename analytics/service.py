@@ -8,6 +8,7 @@ serialises calls (the HTTP server runs handlers on threads).
 from __future__ import annotations
 
 import asyncio
+import atexit
 import logging
 import math
 import threading
@@ -130,6 +131,16 @@ def synced(db_url: str, warehouse: str | Path | None = None,
         yield wh
 
 
+class SyncStopped(Exception):
+    """The process is exiting: a background sync stops after the batch in flight, which commits or
+    rolls back whole, and the next sync resumes from the checkpoint."""
+
+
+EXIT_WAIT_S = 120.0
+"""How long an exiting process waits for its background syncs to stop (each finishes the batch
+in flight, seconds on a slow machine)."""
+
+
 class BackgroundSync:
     """A sync running on its own thread, so a web page can say how far it got instead of keeping
     the browser waiting for minutes (88.9M events take minutes to sync)."""
@@ -143,7 +154,11 @@ class BackgroundSync:
         self.began = time.monotonic()
         self._ended: Future[None] = Future()
         self._ended.set_running_or_notify_cancel()  # so a waiter that gives up cannot cancel it
-        threading.Thread(target=self._run, name="analytics-background-sync", daemon=True).start()
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="analytics-background-sync", daemon=True)
+        with _RUNNING_LOCK:
+            _RUNNING.append(self)
+        self._thread.start()
 
     def _run(self) -> None:
         try:
@@ -151,17 +166,28 @@ class BackgroundSync:
                 pass
         except BaseException as exc:  # the request that polls next says it
             self.error = exc
-            if isinstance(exc, WarehouseError):  # said in words (busy, unfit file): no traceback
+            if self._stopping.is_set():  # the process is exiting: whatever broke off is no news
+                pass
+            elif isinstance(exc, WarehouseError):  # said in words (busy, unfit file): no traceback
                 if not isinstance(exc, WarehouseBusy):
                     log.warning("the analytics sync of %s failed: %s", store_label(self.db_url), exc)
             else:
                 log.warning("the analytics sync of %s failed", store_label(self.db_url), exc_info=exc)
         finally:
+            with _RUNNING_LOCK:
+                _RUNNING.remove(self)
             self._ended.set_result(None)
 
     def _progress(self, done: int, total: int | None) -> None:
+        if self._stopping.is_set():  # called between batches, and while following another process
+            raise SyncStopped("the process is exiting")
         self.done, self.total = done, total
         self.heard = True
+
+    def stop(self, timeout: float) -> None:
+        """Stop after the batch in flight and wait up to `timeout` s for the thread to end."""
+        self._stopping.set()
+        self._thread.join(timeout)
 
     def described(self) -> str:
         """How far it got, in words: "1,500 of 3,000 events so far (50.0%)"; before any figure,
@@ -190,6 +216,25 @@ class BackgroundSync:
         except TimeoutError:
             return False
         return True
+
+
+_RUNNING: list[BackgroundSync] = []
+_RUNNING_LOCK = threading.Lock()
+
+
+@atexit.register
+def _stop_background_syncs() -> None:
+    """Stop every background sync before the interpreter finalizes. A daemon thread still inside
+    DuckDB then is unwound by force, which DuckDB's C++ does not let through: the process
+    aborted ("terminate called ... FATAL: exception not rethrown", exit code 134), so `serve`
+    stopped while a sync ran ended in an abort instead of exit code 0."""
+    with _RUNNING_LOCK:
+        running = list(_RUNNING)
+    deadline = time.monotonic() + EXIT_WAIT_S
+    for job in running:
+        job._stopping.set()
+    for job in running:
+        job.stop(max(deadline - time.monotonic(), 0.0))
 
 
 _JOBS: dict[tuple[str, str], BackgroundSync] = {}

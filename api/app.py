@@ -58,7 +58,7 @@ from api.sessions import (
     write_refused_classes,
 )
 from api.ui import ui_router
-from api.ui_html import error_page, is_ui_path
+from api.ui_html import ROOT_PATH, error_page, is_ui_path
 from api.ws import websocket_app
 from companyos.catalogue import task_catalogue
 from companyos.config import resolve_db
@@ -264,6 +264,8 @@ def _register_errors(app: FastAPI) -> None:
         if isinstance(cause, BodyTooLarge):  # a chunked body, cut off at the limit
             return await too_large(request, cause)
         if is_ui_path(route_path(request.scope)):  # a person's page (POST /ui): said as a page
+            # no UI route ran to set the links' prefix (a 405 is the router's), so set it here
+            ROOT_PATH.set(request.scope.get("root_path", ""))
             allowed = (exc.headers or {}).get("Allow")
             message = (f"{request.method} is not allowed here: this page answers {allowed}"
                        if exc.status_code == 405 and allowed else str(exc.detail))

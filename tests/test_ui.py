@@ -542,6 +542,11 @@ def test_behind_a_proxy_prefix_every_link_and_form_stays_under_it(logged, tmp_pa
             addresses = _addresses(r.text)
             assert addresses and all(a.startswith("/cos/") for a in addresses), (path, addresses)
             seen.update(addresses)
+        for path in ("/cos/ui", "/cos/ui/analytics", f"/cos/ui/episodes/{ids['failure']}"):
+            refused = c.post(path)  # the router's 405, which no UI route sets the prefix for
+            assert refused.status_code == 405 and "GET" in refused.text, path
+            addresses = _addresses(refused.text)
+            assert addresses and all(a.startswith("/cos/") for a in addresses), (path, addresses)
         for address in sorted(seen):
             assert c.get(address).status_code == 200, address
         assert {"/cos/ui", "/cos/ui/analytics", "/cos/docs"} <= seen
