@@ -11,7 +11,7 @@ import math
 import re
 import time
 import unicodedata
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
@@ -347,17 +347,26 @@ def _text_px(text: str) -> float:
 
 
 def _fit(label: str, px: float) -> str:
-    """`label` cut to what fits in `px` pixels, marked with an ellipsis (the bar's tooltip keeps it
-    whole): long agent names printed over each other, or past the chart's edge."""
+    """`label` cut in the middle to what fits in `px` pixels, marked with an ellipsis (the bar's
+    tooltip keeps it whole): long agent names printed over each other, or past the chart's edge.
+    The end stays: names that differ only there (`...-temperature-0.2`, `...-0.9`) read apart."""
     if _text_px(label) <= px:
         return label
-    room, kept = px - _text_px("\u2026"), 0
-    for char in label:
-        room -= _text_px(char)
-        if room < 0:
+    room = px - _text_px("\u2026")
+    tail = _fitting(reversed(label), room / 3)
+    head = _fitting(label, room - _text_px(label[len(label) - tail:]))
+    return label[:max(head, 2)] + "\u2026" + label[len(label) - tail:]
+
+
+def _fitting(chars: Iterable[str], px: float) -> int:
+    """How many of `chars`, in order, fit in `px` pixels."""
+    kept = 0
+    for char in chars:
+        px -= _text_px(char)
+        if px < 0:
             break
         kept += 1
-    return label[:max(kept, 2)] + "\u2026"
+    return kept
 
 
 AXIS_LABEL_PX = 120

@@ -1342,11 +1342,29 @@ def test_the_agents_chart_keeps_long_model_names_readable():
             "first_mistake_step": [], "compare_agents": agents}
     (chart,) = report.charts(data)
     labels = re.findall(r'<text x="184" y="\d+" text-anchor="end">([^<]*)</text>', chart)
-    assert labels == ["claude-3-5-sonnet-tools", "gpt-4o-2024-08-06-react-with\u2026",
-                      "llama-3.1-70b-instruct", "random"]  # ranked, the long one cut
+    assert labels == ["claude-3-5-sonnet-tools", "gpt-4o-2024-08-06-r\u2026and-tools",
+                      "llama-3.1-70b-instruct", "random"]  # ranked, the long one cut in the middle
     assert all(f"<title>{n}: " in chart for n in names)
     widths = [float(w) for w in re.findall(r'<rect x="190" y="\d+" width="([\d.]+)"', chart)]
     assert widths[0] == pytest.approx(0.9 * (560 - 190 - 60), abs=0.1)  # rates on an absolute scale
+
+
+def test_agents_whose_names_differ_at_the_end_read_apart_in_the_charts():
+    """Model names often differ only in a suffix (a temperature, a date): cut at the end, both read
+    "acme/llm-agent-gpt-4o-2024-…", one bar at 100% and one at 0%."""
+    import re
+
+    from analytics import report
+
+    names = [f"acme/llm-agent-gpt-4o-2024-08-06-temperature-0.{t}" for t in (2, 9)]
+    agents = [{"agent": n, "episodes": 10, "successes": wins, "success_rate": wins / 10}
+              for n, wins in zip(names, (10, 0), strict=True)]
+    (chart,) = report.charts({"success_by_chaos": [], "success_by_task_and_chaos": [],
+                              "failure_modes": [], "first_mistake_step": [], "compare_agents": agents})
+    labels = re.findall(r'text-anchor="end">([^<]*)</text>', chart)
+    assert len(labels) == 2 and labels[0] != labels[1], labels
+    assert [label[-3:] for label in labels] == ["0.2", "0.9"], labels
+    assert all("\u2026" in label for label in labels), labels  # cut, the middle gone
 
 
 def test_chart_labels_are_cut_by_their_width_not_their_length():
@@ -1363,7 +1381,7 @@ def test_chart_labels_are_cut_by_their_width_not_their_length():
             assert float(x) + report._text_px(text) <= width, text
         bars = report.hbar_chart([label, "b"], [0.5, 0.25], title="t")
         (x, text), _ = re.findall(r'<text x="([\d.]+)" y="[\d.]+" text-anchor="end">([^<]+)</text>', bars)
-        assert text.endswith("\u2026") and float(x) - report._text_px(text) >= 0, text
+        assert "\u2026" in text and float(x) - report._text_px(text) >= 0, text
     assert report._fit("random", 100) == "random"  # one that fits is whole
 
 
