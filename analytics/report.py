@@ -196,6 +196,11 @@ differ in the last bits (0.3 and NumPy's 0.30000000000000004) are two groups, an
 only the value as written."""
 
 
+_FREE_TEXT = {"agent": ' class="free"'}
+"""Cells of labels the user chose, which may break anywhere: an agent label of 100 characters
+without a space pushed the other columns off the screen."""
+
+
 def _html_cell(column: str, value: Any, episode_href: Callable[[str], str] | None) -> str:
     if column == "example_episode_ids" and episode_href is not None and isinstance(value, list):
         return ", ".join(f'<a href="{_esc(episode_href(str(e)))}">{_esc(e)}</a>' for e in value)
@@ -617,6 +622,7 @@ body{font-family:system-ui,sans-serif;margin:2rem auto;max-width:980px;color:#22
 h1{font-size:1.5rem}h2{font-size:1.1rem;margin-top:2rem;border-bottom:1px solid #ddd}
 table{border-collapse:collapse;font-size:.85rem;margin:.5rem 0}
 td,th{border:1px solid #ddd;padding:3px 8px;text-align:left;overflow-wrap:break-word}
+td.free{overflow-wrap:anywhere;min-width:8em}
 th{background:#f5f5f5;white-space:nowrap}
 .scroll{overflow-x:auto;max-width:100%}svg{max-width:100%;height:auto}
 .footnote{color:#595959;font-size:.8rem}
@@ -654,8 +660,8 @@ def html_body(data: dict[str, Any], episode_href: Callable[[str], str] | None = 
         head = "".join(f"<th>{_esc(c)}</th>" for c in cols)
         body.append(f'<h2>{_esc(title)}</h2><div class="scroll"><table><tr>{head}</tr>')
         for r in rows:
-            body.append("<tr>" + "".join(f"<td>{_html_cell(c, r[c], episode_href)}</td>" for c in cols)
-                        + "</tr>")
+            cells = (f"<td{_FREE_TEXT.get(c, '')}>{_html_cell(c, r[c], episode_href)}</td>" for c in cols)
+            body.append("<tr>" + "".join(cells) + "</tr>")
         body.append("</table></div>")
         if note := data["notes"].get(key):
             body.append(f"<p>{_esc(note)}</p>")

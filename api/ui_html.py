@@ -57,6 +57,7 @@ table{border-collapse:collapse;font-size:.85rem;margin:.5rem 0}
 td,th{border:1px solid #ddd;padding:3px 8px;text-align:left;vertical-align:top;overflow-wrap:break-word}
 th{background:#f5f5f5;white-space:nowrap}
 td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
+td.free{overflow-wrap:anywhere;min-width:8em}
 code,pre{font-family:ui-monospace,monospace;font-size:.8rem}
 pre{background:#f7f7f7;padding:.5rem;overflow-x:auto;white-space:pre-wrap;word-break:break-word}
 td code{white-space:pre-wrap;word-break:break-word}
@@ -139,15 +140,19 @@ def views_url(episode_id: str, step: int) -> str:
 
 
 def table(headers: Iterable[str], rows: Iterable[Iterable[Any]], *,
-          row_attrs: Iterable[str] | None = None, numeric: frozenset[int] = frozenset()) -> Markup:
-    """A table; cells go through `text_cell`. `row_attrs` are trusted attribute strings."""
+          row_attrs: Iterable[str] | None = None, numeric: frozenset[int] = frozenset(),
+          free_text: frozenset[int] = frozenset()) -> Markup:
+    """A table; cells go through `text_cell`. `row_attrs` are trusted attribute strings. Columns
+    in `free_text` (labels and ids the user chose) may break anywhere: 100 characters without a
+    space pushed the other columns off the screen."""
     head = "".join(f"<th>{esc(h)}</th>" for h in headers)
     attrs = iter(row_attrs) if row_attrs is not None else None
     body = []
     for row in rows:
         attr = next(attrs) if attrs is not None else ""
-        cells = "".join(f'<td class="num">{text_cell(c)}</td>' if i in numeric else f"<td>{text_cell(c)}</td>"
-                        for i, c in enumerate(row))
+        cells = "".join(f'<td class="num">{text_cell(c)}</td>' if i in numeric
+                        else f'<td class="free">{text_cell(c)}</td>' if i in free_text
+                        else f"<td>{text_cell(c)}</td>" for i, c in enumerate(row))
         body.append(f"<tr{' ' + attr if attr else ''}>{cells}</tr>")
     # in a box that scrolls sideways on a narrow screen, rather than squeezing every column
     return Markup(f'<div class="scroll"><table><thead><tr>{head}</tr></thead>'

@@ -74,7 +74,8 @@ def episode_list(listing: dict[str, Any], filters: dict[str, str]) -> HTMLRespon
     body = [f"<h1>Episodes</h1>{form}<p>{esc(shown)}</p>"]
     if rows:
         body.append(table(["episode", "task", "agent", "outcome", "failure mode", "steps", "return",
-                           "seed", "chaos", "started"], rows, numeric=frozenset({5, 6, 7, 8})))
+                           "seed", "chaos", "started"], rows, numeric=frozenset({5, 6, 7, 8}),
+                           free_text=frozenset({0, 2})))
     body.append(_pager(listing, filters))
     return page("Episodes", "".join(body))
 

@@ -413,6 +413,20 @@ def test_a_bad_step_is_a_page_in_words(ui, step, status, said):
 # -- analytics ----------------------------------------------------------------------------------
 
 
+def test_labels_and_ids_the_user_chose_may_wrap_anywhere_in_tables(ui):
+    """An agent label of 100 characters without a space made the episode list 1,944 px wide, the
+    outcome, return and chaos columns off the screen; only the cells of such free text wrap
+    anywhere (the task and failure-mode words stay whole)."""
+    c, _, _ = ui
+    pages = {"list": _html_ok(c.get("/ui")), "report": _html_ok(c.get("/ui/analytics"))}
+    for name, page in pages.items():
+        assert re.search(r"td\.free\{overflow-wrap:anywhere", page), name
+        free = re.findall(r'<td class="free">(.*?)</td>', page)
+        assert any(html.escape(HOSTILE) in cell for cell in free), name  # the agent's label
+        assert not any("expense_report" in cell for cell in free), name
+    assert any("expert-agent" in cell for cell in re.findall(r'<td class="free">(.*?)</td>', pages["list"]))
+
+
 def test_analytics_page_holds_the_report_and_its_charts(ui):
     c, _, _ = ui
     page = _html_ok(c.get("/ui/analytics"))
