@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import numbers
 import re
+import weakref
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import gymnasium
@@ -89,7 +91,38 @@ def parse_action(action: Any) -> Any:
         return str(action)
 
 
-def observation_text(observation: dict[str, Any]) -> str:
+class ObservationView(Mapping):
+    """The structured observation in `info["observation"]`: a read-only mapping, not a dict.
+    Gymnasium's vector envs merge dict values of infos key by key, recursively, and the
+    observation's `result` is None after a reset or rejection and a dict of a tool's own keys
+    after a call: `make_vec` crashed ("'numpy.ndarray' object has no attribute 'get'") as soon
+    as its envs' results differed. A mapping that is no dict is kept whole, one per env in an
+    object array. `dict(view)` is the plain dict (for `json.dumps`)."""
+
+    __slots__ = ("_observation",)
+
+    def __init__(self, observation: Mapping[str, Any]) -> None:
+        self._observation = observation
+
+    def __getitem__(self, key: str) -> Any:
+        return self._observation[key]  # "text" too: an Observation renders it when asked
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._observation)
+
+    def __len__(self) -> int:
+        return len(self._observation)
+
+    def __repr__(self) -> str:
+        return f"ObservationView({dict(self._observation)!r})"
+
+    @property
+    def text(self) -> str:
+        """The rendering an LLM reads (the env's observation)."""
+        return observation_text(self._observation)
+
+
+def observation_text(observation: Mapping[str, Any]) -> str:
     """The text an LLM reads: the observation's own rendering (built once, cached in it)."""
     if isinstance(observation, Observation) or "text" in observation:
         return observation["text"]
@@ -102,8 +135,10 @@ class CompanyOSGym(gymnasium.Env):
     Observation: the text rendering an LLM reads (`UnicodeText`). Action: one JSON action string
     (`'{"app": "ticketdesk", "method": "list_tickets", "params": {}}'`) or the action dict; a
     string that is not JSON is passed on as the string, which the environment rejects (with its
-    penalty) as it would in process. `info` holds the structured observation (`"observation"`),
-    the wrapped env's info without its episode id, and the episode's `"seed"`.
+    penalty) as it would in process. `info` holds the structured observation (`"observation"`, an
+    ObservationView), the wrapped env's info without its episode id, and the episode's `"seed"`.
+    `url=` plays a server's episodes (a RemoteCompanyEnv of its own), so `make_vec(..., url=...)`
+    gives each sub-env its own.
 
     The episode id is `self.episode_id`, not in `info`: ids are unique per store, so two episodes
     with the same seed and actions have different ids, and Gymnasium (check_env) requires equal
@@ -120,15 +155,25 @@ class CompanyOSGym(gymnasium.Env):
     def __init__(self, db: Any = None, durability: str = "step", task: str | None = None,
                  chaos: str | float | None = None, reward_profile: str | None = None,
                  max_steps: int | None = None, *, env: Any = None, agent: str | None = None,
-                 render_mode: str | None = None) -> None:
+                 render_mode: str | None = None, url: str | None = None,
+                 api_key: str | None = None) -> None:
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(f"render_mode must be None or one of {self.metadata['render_modes']}, "
                              f"not {render_mode!r}")
-        if env is not None and (db is not None or agent is not None):
-            raise ValueError("pass either env= or the arguments to build one (db=, agent=), not both")
+        if env is not None and (db is not None or agent is not None or url is not None):
+            raise ValueError("pass either env= or the arguments to build one (db=, url=, agent=), not both")
+        if url is not None and db is not None:
+            raise ValueError("pass either url= (a server's episodes) or db= (a store here), not both")
+        if env is not None and any(other.env is env for other in _OPEN if not other._closed):
+            raise ValueError("this env already backs another CompanyOS Gymnasium env, and one env plays "
+                             "one episode at a time (make_vec(env=...) gives every sub-env the same one): "
+                             "give each its own, e.g. make_vec(..., url=...) for a server's")
         self.render_mode = render_mode
         self._owns_env = env is None
-        self.env = CompanyEnv(db, durability=durability, agent=agent) if env is None else env
+        if env is None:
+            env = _remote(url, agent, api_key) if url is not None else CompanyEnv(db, durability=durability,
+                                                                                  agent=agent)
+        self.env = env
         self.defaults = {key: value for key, value in (("task", task), ("chaos", chaos),
                          ("reward_profile", reward_profile), ("max_steps", max_steps))
                          if value is not None}
@@ -137,6 +182,7 @@ class CompanyOSGym(gymnasium.Env):
         self.episode_id: str | None = None
         self.episode_seed: int | None = None
         self._closed = False
+        _OPEN.add(self)
 
     def reset(self, *, seed: int | None = None,
               options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
@@ -174,9 +220,21 @@ class CompanyOSGym(gymnasium.Env):
     def _info(self, observation: dict[str, Any], info: dict[str, Any]) -> dict[str, Any]:
         self.episode_id = info.get("episode_id")
         out = {key: value for key, value in info.items() if key != "episode_id"}
-        out["observation"] = observation
+        out["observation"] = ObservationView(observation)
         out["seed"] = self.episode_seed
         return out
+
+
+_OPEN: weakref.WeakSet[CompanyOSGym] = weakref.WeakSet()
+"""The adapters alive, to refuse a second one over the same env."""
+
+
+def _remote(url: str, agent: str | None, api_key: str | None) -> Any:
+    """A RemoteCompanyEnv of the server at `url` (imported here: the HTTP client is not needed in
+    process)."""
+    from companyos.client import RemoteCompanyEnv
+
+    return RemoteCompanyEnv(url, agent=agent, api_key=api_key)
 
 
 @create_shared_memory.register(UnicodeText)
@@ -196,4 +254,4 @@ if ENV_ID not in gymnasium.registry:
     gymnasium.register(id=ENV_ID, entry_point=ENTRY_POINT)
 
 
-__all__ = ["ENV_ID", "CompanyOSGym", "UnicodeText", "observation_text", "parse_action"]
+__all__ = ["ENV_ID", "CompanyOSGym", "ObservationView", "UnicodeText", "observation_text", "parse_action"]

@@ -125,6 +125,50 @@ def test_async_vector_envs_refuse_shared_memory_in_words_and_run_without_it(sqli
         envs.close()
 
 
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_vector_envs_step_rollouts_whose_results_differ_per_env(sqlite_url, mode):
+    """One env's action rejected (no result) while another's got a tool's result crashed
+    `make_vec` ("'numpy.ndarray' object has no attribute 'get'"): Gymnasium merged the structured
+    observations key by key. Each env's observation now stays whole in the vector's infos."""
+    extra = {"vector_kwargs": {"shared_memory": False}} if mode == "async" else {}
+    envs = gymnasium.make_vec(ENV_ID, num_envs=3, vectorization_mode=mode, db=sqlite_url,
+                              task="expense_report", **extra)
+    try:
+        envs.reset(seed=5)
+        for actions in (["garbage", LIST_TICKETS, LIST_TICKETS], [LIST_TICKETS, "garbage", "{}"],
+                        [LIST_TICKETS] * 3):
+            texts, _, _, _, infos = envs.step(actions)
+            for i, action in enumerate(actions):
+                observation = infos["observation"][i]
+                assert observation.text == texts[i]
+                assert (observation["result"] is None) == (action != LIST_TICKETS), (i, action)
+                assert json.loads(json.dumps(dict(observation)))["goal"] == observation["goal"]
+    finally:
+        envs.close()
+
+
+def test_one_env_cannot_back_two_adapters_and_a_servers_vector_env_gets_one_per_sub_env(sqlite_url):
+    """`make_vec(env=remote)` handed every sub-env the same RemoteCompanyEnv: all of them stepped
+    one episode while their infos named three seeds. That is refused; `url=` builds one each."""
+    with live_server(sqlite_url) as base, RemoteCompanyEnv(base) as remote:
+        with pytest.raises(ValueError, match="already backs another"):
+            gymnasium.make_vec(ENV_ID, num_envs=2, env=remote, task="expense_report")
+        envs = gymnasium.make_vec(ENV_ID, num_envs=3, url=base, task="expense_report")
+        try:
+            _, infos = envs.reset(seed=1)
+            _, _, _, _, infos = envs.step([LIST_TICKETS] * 3)
+            assert list(infos["seed"]) == [1, 2, 3] and list(infos["step"]) == [1, 1, 1]
+            ids = [sub.unwrapped.episode_id for sub in envs.envs]
+            assert len(set(ids)) == 3
+        finally:
+            envs.close()
+        with CompanyEnv(sqlite_url) as local:  # three episodes, one step each, of those seeds
+            for episode_id, seed in zip(ids, (1, 2, 3), strict=True):
+                events = list(local.store.read_stream(episode_id))
+                assert json.loads(events[0].data_json)["seed"] == seed
+                assert sum(e.type == "ActionTaken" for e in events) == 1
+
+
 def episodes(env: CompanyOSGym) -> list:
     """reset(seed=7), then reset() three times: each episode's seed and first observation."""
     runs = [env.reset(seed=7)]
