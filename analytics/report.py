@@ -294,8 +294,19 @@ a word (`stale_data_used`) is no emphasis, so names stay as they read."""
 
 
 def _md(text: str) -> str:
-    """Stored text as Markdown shows it as it is: markup characters escaped with a backslash."""
-    return _MARKUP.sub(lambda m: "\\" + m.group(), text)
+    """Stored text as Markdown shows it as it is: markup characters escaped with a backslash, and
+    control characters written as escapes (a tool name an agent sent with a newline in it split
+    its table row over three lines)."""
+    return _CONTROL.sub(_escaped, _MARKUP.sub(lambda m: "\\" + m.group(), text))
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+_NAMED_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escaped(match: re.Match[str]) -> str:
+    char = match.group()
+    return _NAMED_ESCAPES.get(char) or f"\\u{ord(char):04x}"
 
 
 def to_markdown(data: dict[str, Any]) -> str:
@@ -311,9 +322,19 @@ def to_markdown(data: dict[str, Any]) -> str:
         for r in rows:
             out.append("| " + " | ".join(_md(_cell(r[c], c)) for c in cols) + " |")
         out.append("")
-        if note := data["notes"].get(key):
+        if note := text_note(data, key):
             out += [note, ""]
     return "\n".join(out)
+
+
+CHART_NOTES = frozenset({"success_by_agent_and_chaos"})
+"""Notes about a chart, which only the HTML report draws: under a Markdown or terminal table, "the
+chart above" pointed at nothing."""
+
+
+def text_note(data: dict[str, Any], key: str) -> str | None:
+    """The note under a section's table in a report without charts (Markdown, the terminal)."""
+    return None if key in CHART_NOTES else data["notes"].get(key)
 
 
 # -- SVG charts ------------------------------------------------------------------------------------

@@ -50,11 +50,13 @@ def as_objects(names: list[str], rows: list[tuple]) -> list[dict[str, Any]]:
     """Rows as JSON-able objects keyed by column name (non-finite floats become null). Names
     that repeat (`SELECT a.agent, b.agent ...`) get DuckDB's suffixes, `agent_1` after `agent`,
     as a table made from the query would: keyed as given, the later column replaced the earlier."""
-    keys = _unique(names)
+    keys = unique_names(names)
     return [{k: _clean(v) for k, v in zip(keys, row, strict=True)} for row in rows]
 
 
-def _unique(names: list[str]) -> list[str]:
+def unique_names(names: list[str]) -> list[str]:
+    """Column names made unique for every output format alike (JSON keys, the CSV header and the
+    table's): `agent, agent` is `agent, agent_1`, skipping a suffix a later column already has."""
     taken = set(names)
     seen: set[str] = set()
     keys = []

@@ -1405,6 +1405,8 @@ def test_the_per_agent_chart_draws_the_busiest_agents_and_keeps_its_legend_insid
     assert len({r["agent"] for r in data["success_by_agent_and_chaos"]}) == 12
     assert data["notes"]["success_by_agent_and_chaos"] == (
         "The chart above draws the 8 agents with the most episodes; this table lists all 12.")
+    note = data["notes"]["success_by_agent_and_chaos"]
+    assert note in report.to_html(data) and note not in report.to_markdown(data)  # no chart there
     chart = report.charts(data)[0]
     width, height = (float(v) for v in re.search(r'viewBox="0 0 ([\d.]+) ([\d.]+)"', chart).groups())
     legend = re.findall(r'<rect x="([\d.]+)" y="([\d.]+)" width="10" height="10"', chart)

@@ -252,6 +252,36 @@ def test_the_markdown_report_shows_an_agents_label_as_text_where_it_is_rendered(
     assert "| step_budget_exhausted |" in out.output  # names with underscores read as they are
 
 
+def test_a_tool_name_with_control_characters_keeps_the_markdown_tables_whole(tmp_path, cli):
+    """Tool names are what the agent sent: `"\r\nCRLF"` as an app split the tool error table's row
+    over three lines of Markdown. Control characters are written as escapes."""
+    from markdown_it import MarkdownIt
+
+    from companyos.env import CompanyEnv
+
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    with CompanyEnv(url) as env:
+        env.reset(seed=1, options={"max_steps": 2})
+        env.step({"app": "\r\nCRLF", "method": "m|0\n\u2028<b>", "params": {}})
+        env.step({"app": "ticketdesk", "method": "list_tickets", "params": {}})
+    out = cli("report", "--markdown", "--db", url, "--warehouse", str(tmp_path / "w.duckdb"))
+    assert out.exit_code == 0, out.output
+    rows = [line for line in out.output.splitlines() if "CRLF" in line]
+    assert rows and all(line.startswith("| ") and line.endswith(" |") for line in rows), rows
+    assert "\\r\\nCRLF.m\\|0\\n\\u2028\\<b\\>" in rows[0], rows
+    tables = MarkdownIt("commonmark").enable("table").render(out.output)
+    assert "<b>" not in tables and "\\r\\nCRLF.m|0\\n\\u2028&lt;b&gt;" in tables
+
+
+def test_an_html_report_to_dash_is_printed_and_no_file_named_dash_is_written(logged, tmp_path, cli,
+                                                                             monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    out = cli("report", "--html", "-", "--db", logged[0], "--warehouse", str(tmp_path / "w.duckdb"))
+    assert out.exit_code == 0, out.output
+    assert out.stdout.startswith("<!doctype html>") and "<svg" in out.stdout, out.stdout[:200]
+    assert not (tmp_path / "-").exists()
+
+
 def test_an_empty_agent_filter_is_refused_everywhere(logged, tmp_path, cli):
     """An empty --agent (an unset shell variable) listed every episode in `episodes` but gave an
     empty report and empty query rows: no episode has an empty label, so each refuses it."""
@@ -1173,6 +1203,36 @@ def test_stored_text_that_looks_like_markup_is_printed_as_is(tmp_path, cli):
     # the title is bold, not "[bold]...[/bold]" spelt out, and the filter in it is shown as typed
     assert out.stdout.startswith("CompanyOS failure-mode report (agent=[bold]x)\n"), out.stdout
     assert "[b]app.m" in out.stdout, out.stdout
+
+
+def test_every_format_names_repeated_columns_alike(logged, tmp_path, cli):
+    """A self-join's `a.agent, b.agent`: JSON suffixed the second (`agent_1`), while the CSV header
+    and the table kept `agent` twice, so the same query read differently by format."""
+    wh = str(tmp_path / "w.duckdb")
+    query = "SELECT 1 AS agent, 2 AS agent, 3 AS agent_1"
+    names = ["agent", "agent_2", "agent_1"]  # agent_1 is taken by a later column
+    out = cli("sql", query, "--format", "json", "--db", logged[0], "--warehouse", wh)
+    assert list(json.loads(out.stdout)[0]) == names, out.output
+    out = cli("sql", query, "--format", "csv", "--db", logged[0], "--warehouse", wh)
+    assert out.stdout.splitlines()[0] == ",".join(names), out.output
+    out = cli("sql", query, "--db", logged[0], "--warehouse", wh)
+    assert re.search(r"agent\s+┃ agent_2\s+┃ agent_1", out.stdout), out.stdout
+
+
+def test_a_terminal_table_shows_its_first_thousand_rows_and_says_how_many_more(logged, tmp_path, cli):
+    """20,000 rows as a table took 90 s and 400 MB before its first line (CSV: 2 s)."""
+    from companyos.commands.analytics import TABLE_ROWS
+
+    wh = str(tmp_path / "w.duckdb")
+    out = cli("sql", f"SELECT range AS n FROM range({TABLE_ROWS + 500})", "--db", logged[0], "--warehouse", wh)
+    assert out.exit_code == 0, out.output
+    shown = [int(n) for n in re.findall(r"│ (\d+)\s+│", out.stdout)]
+    assert shown == list(range(TABLE_ROWS)), shown[-3:]
+    assert out.stdout.rstrip().endswith(f"(500 more rows not shown: --format csv or json prints all "
+                                        f"{TABLE_ROWS + 500:,})"), out.stdout[-200:]
+    out = cli("sql", f"SELECT range AS n FROM range({TABLE_ROWS + 500})", "--format", "csv",
+              "--db", logged[0], "--warehouse", wh)
+    assert len(out.stdout.splitlines()) == TABLE_ROWS + 501
 
 
 def test_tables_print_floats_with_their_magnitude(logged, tmp_path, cli):

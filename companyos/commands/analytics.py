@@ -251,7 +251,8 @@ def report_command(
                                        "profile (default or sparse)."),
     markdown: bool = typer.Option(False, "--markdown", help="Print the report as Markdown."),
     html: Path | None = typer.Option(None, "--html", parser=named_path,
-                                     help="Write a self-contained HTML report with charts."),
+                                     help="Write a self-contained HTML report with charts ('-': "
+                                     "print it)."),
     db: str | None = DbOption,
     warehouse: Path | None = WarehouseOption,
 ) -> None:
@@ -264,13 +265,17 @@ def report_command(
         report.check_filters(agent, task, chaos, profile)
     except ValueError as exc:
         fail(str(exc))
-    if html and (problem := _not_a_report(html)):
+    to_stdout = html is not None and str(html) == "-"
+    if html and not to_stdout and (problem := _not_a_report(html)):
         fail(f"--html {html}: {problem}; name a new file or an earlier report")
-    wh = _open_synced(db, warehouse, quiet=markdown)
+    wh = _open_synced(db, warehouse, quiet=markdown or to_stdout)
     try:
         data = report.build(wh, agent=agent, task=task, chaos=chaos, profile=profile)
     finally:
         wh.close()
+    if to_stdout:  # `--html - | ...`, as tools take "-": a file named "-" was written instead
+        sys.stdout.write(report.to_html(data))
+        return
     if html:
         try:
             html.parent.mkdir(parents=True, exist_ok=True)
@@ -330,6 +335,8 @@ def _check_format(fmt: str) -> None:
 
 
 def _print_rows(names: list[str], rows: list[tuple], fmt: str, title: str | None = None) -> None:
+    from analytics.service import unique_names
+
     if fmt == "json":
         from analytics.service import as_objects
 
@@ -339,20 +346,28 @@ def _print_rows(names: list[str], rows: list[tuple], fmt: str, title: str | None
         import csv
 
         writer = csv.writer(sys.stdout, lineterminator="\n")
-        writer.writerow(names)
+        writer.writerow(unique_names(names))
         for row in rows:
             writer.writerow([csv_text(v) for v in row])
         return
     from rich.table import Table
 
     table = Table(title=title, title_justify="left")  # stdout_console prints stored text literally
-    for n in names:
+    for n in unique_names(names):
         table.add_column(n, overflow="fold")
-    for row in rows:
+    for row in rows[:TABLE_ROWS]:
         table.add_row(*[_text(v, column=n) for n, v in zip(names, row, strict=True)])
     stdout_console().print(table)
     if not rows:
         typer.echo("(no rows)")
+    elif len(rows) > TABLE_ROWS:
+        typer.echo(f"({len(rows) - TABLE_ROWS:,} more rows not shown: --format csv or json prints all "
+                   f"{len(rows):,})")
+
+
+TABLE_ROWS = 1_000
+"""Rows a terminal table shows: a table is for reading, and laying out 20,000 rows took 90 s and
+400 MB before the first line appeared (CSV prints them in 2 s)."""
 
 
 def _text(value: Any, short: bool = False, column: str = "") -> str:
@@ -395,7 +410,7 @@ def _print_catalogue(fmt: str) -> None:
 def _print_report(data: dict) -> None:
     from rich.table import Table
 
-    from analytics.report import SECTIONS, report_title, summary_line
+    from analytics.report import SECTIONS, report_title, summary_line, text_note
 
     console = stdout_console()
     console.print(report_title(data), style="bold")  # literal: the title holds the --agent filter
@@ -410,5 +425,5 @@ def _print_report(data: dict) -> None:
         for r in rows:
             table.add_row(*[_text(v, short=True, column=c) for c, v in r.items()])
         console.print(table)
-        if note := data["notes"].get(key):
+        if note := text_note(data, key):
             console.print(note, markup=False)
