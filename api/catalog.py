@@ -118,12 +118,27 @@ def _params_schema(tool: domain.ToolSpec) -> dict[str, Any]:
 _OBSERVATION_SCHEMA: dict[str, Any] = {
     "title": "Observation",
     "description": "What the agent sees after reset or a step: the goal, the step clock, the "
-                   "tool's result with its warnings, a message, the tool names, and (when the "
-                   "episode was reset with text=true) a text rendering for LLMs.",
+                   "tool's result, a message, the rejection's code, whether and how the episode "
+                   "ended, the tool names, and (when the episode was reset with text=true) a text "
+                   "rendering for LLMs.",
     "type": "object",
-    "properties": {"tools": {"type": "array", "items": {"type": "string"}},
-                   "text": {"type": "string"}},
-    "additionalProperties": True,
+    "properties": {
+        "goal": {"type": "string", "description": "The task, in words."},
+        "step": {"type": "integer", "minimum": 0, "description": "Actions taken so far."},
+        "steps_remaining": {"type": "integer", "minimum": 0},
+        "result": {"type": ["object", "null"], "description": "The tool's answer, its keys the "
+                   "tool's own (warnings included); null after reset and when the action was rejected."},
+        "message": {"type": "string", "description": "What happened, in words (why, when rejected)."},
+        "error": {"type": ["string", "null"], "description": "The rejection's code (unknown_tool, "
+                  "invalid_params, malformed_action, a rule's or chaos's own), null when accepted."},
+        "done": {"type": "boolean"},
+        "outcome": {"enum": ["success", "failure", "truncated", None],
+                    "description": "How the episode ended; null while it runs."},
+        "tools": {"type": "array", "items": {"type": "string"}, "description": "app.method names."},
+        "text": {"type": "string", "description": "The rendering an LLM reads (reset with text=true)."},
+    },
+    "required": ["goal", "step", "steps_remaining", "result", "message", "error", "done", "outcome"],
+    "additionalProperties": False,
 }
 
 _STATE_SCHEMA: dict[str, Any] = {

@@ -1223,15 +1223,14 @@ def test_a_terminal_table_shows_its_first_thousand_rows_and_says_how_many_more(l
     """20,000 rows as a table took 90 s and 400 MB before its first line (CSV: 2 s)."""
     from companyos.commands.analytics import TABLE_ROWS
 
-    wh = str(tmp_path / "w.duckdb")
-    out = cli("sql", f"SELECT range AS n FROM range({TABLE_ROWS + 500})", "--db", logged[0], "--warehouse", wh)
+    wh, query = str(tmp_path / "w.duckdb"), f"SELECT range AS n FROM range({TABLE_ROWS + 500})"
+    out = cli("sql", query, "--db", logged[0], "--warehouse", wh)
     assert out.exit_code == 0, out.output
     shown = [int(n) for n in re.findall(r"│ (\d+)\s+│", out.stdout)]
     assert shown == list(range(TABLE_ROWS)), shown[-3:]
     assert out.stdout.rstrip().endswith(f"(500 more rows not shown: --format csv or json prints all "
                                         f"{TABLE_ROWS + 500:,})"), out.stdout[-200:]
-    out = cli("sql", f"SELECT range AS n FROM range({TABLE_ROWS + 500})", "--format", "csv",
-              "--db", logged[0], "--warehouse", wh)
+    out = cli("sql", query, "--format", "csv", "--db", logged[0], "--warehouse", wh)
     assert len(out.stdout.splitlines()) == TABLE_ROWS + 501
 
 

@@ -206,6 +206,32 @@ def test_every_transport_takes_the_same_json_as_the_same_action(sqlite_url, tmp_
                     "params": {"query": "renew \ud800"}} for a in sent])
 
 
+def test_the_observation_schema_describes_every_observation_the_server_sends(sqlite_url):
+    """`/schema` gave the observation only `tools` and `text` (and any other key): a client or a
+    validator generated from it knew nothing of goal, result, error, done or outcome."""
+    import jsonschema
+
+    from companyos.agents import make_agent
+
+    with client(sqlite_url) as c:
+        schema = jsonschema.Draft202012Validator(c.get("/schema").json()["observation"])
+        for seed, text in ((3, False), (4, True)):
+            episode_id, token, first = reset(c, seed=seed, task="expense_report", chaos="high", text=text)
+            seen = [first["observation"]]
+            agent = make_agent("random", seed=seed)
+            agent.reset(first["observation"])
+            while not seen[-1]["done"]:
+                r = step(c, episode_id, token, agent.act(seen[-1]))
+                assert r.status_code == 200, r.text
+                seen.append(r.json()["observation"])
+            for observation in seen:
+                schema.validate(observation)
+            assert {o["error"] for o in seen} - {None}  # rejections among them
+            assert any(o["result"] is not None for o in seen) and seen[-1]["outcome"]
+        for bad in ({**first["observation"], "done": "no"}, {**first["observation"], "outcome": "won"}):
+            assert not schema.is_valid(bad)
+
+
 def test_text_rendering_on_request(sqlite_url):
     with client(sqlite_url) as c:
         _, _, plain = reset(c)
