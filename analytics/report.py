@@ -666,7 +666,9 @@ def html_body(data: dict[str, Any], episode_href: Callable[[str], str] | None = 
     episode's timeline (from why agents fail to how one failed, in a click)."""
     s = data["summary"]
     top_mode = data["failure_modes"][0]["failure_mode"] if data["failure_modes"] else "none"
-    kpis = [("episodes", s["episodes"]), ("success rate", _rate(s)),
+    # the running ones named beside the total: the rates beside it leave them out
+    episodes = f"{s['episodes']} ({s['running']} running)" if s["running"] else s["episodes"]
+    kpis = [("episodes", episodes), ("success rate", _rate(s)),
             ("mean return", _shown(s["mean_return"])), ("mean steps", _shown(s["mean_steps"])),
             ("top failure mode", top_mode)]
     body = [f"<h1>{_html_title(data)}</h1>",

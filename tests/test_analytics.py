@@ -1158,9 +1158,12 @@ def test_report_counts_agentless_episodes_as_the_unknown_agent_it_lists(tmp_path
     assert "2 agents, 1 task" in line and "(2 finished, 1 running)" in line
     assert "mean steps 1," in line and "mean return 0," in line, line  # as the tables print numbers
     assert "1 episode still running is counted in totals but not in rates." in report.html_body(data)
+    # the headline's count names them beside the rate that leaves them out (3 beside 100%, before)
+    assert '"kpi">episodes<b>3 (1 running)</b>' in report.html_body(data)
     # with none running the footnote said "0 episodes still running are counted ..."
     none_running = {**data, "summary": {**data["summary"], "running": 0}}
     assert "still running" not in report.html_body(none_running)
+    assert '"kpi">episodes<b>3</b>' in report.html_body(none_running)
 
 
 def test_the_reports_success_rate_never_reads_100_or_0_percent_when_it_is_not():
