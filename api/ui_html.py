@@ -213,5 +213,9 @@ def error_document(status: int, message: str) -> str:
 
 
 def is_ui_path(path: str) -> bool:
-    """The pages a browser asks for: the UI and the root that leads there."""
-    return path == "/" or path == UI or path.startswith(UI + "/")
+    """The pages a browser asks for: the UI, the root that leads there, and the API docs the UI
+    links to (refused as JSON, the UI's "API docs" link led to a 401 in JSON)."""
+    return path == "/" or path == UI or path.startswith(UI + "/") or path in DOC_PAGES
+
+
+DOC_PAGES = frozenset({"/docs", "/redoc"})

@@ -513,7 +513,7 @@ def test_the_api_key_guard_covers_the_ui_and_says_so_in_a_page(logged):
     url, ids = logged
     with TestClient(create_app(ServerConfig(db=url, api_key="sekret"))) as c:
         for path in ("/", "/ui", f"/ui/episodes/{ids['success']}", f"/ui/episodes/{ids['success']}/views",
-                     "/ui/analytics", "/ui/anything"):
+                     "/ui/analytics", "/ui/anything", "/docs", "/redoc"):  # the API docs the UI links to
             page = _html_ok(c.get(path, follow_redirects=False), 401)
             assert "needs an API key" in page and "reverse proxy that adds the header" in page
             assert c.get(path).headers["www-authenticate"] == "Bearer"
@@ -524,6 +524,7 @@ def test_the_api_key_guard_covers_the_ui_and_says_so_in_a_page(logged):
         refused = c.get("/episodes")
         assert refused.status_code == 401 and refused.json()["code"] == "unauthorized"
         assert c.get("/uix").headers["content-type"] == "application/json"
+        assert c.get("/openapi.json").json()["code"] == "unauthorized"
 
 
 def test_ui_routes_stay_out_of_the_api_schema(ui):
@@ -594,7 +595,7 @@ def test_serve_root_path_puts_the_pages_links_under_the_prefix(tmp_path):
         port = s.getsockname()[1]
     server = subprocess.Popen([sys.executable, "-m", "companyos", "serve", "--port", str(port),
                                "--root-path", "cos/", "--db", f"sqlite:///{tmp_path / 's.db'}"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         page = get_once_listening(f"http://127.0.0.1:{port}/ui")
         assert page.status_code == 200
@@ -602,7 +603,9 @@ def test_serve_root_path_puts_the_pages_links_under_the_prefix(tmp_path):
         assert "/cos/ui/analytics" in addresses and all(a.startswith("/cos/") for a in addresses)
     finally:
         server.terminate()
-        server.wait(timeout=30)
+        banner = server.communicate(timeout=30)[0]
+    # the address it prints leads to pages whose links need the proxy: it says so
+    assert "the pages' links lead under /cos: open them through the proxy" in banner, banner
     for bad in ("/a b", "/café", "/a?b"):
         refused = subprocess.run([sys.executable, "-m", "companyos", "serve", "--root-path", bad],
                                  capture_output=True, text=True, timeout=60)

@@ -95,7 +95,9 @@ def serve(
     auth = "API key required" if api_key else "no API key"
     store = shown_url(url)
     base = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
-    proxied = f" (behind a proxy at {root_path})" if root_path else ""
+    # the pages' links lead under the prefix, so the address above is a dead end without the proxy
+    proxied = (f"; the pages' links lead under {root_path}: open them through the proxy that serves it"
+               if root_path else "")
     typer.echo(f"companyos serve: {base} ({workers} worker(s), store {store}, {auth})\n"
                f"  web UI {base}/ui, API docs {base}/docs{proxied}")
     if descriptors is not None and descriptors < max_sessions + DESCRIPTOR_HEADROOM:
