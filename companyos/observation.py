@@ -8,16 +8,21 @@ from domain.render import render_text
 
 
 class Observation(dict):
-    """A dict observation; `obs["text"]` (or `.text`) renders it for an LLM the first time it is asked."""
+    """A dict observation; `obs["text"]` (or `.text`) renders it for an LLM the first time it is
+    asked. The rendering is kept beside the dict, not in it: stored as a key, reading it once
+    changed `obs == other`, `json.dumps(obs)` and `obs.keys()`, so trajectories recorded with
+    and without reading the text compared unequal."""
 
-    __slots__ = ()
+    __slots__ = ("_text",)
 
     def __missing__(self, key: str) -> Any:
         if key != "text":
             raise KeyError(key)
-        text = render_text({k: v for k, v in self.items() if k != "tools"})
-        self["text"] = text
-        return text
+        try:
+            return self._text
+        except AttributeError:
+            self._text = render_text({k: v for k, v in self.items() if k != "tools"})
+            return self._text
 
     @property
     def text(self) -> str:
@@ -25,5 +30,4 @@ class Observation(dict):
 
     def with_text(self) -> dict[str, Any]:
         """A plain dict that includes the text rendering, for wire formats."""
-        self["text"]  # noqa: B018 - render once, cached in the dict
-        return dict(self)
+        return {**self, "text": self["text"]}

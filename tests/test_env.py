@@ -282,9 +282,13 @@ def test_observation_text_is_rendered_only_on_demand(sqlite_url):
     with CompanyEnv(sqlite_url) as env:
         obs, _ = env.reset(seed=2, options={"task": FAMILIES[0]})
         assert "text" not in obs
+        before = (dict(obs), json.dumps(obs))
         assert isinstance(obs["text"], str) and obs["text"]
         assert obs.text == obs["text"]
-        json.dumps(obs.with_text())  # the whole observation is JSON-able
+        # reading the text changes nothing else: it had become a key, so equality, keys and the
+        # JSON of an observation depended on whether someone had read it
+        assert "text" not in obs and (dict(obs), json.dumps(obs)) == before and obs == before[0]
+        assert json.loads(json.dumps(obs.with_text()))["text"] == obs.text  # the whole, for wires
 
 
 def test_run_cli_json_reports_every_episode_with_its_digest(tmp_path):
