@@ -27,7 +27,7 @@ import domain
 from companyos.config import api_key_problem
 from companyos.env import RESET_OPTIONS, spec_from_options
 from companyos.observation import Observation
-from companyos.runtime import TOOL_NAMES
+from companyos.runtime import TOOL_NAMES, episode_id_problem
 from domain.events import to_json_value
 from projections.episodes import new_agent_label_problem
 from projections.render import render_views
@@ -465,6 +465,28 @@ class RemoteCompanyEnv:
         truncated = metadata["outcome"] == "truncated"  # the domain ends by budget only so
         terminated = bool(payload["done"]) and not truncated
         return _observation(payload), float(payload["reward"]), terminated, truncated, _info(metadata)
+
+    def attach(self, episode_id: str, episode_token: str) -> dict[str, Any]:
+        """Continue an episode another client or process started (its id and the token its reset
+        answered with): the next `step` acts on it. Returns its state as the server's log holds it;
+        an unknown episode or a wrong token is the server's refusal (404, 403)."""
+        self._check_open()
+        if problem := episode_id_problem(episode_id):
+            raise ValueError(problem)
+        if not isinstance(episode_token, str) or not episode_token:
+            raise ValueError("episode_token must be the token the episode's reset answered with")
+        self.episode_id, self.episode_token = episode_id, episode_token
+        if self._ws is not None:  # the open socket is bound to the episode before: a new one resumes this
+            self._ws.drop()
+            self._ws.session_key = f"{episode_id}.{episode_token}"
+        try:
+            return self.state
+        except BaseException:
+            self.episode_id = self.episode_token = None  # not attached: as before any reset
+            if self._ws is not None:
+                self._ws.drop()
+                self._ws.session_key = None
+            raise
 
     @property
     def state(self) -> dict[str, Any]:

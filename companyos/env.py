@@ -122,6 +122,19 @@ class CompanyEnv:
             durability=self.durability, meta=meta, group=self.commit_group)
         return self.runtime.observe(info), self._info(info)
 
+    def resume(self, episode_id: str) -> dict[str, Any]:
+        """Continue a running episode from the log (another process's, or this one's before a
+        restart; logged with durability="step"): the next `step` acts on it. Returns its state.
+        EpisodeNotFound for an id the store does not hold; steps of an ended episode raise
+        EpisodeFinished as after any end. Two processes stepping one episode at once: the second
+        append fails with a ConcurrencyError, and the log keeps the first."""
+        self._check_usable()
+        if self.runtime is not None:
+            previous, self.runtime = self.runtime, None
+            previous.flush_or_discard()
+        self.runtime = EpisodeRuntime.load(self.store, episode_id, self.durability)
+        return self.state
+
     def step(self, action: Any):
         self._check_usable()
         if self.runtime is None:

@@ -94,6 +94,42 @@ def test_expert_episode_is_the_same_episode_remotely(server, local, transport, t
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
+def test_another_client_attaches_to_an_episode_and_finishes_it_as_one_client_would(server, local, transport):
+    """`close()` said an episode "can be resumed", yet no client could: CompanyEnv refused its id,
+    and RemoteCompanyEnv had no way in (over WebSocket the session key was private)."""
+    expert = make_agent("expert", 5)
+    options = {"task": "expense_report", "chaos": "low"}
+    obs, _ = local.reset(seed=5, options=options)  # the same episode in one go, for its digest
+    expert.reset(obs)
+    done = False
+    while not done:
+        obs, _, terminated, truncated, _ = local.step(expert.act(obs))
+        done = terminated or truncated
+    whole = local.store.stream_digest(local.state["episode_id"])
+    expert = make_agent("expert", 5)
+    with RemoteCompanyEnv(server[0], transport=transport) as first:
+        obs, _ = first.reset(seed=5, options=options)
+        expert.reset(obs)
+        obs = first.step(expert.act(obs))[0]
+        episode_id, token = first.episode_id, first.episode_token
+    with RemoteCompanyEnv(server[0], transport=transport) as second:
+        with pytest.raises(RemoteRequestError) as refused:
+            second.attach(episode_id, "not-the-token")
+        assert refused.value.status in (401, 403, 404) and second.episode_id is None
+        assert second.attach(episode_id, token)["step_count"] == 1
+        done = False
+        while not done:
+            obs, _, terminated, truncated, _ = second.step(expert.act(obs))
+            done = terminated or truncated
+        assert second.state["outcome"] == "success"
+    assert local.store.stream_digest(episode_id) == whole  # one episode, as if one client played it
+    with CompanyEnv(server[1]) as third:  # in process too, from the log
+        assert third.resume(episode_id)["done"] is True
+        with pytest.raises(domain.EpisodeFinished):
+            third.step(LIST_TICKETS)
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
 def test_rejections_and_truncation_are_the_same_remotely(server, local, transport):
     """A random agent on a short budget: rejected actions, penalties and a truncated end."""
     with RemoteCompanyEnv(server[0], transport=transport, agent="expert") as remote:

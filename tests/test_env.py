@@ -278,6 +278,35 @@ def test_stepping_before_reset_or_after_the_end_is_a_caller_error(sqlite_url):
             env.step({"app": "ticketdesk", "method": "list_tickets", "params": {}})
 
 
+def test_another_process_resumes_an_episode_from_the_log_and_finishes_it(sqlite_url, tmp_path):
+    """durability="step" promised that any other process can continue an episode, but CompanyEnv
+    refused its id at reset and had nothing else: `resume` continues it, and the stream is the one
+    an uninterrupted run logs."""
+    with CompanyEnv(f"sqlite:///{tmp_path / 'whole.db'}") as whole:
+        info, actions = play(whole, "random", 9, FAMILIES[1], "high")
+        digest = whole.store.stream_digest(info["episode_id"])
+    with CompanyEnv(sqlite_url) as first:
+        info, _ = play(first, "random", 9, FAMILIES[1], "high", stop_after=3)
+    episode_id = info["episode_id"]
+    script = textwrap.dedent(f"""
+        import json, sys
+        from companyos.env import CompanyEnv
+        with CompanyEnv({sqlite_url!r}) as env:
+            assert env.resume({episode_id!r})["step_count"] == 3
+            for action in json.loads(sys.stdin.read())[3:]:
+                env.step(action)
+            print(env.state["outcome"])
+    """)
+    done = subprocess.run([sys.executable, "-c", script], input=json.dumps(actions), capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    with CompanyEnv(sqlite_url) as env:
+        assert env.store.stream_digest(episode_id) == digest and done.stdout.strip() == env.resume(
+            episode_id)["outcome"]
+        with pytest.raises(EpisodeNotFound):
+            env.resume("no-such-episode")
+
+
 def test_observation_text_is_rendered_only_on_demand(sqlite_url):
     with CompanyEnv(sqlite_url) as env:
         obs, _ = env.reset(seed=2, options={"task": FAMILIES[0]})
