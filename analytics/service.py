@@ -48,8 +48,8 @@ def rows_of(cursor) -> list[dict[str, Any]]:
 
 def as_objects(names: list[str], rows: list[tuple]) -> list[dict[str, Any]]:
     """Rows as JSON-able objects keyed by column name (non-finite floats become null). Names
-    that repeat (`SELECT a.agent, b.agent ...`) get DuckDB's suffixes, `agent_1` after `agent`,
-    as a table made from the query would: keyed as given, the later column replaced the earlier."""
+    that repeat (`SELECT a.agent, b.agent ...`) get suffixes (`unique_names`): keyed as given,
+    the later column replaced the earlier."""
     keys = unique_names(names)
     return [{k: _clean(v) for k, v in zip(keys, row, strict=True)} for row in rows]
 
@@ -186,11 +186,6 @@ class BackgroundSync:
         self.done, self.total = done, total
         self.heard = True
 
-    def stop(self, timeout: float) -> None:
-        """Stop after the batch in flight and wait up to `timeout` s for the thread to end."""
-        self._stopping.set()
-        self._thread.join(timeout)
-
     def described(self) -> str:
         """How far it got, in words: "1,500 of 3,000 events so far (50.0%)"; before any figure,
         that it is still waiting to open the warehouse (another process may hold the file)."""
@@ -233,10 +228,10 @@ def _stop_background_syncs() -> None:
     with _RUNNING_LOCK:
         running = list(_RUNNING)
     deadline = time.monotonic() + EXIT_WAIT_S
-    for job in running:
+    for job in running:  # all of them at once, then wait for each
         job._stopping.set()
     for job in running:
-        job.stop(max(deadline - time.monotonic(), 0.0))
+        job._thread.join(max(deadline - time.monotonic(), 0.0))
 
 
 _JOBS: dict[tuple[str, str], BackgroundSync] = {}
