@@ -53,7 +53,8 @@ MECHANISMS: dict[str, tuple[float, str]] = {
     "slow_decision": (0.7, "the reviewer needs 1-4 further polls before deciding"),
     "random_rejection": (0.4, "a correct request is rejected once; escalating it (or "
                               "resubmitting) gets it approved"),
-    "transient_outage": (0.08, "any call fails with transient_outage; retrying works"),
+    "transient_outage": (0.08, "any call fails with transient_outage, each on its own draw; a "
+                               "retry usually works and may fail again"),
     "ooo_after_lookup": (0.4, "an approver goes out of office right after their first "
                               "lookup; look again before submitting"),
     "stale_again": (0.4, "the decision metric goes stale again right after its first fresh "
