@@ -161,9 +161,9 @@ class Server:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self.executor, partial(fn, *args))
 
-    async def run_step(self, session: Any, action: Any) -> dict[str, Any]:
+    async def run_step(self, session: Any, action: Any, after_step: int | None = None) -> dict[str, Any]:
         """A WebSocket step (no freshness query: the socket's episode is cached right here)."""
-        return await self.run(self.sessions.step, session, action, False)
+        return await self.run(self.sessions.step, session, action, False, after_step)
 
     def close(self) -> None:
         self.executor.shutdown(wait=False)

@@ -362,9 +362,12 @@ class SessionManager:
 
     # -- stepping ------------------------------------------------------------------------------
 
-    def step(self, session: Session, action: Any, check_fresh: bool = True) -> dict[str, Any]:
+    def step(self, session: Session, action: Any, check_fresh: bool = True,
+             after_step: int | None = None) -> dict[str, Any]:
         """One step, logged before it returns. `check_fresh` compares the cached copy with the
-        log first (one indexed read), so HTTP steps can hop between worker processes."""
+        log first (one indexed read), so HTTP steps can hop between worker processes. `after_step`:
+        the step the caller last saw (a WebSocket's), refused if another client of this process
+        stepped since, as a step another process logged first is."""
         if not session.lock.acquire(blocking=False):
             raise ApiError(409, "step_in_progress",
                            "another step on this episode is still running; one step at a time")
@@ -372,6 +375,9 @@ class SessionManager:
             runtime = session.runtime
             if runtime is None or (check_fresh and self._stale(runtime)):
                 runtime = session.runtime = self._reload(session.episode_id)
+            if after_step is not None and runtime.state.step != after_step:
+                raise ApiError(409, "conflict", f"another client stepped this episode since this "
+                               f"socket's step {after_step}; this action was not applied")
             try:
                 info = runtime.step(action)
             except domain.EpisodeFinished:  # the domain refuses a step after the end

@@ -122,16 +122,18 @@ def _header(headers: dict, name: bytes) -> str | None:
 class _Connection:
     """The state of one socket: the episode it is playing, if any."""
 
-    __slots__ = ("server", "session")
+    __slots__ = ("seen_step", "server", "session")
 
     def __init__(self, server: Any) -> None:
         self.server = server
         self.session: Session | None = None
+        self.seen_step: int | None = None  # the step this socket last answered: its world
 
-    def _bind(self, session: Session) -> None:
+    def _bind(self, session: Session, step: int | None) -> None:
         self.release()
         self.server.sessions.attach(session)
         self.session = session
+        self.seen_step = step
 
     def release(self) -> None:
         if self.session is not None:
@@ -141,8 +143,8 @@ class _Connection:
     async def resume(self, key: str, token: str | None) -> None:
         sessions = self.server.sessions
         session = await self.server.run(sessions.get_by_key, key, token)
-        await self.server.run(sessions.refresh, session)
-        self._bind(session)
+        runtime = await self.server.run(sessions.refresh, session)
+        self._bind(session, runtime.state.step)
 
     async def handle(self, raw: str | bytes) -> str | None:
         """One client message -> the reply frame (None: the client asked to close; NO_REPLY: no
@@ -181,7 +183,7 @@ class _Connection:
         if not isinstance(data, dict):
             return _error("reset data must be an object of reset options", VALIDATION_ERROR)
         session, _, payload = await self.server.run(self.server.sessions.start, data)
-        self._bind(session)
+        self._bind(session, payload["metadata"]["step"])
         return _dumps({"type": "observation", "data": payload}).decode()
 
     async def _step(self, message: dict) -> str:
@@ -194,7 +196,13 @@ class _Connection:
         session = self.session
         if session is None:
             return _no_episode()
-        payload = await self.server.run_step(session, data)
+        try:
+            payload = await self.server.run_step(session, data, self.seen_step)
+        except ApiError as exc:
+            if exc.code == "conflict":  # refused on a world that moved: the next step acts on it
+                self.seen_step = None
+            raise
+        self.seen_step = payload["metadata"]["step"]
         return _dumps({"type": "observation", "data": payload}).decode()
 
     async def _views(self) -> str:
@@ -215,7 +223,9 @@ class _Connection:
         ctx = mcp.McpContext(bound=self.session)
         reply = await self.server.run(mcp.handle, self.server.sessions, message.get("data"), ctx)
         if reply.session is not None and reply.session is not self.session:
-            self._bind(reply.session)  # `initialize` started this socket's episode: its tools/call act there
+            # `initialize` started this socket's episode: its tools/call act there (steps the socket
+            # is not answered as its own, so a plain step after them is not held to a seen step)
+            self._bind(reply.session, None)
         if reply.body is None:  # a notification: JSON-RPC answers none (a reply without an id was
             return NO_REPLY  # no JSON-RPC message at all)
         return _dumps({"type": "mcp", "data": reply.body}).decode()

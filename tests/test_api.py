@@ -343,6 +343,26 @@ def test_conflict_with_another_process_is_a_409_then_recovers(sqlite_url):
         assert reply["type"] == "observation" and reply["data"]["metadata"]["step"] == 2
 
 
+def test_a_step_by_another_client_of_the_same_process_is_a_409_for_the_socket_too(sqlite_url):
+    """Another process's step refused the socket's next one (its action was chosen on a world that
+    has moved), but another client of the same process, sharing its cached episode, did not: on
+    `serve --workers 2` it depended on which worker took the other request (7 of 12 applied)."""
+    with client(sqlite_url) as c, c.websocket_connect("/ws") as ws:
+        ws.send_json({"type": "reset", "data": RESET})
+        meta = ws.receive_json()["data"]["metadata"]
+        assert step(c, meta["episode_id"], meta["episode_token"], ACTIONS[0]).status_code == 200
+        ws.send_json({"type": "step", "data": ACTIONS[1]})
+        reply = ws.receive_json()
+        assert reply["type"] == "error" and reply["data"]["status"] == 409, reply
+        assert reply["data"]["reason"] == "conflict" and "another client" in reply["data"]["message"]
+        ws.send_json({"type": "step", "data": ACTIONS[1]})  # on the world as logged now
+        assert ws.receive_json()["data"]["metadata"]["step"] == 2
+    with client(sqlite_url) as c:
+        state = c.get("/state", params={"episode_id": meta["episode_id"],
+                                        "episode_token": meta["episode_token"]}).json()
+        assert state["step_count"] == 2  # the refused action was not applied
+
+
 def test_a_socket_resuming_an_episode_another_process_stepped_steps_on_from_the_log(sqlite_url):
     """Resuming took this process's cached copy as it was: a socket hopping between two server
     processes (a reconnect behind a load balancer) had its first step refused as a conflict."""
