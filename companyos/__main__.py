@@ -1,5 +1,5 @@
 """`python -m companyos` is the same as the `companyos` command."""
 
-from companyos.cli import main
+from companyos.entry import main
 
 main()

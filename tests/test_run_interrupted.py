@@ -293,6 +293,21 @@ def test_a_stop_while_the_workers_start_prints_no_traceback(tmp_path):
     assert len(err.strip().splitlines()) == 1 and json.loads(out)["interrupted"] is True
 
 
+def test_ctrl_c_while_the_command_loads_is_one_line_not_a_traceback(tmp_path):
+    """Ctrl-C in the half second a command takes to import its modules printed a traceback of the
+    import under way (KeyboardInterrupt in typer, rich or SQLAlchemy), exit code 130 or 1."""
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    for delay in (0.15, 0.25, 0.35, 0.45, 0.6):  # the command's imports, on a fast or a slow day
+        command = subprocess.Popen([sys.executable, "-m", "companyos", "episodes", "--db", url],
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(delay)
+        command.send_signal(signal.SIGINT)
+        _, err = command.communicate(timeout=60)
+        assert "Traceback" not in err, (delay, err)
+        if command.returncode == 130:  # else it had ended before the signal came (exit 2: no store)
+            assert err.strip() == "error: interrupted", (delay, err)
+
+
 def test_worker_processes_the_system_cannot_start_are_said_in_words(tmp_path, monkeypatch, capsys):
     """Out of file descriptors (or processes) as the workers start: starting one raises OSError,
     which the run printed as a Rich traceback of multiprocessing's internals."""
