@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import numbers
+import os
 import time
 from collections.abc import Iterator, Sequence
 from itertools import chain, islice
@@ -479,11 +480,19 @@ class EventStore:
         only). Readers that would first bring the read models up to date list what they hold
         instead."""
         if self.engine.dialect.name != "postgresql":
-            return not sqlite_read_only(self.engine.url)
+            return not sqlite_read_only(self.engine.url) and self.file_writable()
         with self.engine.connect() as conn:
             return bool(conn.execute(sa.text(
                 "SELECT current_setting('transaction_read_only') = 'off' "
                 "AND has_table_privilege('commits', 'INSERT')")).scalar())
+
+    def file_writable(self) -> bool:
+        """Whether this process may write a SQLite store's file (not on a read-only file system, nor
+        another user's file without write permission); True for any other store. SQLite opens
+        such a file read-only by itself, and the first write failed with "attempt to write a
+        readonly database"."""
+        path = sqlite_file(self.engine.url)
+        return path is None or os.access(path, os.W_OK)
 
     def readable_position(self) -> int:
         """The last position a reader of the global order may read now. On PostgreSQL a commit

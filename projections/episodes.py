@@ -237,10 +237,19 @@ def episode_filters(task: str | None = None, agent: str | None = None,
 
 
 def list_episodes(conn: sa.Connection, task: str | None = None, agent: str | None = None,
-                  outcome: str | None = None, limit: int | None = 50) -> list[dict[str, Any]]:
-    """Episodes, newest first; `outcome="running"` selects episodes that have not ended."""
+                  outcome: str | None = None, limit: int | None = 50,
+                  offset: int = 0) -> list[dict[str, Any]]:
+    """Episodes, newest first (by where they begin in the log), skipping `offset`;
+    `outcome="running"` selects episodes that have not ended."""
     query = sa.select(episodes).where(*episode_filters(task, agent, outcome))
-    query = query.order_by(episodes.c.first_position.desc())
+    query = query.order_by(episodes.c.first_position.desc()).offset(offset or None)
     if limit:
         query = query.limit(limit)
     return [{str(k): v for k, v in row.items()} for row in conn.execute(query).mappings()]
+
+
+def count_episodes(conn: sa.Connection, task: str | None = None, agent: str | None = None,
+                   outcome: str | None = None) -> int:
+    """How many episodes the filters select (a page's "of N")."""
+    query = sa.select(sa.func.count()).select_from(episodes).where(*episode_filters(task, agent, outcome))
+    return conn.execute(query).scalar_one()

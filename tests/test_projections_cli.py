@@ -50,6 +50,25 @@ def test_episodes_lists_filters_and_prints_json(cli, db):
     assert "license_renewal" in wrong.stderr and not wrong.stdout
 
 
+def test_episodes_pages_through_the_list_and_says_which_page_it_shows(cli, db):
+    """`--limit 50` cut the table of 34,000 episodes without a word, and there was no way to the
+    next page but `--limit 0` (GET /episodes has `offset`)."""
+    url, ids = db
+    out = cli("episodes", "--db", url, "--limit", "1", "--offset", "1")
+    assert out.exit_code == 0, out.output
+    assert ids[1] in out.stdout and ids[0] not in out.stdout and ids[2] not in out.stdout
+    assert "episodes 2–2 of 3; --offset 2 for the next, --limit 0 for all" in out.stdout
+    doc = json.loads(cli("episodes", "--db", url, "--json", "--limit", "2").stdout)
+    assert [e["episode_id"] for e in doc["episodes"]] == [ids[2], ids[1]]
+    assert (doc["total"], doc["offset"], doc["next_offset"]) == (3, 0, 2)
+    last = json.loads(cli("episodes", "--db", url, "--json", "--limit", "2", "--offset", "2").stdout)
+    assert [e["episode_id"] for e in last["episodes"]] == [ids[0]] and last["next_offset"] is None
+    whole = cli("episodes", "--db", url)  # all of them on one page: no page line
+    assert "of 3" not in whole.stdout
+    past = cli("episodes", "--db", url, "--offset", "5")
+    assert past.exit_code == 0 and "no episodes past the first 3 that match" in past.stdout
+
+
 @pytest.mark.parametrize("agent", ["[/]", "[bold red]expert", "a :smile: b"])
 def test_stored_text_is_printed_as_it_is_stored(cli, tmp_path, agent):
     """Anyone can name the agent (a reset over HTTP takes any string): rich read "[/]" as
@@ -423,6 +442,42 @@ def test_a_read_only_url_lists_what_the_read_models_hold_and_refuses_to_write(cl
     served = command_runner(serve.register)("--port", "0", "--db", ro)
     assert served.exit_code == 2 and "opens the store read-only" in served.output, served.output
     assert json.loads(cli("episodes", "--db", url, "--json").stdout)["episodes"][0]["episode_id"] != first
+
+
+def test_a_store_file_this_process_may_not_write_is_listed_as_a_read_only_url_is(cli, tmp_path,
+                                                                                 monkeypatch):
+    """A store file on a read-only mount (or another user's) without `mode=ro` in the URL: SQLite
+    opens it read-only by itself, and `episodes` failed at its first write ("attempt to write a
+    readonly database", exit 1) where `verify`, `replay` and `rerun` worked. It now lists what the
+    read models hold, saying why it cannot bring them up to date. (The file system's refusal is
+    `os.access`'s answer, stood in for here: a read-only mount needs privileges tests lack.)"""
+    import os
+
+    from eventstore import store as store_module
+    from tests.test_projections import play
+
+    path = tmp_path / "store.db"
+    url = f"sqlite:///{path}"
+    with EventStore.open(url) as store:
+        first = play(store, "expense_report", 1, "none", "expert")["episode_id"]
+    assert json.loads(cli("episodes", "--db", url, "--json").stdout)["episodes"][0]["episode_id"] == first
+    with EventStore.open(url) as store:
+        play(store, "bug_escalation", 2, "none", "expert")
+        behind = store.last_position()
+    real_access = os.access
+
+    def access(p, mode):  # the store's file refuses writes, as on a read-only mount
+        return False if str(p) == str(path) and mode == os.W_OK else real_access(p, mode)
+
+    monkeypatch.setattr(store_module.os, "access", access)
+    out = cli("episodes", "--db", url, "--json")
+    assert out.exit_code == 0, out.output
+    assert [e["episode_id"] for e in json.loads(out.stdout)["episodes"]] == [first]
+    assert "may not write the store's file" in out.stderr and "behind the log" in out.stderr
+    with EventStore.open(url) as store:  # nothing was written: the read models stay behind
+        from projections import ProjectionRunner, default_projections
+
+        assert min(ProjectionRunner(store, default_projections()).stored_checkpoints().values()) < behind
 
 
 def test_a_read_only_url_lists_a_store_whose_read_models_were_never_built(cli, tmp_path):

@@ -60,12 +60,14 @@ def episodes(
                                        help="success, failure, truncated or running."),
     limit: int = typer.Option(50, "--limit", min=0, max=10**9,
                               help="At most this many, newest first (0: all)."),
+    offset: int = typer.Option(0, "--offset", min=0, max=10**12,
+                               help="Skip this many of the newest first (the next page)."),
     db: str | None = DbOption,
     as_json: bool = JsonOption,
 ) -> None:
     """List logged episodes (the read models catch up with the log first)."""
     from projections import ProjectionRunner, default_projections
-    from projections.episodes import episode_filters, list_episodes
+    from projections.episodes import count_episodes, episode_filters, list_episodes
 
     try:
         episode_filters(task, agent, outcome)  # a wrong filter is told before any catching up
@@ -78,10 +80,7 @@ def episodes(
         runner = ProjectionRunner(store, default_projections())
         read_only = not store.takes_writes()
         if read_only:
-            why_not = ((f"the URL {READ_ONLY_WORDS}", "with a URL that may write")
-                       if store.engine.dialect.name == "sqlite" else
-                       ("the database takes no writes (a standby, default_transaction_read_only, "
-                        "or a role with SELECT grants only)", "as a role that may write, on the primary"))
+            why_not = _why_read_only(store)
         behind = min((runner.stored_checkpoints() if read_only else runner.checkpoints()).values())
         waiting = _commits_waiting(store)
         if read_only:  # the read models stay as they are: a list of what
@@ -91,7 +90,9 @@ def episodes(
             with _progress(store.count_events(behind, upto), "catching up") as advance:
                 runner.catch_up(progress=advance, upto=upto)
         with store.engine.connect() as conn:
-            rows = list_episodes(conn, task=task, agent=agent, outcome=outcome, limit=limit or None)
+            rows = list_episodes(conn, task=task, agent=agent, outcome=outcome, limit=limit or None,
+                                 offset=offset)
+            total = count_episodes(conn, task=task, agent=agent, outcome=outcome)
     finally:
         store.close()
     _say_waiting(waiting, "listed", "list")
@@ -100,8 +101,11 @@ def episodes(
         typer.echo(f"note: the read models are {unread} events behind the log, and {why}, which cannot "
                    f"bring them up to date: the episodes logged since are not listed (list once {fix})",
                    err=True)
-    if as_json:
-        print_json({"episodes": rows})
+    shown_to = offset + len(rows)
+    next_offset = shown_to if shown_to < total else None
+    if as_json:  # paged as GET /episodes answers
+        print_json({"episodes": rows, "total": total, "limit": limit, "offset": offset,
+                    "next_offset": next_offset})
         return
     from rich.table import Table
 
@@ -118,7 +122,21 @@ def episodes(
                       str(r["steps"]), f"{r['total_return']:.2f}", (r["started_at"] or "")[:19])
     stdout_console().print(table)
     if not rows:
-        typer.echo("no episodes match")
+        typer.echo("no episodes match" if not total else f"no episodes past the first {total:,} that match")
+    elif offset or next_offset is not None:  # a page of them: say which, and how to see more
+        more = f"; --offset {next_offset} for the next, --limit 0 for all" if next_offset is not None else ""
+        typer.echo(f"episodes {offset + 1:,}–{shown_to:,} of {total:,}{more}")
+
+
+def _why_read_only(store) -> tuple[str, str]:
+    """Why a store takes no writes, and where a listing could bring its read models up to date."""
+    if store.engine.dialect.name != "sqlite":
+        return ("the database takes no writes (a standby, default_transaction_read_only, or a role "
+                "with SELECT grants only)", "as a role that may write, on the primary")
+    if not store.file_writable():
+        return ("this process may not write the store's file (a read-only file or file system, or "
+                "another user's file)", "as a user who may write it")
+    return f"the URL {READ_ONLY_WORDS}", "with a URL that may write"
 
 
 def replay(
