@@ -188,6 +188,22 @@ def test_verify_says_a_read_model_holds_an_interrupted_rebuild(cli, db, tmp_path
     assert f"views {len(ids)} rows" in cli("verify", "--db", url).stdout
 
 
+def test_a_read_only_listing_of_an_interrupted_rebuild_lists_no_part_folded_rows(cli, db, tmp_path):
+    """After a `rebuild --workers 2` cut short, `mode=ro` listed the rows it had written as if
+    they were the log's: finished episodes as running, part-way (2 of 3 tries)."""
+    url, ids = db
+    url, engine = _copy(url, tmp_path)
+    assert cli("rebuild", "--db", url).exit_code == 0
+    with engine.begin() as conn:  # as a cut-short rebuild leaves it: rows, checkpoint still 0
+        conn.execute(sa.text("UPDATE projection_checkpoints SET position = 0 WHERE name = 'episodes'"))
+    engine.dispose()
+    ro = f"sqlite:///file:{url.removeprefix('sqlite:///')}?mode=ro&uri=true"
+    out = cli("episodes", "--db", ro, "--json")
+    assert out.exit_code == 0, out.output
+    assert json.loads(out.stdout)["episodes"] == [] and json.loads(out.stdout)["total"] == 0
+    assert "holds an interrupted rebuild's rows" in out.stderr and "nothing is listed" in out.stderr
+
+
 def test_rebuild_of_a_damaged_log_names_what_it_left_out_and_exits_1(cli, db, tmp_path):
     url, ids = db
     url, engine = _copy(url, tmp_path)

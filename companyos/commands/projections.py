@@ -81,7 +81,8 @@ def episodes(
         read_only = not store.takes_writes()
         if read_only:
             why_not = _why_read_only(store)
-        behind = min((runner.stored_checkpoints() if read_only else runner.checkpoints()).values())
+        checkpoints = runner.stored_checkpoints() if read_only else runner.checkpoints()
+        behind = min(checkpoints.values())
         waiting = _commits_waiting(store)
         if read_only:  # the read models stay as they are: a list of what
             unread = store.count_events(behind)  # they hold, and a word on what they miss
@@ -96,6 +97,14 @@ def episodes(
     finally:
         store.close()
     _say_waiting(waiting, "listed", "list")
+    if read_only and total and checkpoints["episodes"] == 0:
+        # rows at checkpoint 0 are an interrupted rebuild's (or another version's fold): some
+        # finished episodes were listed as running, part-way, as if the rows were the log's
+        why, fix = why_not
+        typer.echo("note: the episode list holds an interrupted rebuild's rows (or another version's), "
+                   f"which may be partial, and {why}, which cannot complete it: nothing is listed "
+                   f"(list once {fix}, or run `companyos rebuild` so)", err=True)
+        rows, total, unread = [], 0, 0
     if unread:
         why, fix = why_not
         typer.echo(f"note: the read models are {unread} events behind the log, and {why}, which cannot "
