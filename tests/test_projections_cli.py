@@ -428,6 +428,20 @@ def test_a_store_named_by_a_sqlite_uri_is_the_same_store(cli, db, tmp_path, monk
     assert not list(tmp_path.glob("file:*")), "no lock or store file is made under the URI's text"
 
 
+def _listed_then_one_more(cli, path) -> tuple[str, str, int]:
+    """A store whose read models list one episode, and a second logged after that listing: the
+    URL, the first episode's id, and the log's last position."""
+    from tests.test_projections import play
+
+    url = f"sqlite:///{path}"
+    with EventStore.open(url) as store:
+        first = play(store, "expense_report", 1, "none", "expert")["episode_id"]
+    assert json.loads(cli("episodes", "--db", url, "--json").stdout)["episodes"][0]["episode_id"] == first
+    with EventStore.open(url) as store:
+        play(store, "bug_escalation", 2, "none", "expert")
+        return url, first, store.last_position()
+
+
 @pytest.mark.parametrize("read_only", ["mode=ro", "immutable=1"])
 def test_a_read_only_url_lists_what_the_read_models_hold_and_refuses_to_write(cli, tmp_path, monkeypatch,
                                                                               read_only):
@@ -437,14 +451,8 @@ def test_a_read_only_url_lists_what_the_read_models_hold_and_refuses_to_write(cl
     (read-only media) still did, until it was taken for read-only as well."""
     from companyos.commands import run as run_command
     from companyos.commands import serve
-    from tests.test_projections import play
 
-    url = f"sqlite:///{tmp_path / 'store.db'}"
-    with EventStore.open(url) as store:
-        first = play(store, "expense_report", 1, "none", "expert")["episode_id"]
-    assert json.loads(cli("episodes", "--db", url, "--json").stdout)["episodes"][0]["episode_id"] == first
-    with EventStore.open(url) as store:
-        play(store, "bug_escalation", 2, "none", "expert")
+    url, first, _ = _listed_then_one_more(cli, tmp_path / "store.db")
     ro = f"sqlite:///file:{tmp_path / 'store.db'}?{read_only}&uri=true"
     out = cli("episodes", "--db", ro, "--json")
     assert out.exit_code == 0, out.output
@@ -470,16 +478,9 @@ def test_a_store_file_this_process_may_not_write_is_listed_as_a_read_only_url_is
     import os
 
     from eventstore import store as store_module
-    from tests.test_projections import play
 
     path = tmp_path / "store.db"
-    url = f"sqlite:///{path}"
-    with EventStore.open(url) as store:
-        first = play(store, "expense_report", 1, "none", "expert")["episode_id"]
-    assert json.loads(cli("episodes", "--db", url, "--json").stdout)["episodes"][0]["episode_id"] == first
-    with EventStore.open(url) as store:
-        play(store, "bug_escalation", 2, "none", "expert")
-        behind = store.last_position()
+    url, first, behind = _listed_then_one_more(cli, path)
     real_access = os.access
 
     def access(p, mode):  # the store's file refuses writes, as on a read-only mount
