@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from api.sessions import ApiError, log_damaged, public_meta
 from companyos.runtime import episode_id_problem
 from eventstore import CorruptCommit, EventStore
-from projections.episodes import EpisodesProjection, episode_filters, summarize
+from projections.episodes import EpisodesProjection, count_episodes, episode_filters, summarize
 from projections.replay import EpisodeNotFound, StepNotFound, replay
 from projections.rerun import rerun_records
 from projections.runner import ProjectionRunner
@@ -42,10 +42,9 @@ class EpisodeLog:
         columns = [c for c in table.c if c.name not in _HIDDEN_COLUMNS]
         query = (sa.select(*columns).where(*where)
                  .order_by(table.c.first_position.desc()).limit(limit).offset(offset))
-        count = sa.select(sa.func.count()).select_from(table).where(*where)
         with self.store.engine.connect() as conn:
             rows = [{str(k): v for k, v in row.items()} for row in conn.execute(query).mappings()]
-            total = conn.execute(count).scalar_one()
+            total = count_episodes(conn, task=task, agent=agent, outcome=outcome)
         next_offset = offset + len(rows) if offset + len(rows) < total else None
         return {"episodes": rows, "total": total, "limit": limit, "offset": offset,
                 "next_offset": next_offset}
