@@ -41,6 +41,7 @@ CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
           response_schema_conformance]
 
 
+@pytest.mark.slow  # 20-25 s on a slow day, the suite's longest test: `python -m pytest -m slow` runs it
 @schema.parametrize()
 @settings(max_examples=40, deadline=None, derandomize=True,
           suppress_health_check=list(HealthCheck))
