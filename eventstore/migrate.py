@@ -97,6 +97,15 @@ def _foreign(connection: sa.Connection, current: str | None) -> str | None:
     return None
 
 
+def _other_tables(connection: sa.Connection) -> str:
+    """The tables a database without a store already holds, named for an error ('' if none): a
+    mistyped `--db` naming another application's SQLite file (or a PostgreSQL schema in use) got
+    the store's tables beside that application's."""
+    names = sorted(set(sa.inspect(connection).get_table_names()) - STORE_TABLES)
+    shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+    return shown
+
+
 def upgrade(engine: sa.Engine, create: bool = True) -> None:
     """Run pending migrations inside one write transaction so concurrent openers queue, not clash.
 
@@ -111,6 +120,9 @@ def upgrade(engine: sa.Engine, create: bool = True) -> None:
                 raise ForeignTables(foreign)
         if current is None and not create:
             raise NoStore
+        if current is None and (others := _other_tables(probe)):
+            raise ForeignTables(f"it holds another application's tables ({others}) and none of the "
+                                "store's, so creating the store there would mix the two")
         if current is not None and current not in known_revisions():
             raise NewerStore(f"migration {current!r}, which this companyos does not know (its "
                              f"newest is {HEAD_REVISION!r}): upgrade companyos to use it")

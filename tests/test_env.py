@@ -556,6 +556,22 @@ def test_a_command_that_reads_the_log_adds_no_store_to_a_database_without_one(
     engine.dispose()
 
 
+@pytest.mark.parametrize("command", [["run", "--episodes", "1"], ["db", "upgrade"]])
+def test_a_database_of_another_applications_tables_is_not_made_a_store(empty_store_url, command):
+    """A mistyped --db naming another application's SQLite file (or a PostgreSQL database in use)
+    got the store's tables beside that application's: only tables of the store's own names were
+    refused. Now any table there and none of the store's is refused, and nothing is added."""
+    engine = sa.create_engine(normalise_url(empty_store_url))
+    with engine.begin() as conn:
+        conn.execute(sa.text("CREATE TABLE users (id INTEGER)"))
+    engine.dispose()
+    out = _cli(*command, "--db", empty_store_url)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "another application's tables (users)" in out.stderr and "of its own" in out.stderr
+    assert sa.inspect(engine).get_table_names() == ["users"]
+    engine.dispose()
+
+
 def test_run_refuses_seeds_past_64_bits_before_logging_anything(tmp_path):
     """Seeds are 64-bit in every reader of the log: one past it used to be stored, then break
     `episodes` and `rebuild` for the whole store."""
