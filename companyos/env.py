@@ -112,9 +112,7 @@ class CompanyEnv:
 
     def reset(self, seed: int | None = None, options: dict[str, Any] | None = None):
         self._check_usable()
-        if self.runtime is not None:
-            previous, self.runtime = self.runtime, None
-            previous.flush_or_discard()
+        self._let_go()
         spec = spec_from_options(seed, options)
         meta = {"agent": self.agent} if self.agent else None
         self.runtime, info = EpisodeRuntime.start(
@@ -129,11 +127,15 @@ class CompanyEnv:
         EpisodeFinished as after any end. Two processes stepping one episode at once: the second
         append fails with a ConcurrencyError, and the log keeps the first."""
         self._check_usable()
+        self._let_go()
+        self.runtime = EpisodeRuntime.load(self.store, episode_id, self.durability)
+        return self.state
+
+    def _let_go(self) -> None:
+        """Leave the episode under way, writing what it holds back (durability "episode")."""
         if self.runtime is not None:
             previous, self.runtime = self.runtime, None
             previous.flush_or_discard()
-        self.runtime = EpisodeRuntime.load(self.store, episode_id, self.durability)
-        return self.state
 
     def step(self, action: Any):
         self._check_usable()

@@ -21,7 +21,6 @@ from gymnasium.vector.utils import create_shared_memory
 from companyos.env import CompanyEnv
 from companyos.observation import Observation
 from companyos.runtime import MAX_ACTION_BYTES
-from domain.render import render_text
 from eventstore.encoding import parse_json
 
 ENV_ID = "CompanyOS-v0"
@@ -123,10 +122,11 @@ class ObservationView(Mapping):
 
 
 def observation_text(observation: Mapping[str, Any]) -> str:
-    """The text an LLM reads: the observation's own rendering (built once, cached in it)."""
+    """The text an LLM reads: the observation's own rendering (an Observation builds it once and
+    keeps it), rendered as an Observation would for any other mapping of its keys."""
     if isinstance(observation, Observation) or "text" in observation:
         return observation["text"]
-    return render_text({k: v for k, v in observation.items() if k != "tools"})
+    return Observation(observation).text
 
 
 class CompanyOSGym(gymnasium.Env):
