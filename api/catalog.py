@@ -148,7 +148,8 @@ _STATE_SCHEMA: dict[str, Any] = {
         "episode_id": {"type": ["string", "null"]},
         "step_count": {"type": "integer", "minimum": 0},
         "task": {"type": "string"}, "seed": {"type": "integer"}, "chaos": {"type": "number"},
-        "reward_profile": {"type": "string"}, "max_steps": {"type": "integer"},
+        "reward_profile": {"type": "string"}, "rules": {"type": "integer", "minimum": 1},
+        "max_steps": {"type": "integer"},
         "done": {"type": "boolean"}, "total_return": {"type": "number"},
         "outcome": {"type": ["string", "null"]}, "failure_mode": {"type": ["string", "null"]},
         "agent": {"type": ["string", "null"]},
@@ -168,7 +169,8 @@ def schemas() -> dict[str, Any]:
 @cache
 def readme() -> str:
     lines = [f"# {NAME}", "", DESCRIPTION, "",
-             "Reset with `{\"seed\", \"task\", \"chaos\", \"reward_profile\", \"max_steps\"}`; "
+             "Reset with `{\"seed\", \"task\", \"chaos\", \"reward_profile\", \"max_steps\", "
+             "\"rules\"}`; "
              "act with `{\"app\": ..., \"method\": ..., \"params\": {...}}`. A bad action is "
              "rejected with a penalty and the observation says why.", "", "## Tasks", ""]
     lines += [f"- `{f.name}`: {f.description}" for f in domain.TASK_FAMILIES.values()]

@@ -9,6 +9,7 @@ from typing import Any
 import orjson
 import sqlalchemy as sa
 
+import domain
 from api.sessions import ApiError, log_damaged, public_meta
 from companyos.runtime import episode_id_problem
 from eventstore import CorruptCommit, EventStore
@@ -124,7 +125,9 @@ def _summary(episode_id: str, records: list) -> dict[str, Any]:
         raise ApiError(404, "episode_not_found", f"{episode_id!r} is not an episode stream")
     for column in _HIDDEN_COLUMNS:
         row.pop(column, None)
-    row["goal"] = _decoded(records[0], records[0].data_json).get("goal")
+    started = _decoded(records[0], records[0].data_json)
+    row["goal"] = started.get("goal")
+    row["rules"] = domain.rules_of(started.get("target"))
     return row
 
 

@@ -53,6 +53,9 @@ class ResetRequest(BaseModel):
     reward_profile: str | None = Field(default=None, max_length=100,
                                        description="default or sparse")
     max_steps: int | None = Field(default=None, ge=1, le=10_000, description="step budget")
+    rules: int | None = Field(default=None, ge=1,
+                              description="rules version the episode is judged by (the latest "
+                                          "when omitted); see /tasks")
     agent: str | None = Field(default=None, min_length=1, max_length=100,
                               description="who is playing, recorded in the log for analytics")
     text: bool | None = Field(default=None,
@@ -126,6 +129,8 @@ class TasksResponse(BaseModel):
     tasks: list[TaskInfo]
     chaos_levels: dict[str, float]
     reward_profiles: list[str]
+    rules_versions: dict[str, str]
+    current_rules: int
     failure_modes: dict[str, str]
 
 

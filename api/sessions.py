@@ -33,7 +33,8 @@ from eventstore import ConcurrencyError, CorruptCommit, EventStore, StoreClosed,
 from eventstore.engine import pooler_hint
 from projections.episodes import new_agent_label_problem
 
-RESET_FIELDS = ("seed", "episode_id", "task", "chaos", "reward_profile", "max_steps", "agent", "text")
+RESET_FIELDS = ("seed", "episode_id", "task", "chaos", "reward_profile", "max_steps", "rules", "agent",
+                "text")
 TOKEN_META_KEY = "token_sha256"
 _HIDDEN_META = frozenset({TOKEN_META_KEY})
 

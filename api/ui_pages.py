@@ -113,7 +113,7 @@ def episode_page(summary: dict[str, Any], timeline: list[Step], first: int = 0) 
     episode_id = summary["episode_id"]
     pairs = [("episode", episode_id), ("task", summary.get("task")), ("seed", summary.get("seed")),
              ("chaos", level(summary.get("chaos"))), ("agent", summary.get("agent") or "—"),
-             ("reward profile", summary.get("reward_profile")),
+             ("reward profile", summary.get("reward_profile")), ("rules", summary.get("rules")),
              ("outcome", _outcome(summary.get("outcome"))),
              ("failure mode", _failure_line(summary.get("failure_mode"))),
              ("return", number(summary.get("total_return"))),

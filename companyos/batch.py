@@ -39,6 +39,7 @@ class RunPlan:
     seed: int
     durability: str = "episode"
     reward_profile: str = "default"
+    rules: int | None = None  # None: the current rules version
 
     def task_of(self, index: int) -> str:
         """Episode `index`'s task. With "all", the family its seed picks, as CompanyEnv's reset
@@ -73,7 +74,8 @@ def validate(plan: RunPlan) -> None:
     if plan.task != "all" and plan.task not in domain.TASK_FAMILIES:
         raise ValueError(f"unknown task {plan.task!r}; known: all, {', '.join(domain.TASK_FAMILIES)}")
     spec_from_options(plan.seed, {"task": None if plan.task == "all" else plan.task,
-                                  "chaos": plan.chaos, "reward_profile": plan.reward_profile})
+                                  "chaos": plan.chaos, "reward_profile": plan.reward_profile,
+                                  "rules": plan.rules})
     make_agent(plan.agent, 0)
     if plan.episodes < 0:
         raise ValueError("--episodes must be 0 or more")
@@ -147,7 +149,8 @@ def _play(env: CompanyEnv, plan: RunPlan, index: int) -> tuple[EpisodeRuntime, d
     agent = make_agent(plan.agent, seed)
     observation, _ = env.reset(seed=seed, options={"task": plan.task_of(index),
                                                    "chaos": plan.chaos,
-                                                   "reward_profile": plan.reward_profile})
+                                                   "reward_profile": plan.reward_profile,
+                                                   "rules": plan.rules})
     agent.reset(observation)
     while True:
         observation, _reward, terminated, truncated, info = env.step(agent.act(observation))

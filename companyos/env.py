@@ -18,7 +18,7 @@ DEFAULT_CHAOS = "medium"
 
 SEED_MAX = 2**63 - 1
 """Seeds are stored in 64-bit columns (the read models, the warehouse)."""
-RESET_OPTIONS = frozenset({"task", "chaos", "reward_profile", "max_steps", "episode_id"})
+RESET_OPTIONS = frozenset({"task", "chaos", "reward_profile", "max_steps", "rules", "episode_id"})
 """What `reset(options=...)` takes (the remote client refuses the rest in the same words)."""
 
 
@@ -67,8 +67,11 @@ def spec_from_options(seed: int | None, options: dict[str, Any] | None) -> domai
                 or not 1 <= max_steps <= 10_000:
             raise ValueError("max_steps must be an integer from 1 to 10000")
         max_steps = int(max_steps)
+    rules = options.get("rules")
+    if isinstance(rules, numbers.Integral) and not isinstance(rules, bool):
+        rules = int(rules)  # a NumPy integer, as max_steps takes one
     return domain.EpisodeSpec(task=task, seed=seed, chaos=chaos, reward_profile=profile,
-                              max_steps=max_steps)
+                              max_steps=max_steps, rules=domain.checked_rules(rules))
 
 
 class CompanyEnv:
@@ -192,6 +195,7 @@ def episode_state(runtime: EpisodeRuntime) -> dict[str, Any]:
     s = runtime.state
     return {"episode_id": runtime.episode_id, "step_count": s.step, "task": s.task,
             "seed": s.seed, "chaos": s.chaos, "reward_profile": s.reward_profile,
-            "max_steps": s.max_steps, "done": s.done, "total_return": s.total_return,
+            "rules": domain.rules_of(s.target), "max_steps": s.max_steps, "done": s.done,
+            "total_return": s.total_return,
             "outcome": s.outcome, "failure_mode": s.failure_mode,
             "agent": runtime.start_meta.get("agent")}

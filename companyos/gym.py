@@ -156,7 +156,7 @@ class CompanyOSGym(gymnasium.Env):
                  chaos: str | float | None = None, reward_profile: str | None = None,
                  max_steps: int | None = None, *, env: Any = None, agent: str | None = None,
                  render_mode: str | None = None, url: str | None = None,
-                 api_key: str | None = None) -> None:
+                 api_key: str | None = None, rules: int | None = None) -> None:
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(f"render_mode must be None or one of {self.metadata['render_modes']}, "
                              f"not {render_mode!r}")
@@ -175,7 +175,8 @@ class CompanyOSGym(gymnasium.Env):
                                                                                   agent=agent)
         self.env = env
         self.defaults = {key: value for key, value in (("task", task), ("chaos", chaos),
-                         ("reward_profile", reward_profile), ("max_steps", max_steps))
+                         ("reward_profile", reward_profile), ("max_steps", max_steps),
+                         ("rules", rules))
                          if value is not None}
         self.observation_space = UnicodeText(MAX_OBSERVATION_CHARS, min_length=1, charset=SAMPLE_CHARSET)
         self.action_space = UnicodeText(MAX_ACTION_CHARS, min_length=0, charset=SAMPLE_CHARSET)

@@ -41,6 +41,7 @@ from domain.events import (
 )
 from domain.outcomes import is_success, judge, truncation_mode
 from domain.rewards import ONCE_RULES, grants, reward_profile
+from domain.rules import checked_rules, stamped
 from domain.tasks import task_family
 from domain.tools import Invalid, parse_action
 from domain.world import INITIAL_WORLD, World
@@ -61,6 +62,7 @@ class EpisodeSpec:
     chaos: float
     reward_profile: str = "default"
     max_steps: int | None = None  # None => the task's own budget
+    rules: int | None = None  # None => the current rules version (domain.rules)
 
 
 class EpisodeState(NamedTuple):
@@ -156,11 +158,12 @@ def reset(spec: EpisodeSpec) -> tuple[EpisodeState, list, StepInfo]:
                                        or not isinstance(spec.max_steps, int)
                                        or spec.max_steps < 1):
         raise ValueError(f"max_steps must be a positive integer or None, not {spec.max_steps!r}")
+    rules = checked_rules(spec.rules)
     level = _chaos.parse_chaos(spec.chaos)
     inst = family.generate(int(spec.seed), level)
     max_steps = spec.max_steps if spec.max_steps is not None else inst.budget
     events = [EpisodeStarted(spec.task, int(spec.seed), level, spec.reward_profile, max_steps,
-                             inst.goal, inst.target), *inst.events]
+                             inst.goal, stamped(inst.target, rules)), *inst.events]
     state = _fold_into(INITIAL_STATE, events)
     return state, events, step_info(INITIAL_STATE, events)
 

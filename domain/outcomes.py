@@ -16,6 +16,7 @@ from domain.events import (
     TicketStatusChanged,
 )
 from domain.quoting import number_text, shown
+from domain.rules import rules_of
 
 FAILURE_MODES: dict[str, str] = {
     "stale_data_used": "acted on a metric value that was stale (the agent's last read was "
@@ -126,10 +127,25 @@ def is_success(world, target: dict) -> bool:
 
 
 def _decision_mode(world, target: dict) -> str:
+    """The mode of a wrong irreversible decision. From rules version 2 a decision after the metric
+    went stale again (its true value moved on since a fresh read) is blamed on stale data too."""
+    m = world.datahub.metrics[target["metric"]]
+    seen = m["seen"]
+    if seen is None:
+        return "irreversible_action"
+    stale = seen[1] or (m["stale"] and rules_of(target) >= 2)
+    return "stale_data_used" if stale else "wrong_decision"
+
+
+def _uninformed_decline(world, target: dict) -> str | None:
+    """From rules version 2, the mode of closing a decline's ticket without a fresh read of the
+    decision metric (the right decision by luck: version 1 let a blind decline succeed)."""
+    if rules_of(target) < 2:
+        return None
     seen = world.datahub.metrics[target["metric"]]["seen"]
     if seen is None:
         return "irreversible_action"
-    return "stale_data_used" if seen[1] else "wrong_decision"
+    return "stale_data_used" if seen[1] else None
 
 
 def judge(state, params, effects: list) -> list:
@@ -157,6 +173,10 @@ def judge(state, params, effects: list) -> list:
                 found.append(MistakeRecorded(step, _decision_mode(world, tg), e.ticket_id,
                                              f"closed {e.ticket_id} although the request "
                                              "qualifies", True))
+            elif e.ticket_id == tg["ticket"] and (mode := _uninformed_decline(world, tg)):
+                found.append(MistakeRecorded(step, mode, e.ticket_id,
+                                             f"closed {e.ticket_id} without a fresh read of "
+                                             f"{tg['metric']}", True))
         elif t is ApprovalSubmitted:
             if e.approver_out_of_office:
                 found.append(MistakeRecorded(step, "routed_to_ooo_approver", e.approval_id,

@@ -24,6 +24,7 @@ from domain.events import (
     TicketUnblocked,
     TicketVerificationChanged,
 )
+from domain.rules import rules_of
 
 
 class RewardRule(NamedTuple):
@@ -38,6 +39,18 @@ class RewardRule(NamedTuple):
 _AGENT_ERRORS = ("unknown_tool", "malformed_action")
 
 
+def _verified_when_due(e, s) -> bool:
+    """The task's ticket marked verified; from rules version 2 only once it is linked to the
+    approved request of the task's type (version 1 paid for verifying nothing)."""
+    target = s.target
+    if not e.verified or e.ticket_id != target["ticket"]:
+        return False
+    if rules_of(target) < 2:
+        return True
+    a = s.world.approvalflow.approvals.get(s.world.ticketdesk.tickets[e.ticket_id]["linked_approval"])
+    return a is not None and a["status"] == "approved" and a["approval_type"] == target["approval_type"]
+
+
 def _is_task_approval(e, s) -> bool:
     return (s.world.approvalflow.approvals[e.approval_id]["approval_type"]
             == s.target["approval_type"])
@@ -47,9 +60,9 @@ DEFAULT = (
     RewardRule("step", ActionTaken, None, -0.1, False, "every step costs a little"),
     RewardRule("set_missing_priority", TicketPriorityChanged,
                lambda e, s: e.previous is None, 1.0, True, "set a missing priority"),
-    RewardRule("verify_ticket", TicketVerificationChanged,
-               lambda e, s: e.verified and e.ticket_id == s.target["ticket"], 1.5, True,
-               "mark the task's ticket verified"),
+    RewardRule("verify_ticket", TicketVerificationChanged, _verified_when_due, 1.5, True,
+               "mark the task's ticket verified (from rules version 2: once it is linked to the "
+               "approved request)"),
     RewardRule("unblock", TicketUnblocked, None, 1.0, True, "unblock a ticket"),
     RewardRule("refresh_stale_metric", MetricRefreshed, lambda e, s: e.was_stale, 1.0, True,
                "complete a refresh of a stale metric"),

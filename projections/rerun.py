@@ -74,7 +74,8 @@ def spec_of(started: dict[str, Any]) -> Any:
     """The EpisodeSpec an EpisodeStarted event was produced from."""
     return domain.EpisodeSpec(task=started["task"], seed=started["seed"], chaos=started["chaos"],
                               reward_profile=started.get("reward_profile", "default"),
-                              max_steps=started.get("max_steps"))
+                              max_steps=started.get("max_steps"),
+                              rules=domain.rules_of(started.get("target")))
 
 
 def resimulate(records: list[RecordedEvent]) -> tuple[list[Any], int, str | None]:

@@ -122,6 +122,21 @@ def test_reset_step_state(sqlite_url):
         assert state["task"] == "expense_report" and state["seed"] == 11
 
 
+def test_reset_takes_a_rules_version_and_tasks_lists_the_versions(sqlite_url):
+    with client(sqlite_url) as c:
+        tasks = c.get("/tasks").json()
+        assert set(tasks["rules_versions"]) == {"1", "2"} and tasks["current_rules"] == 2
+        for body, rules in (({"seed": 3}, 2), ({"seed": 3, "rules": 1}, 1)):
+            episode_id, token, _ = reset(c, **body)
+            state = c.get("/state", params={"episode_id": episode_id},
+                          headers={"X-Episode-Token": token}).json()
+            assert state["rules"] == rules == c.get(f"/episodes/{episode_id}").json()["rules"]
+        r = c.post("/reset", json={"rules": 7})
+        assert r.status_code == 400 and "no rules version 7; the versions are 1, 2" in r.text
+        assert c.post("/reset", json={"rules": "1"}).status_code == 422
+        assert c.get("/episodes").json()["total"] == 2
+
+
 def test_unknown_tool_is_a_rejection_not_an_http_error(sqlite_url):
     with client(sqlite_url) as c:
         episode_id, token, _ = reset(c)

@@ -257,10 +257,24 @@ def test_same_seed_and_actions_give_the_same_digest_in_any_process(tmp_path):
     # an empty one (an unset variable) was read as "not given": the task chosen by seed
     ({"task": ""}, "task must be a non-empty string"),
     ({"reward_profile": ""}, "reward_profile must be a non-empty string"),
+    ({"rules": 9}, "no rules version 9; the versions are 1, 2"),
+    ({"rules": "2"}, "no rules version '2'"),
 ])
 def test_bad_reset_options_are_refused_in_words(sqlite_url, options, message):
     with CompanyEnv(sqlite_url) as env, pytest.raises(ValueError, match=message):
         env.reset(seed=1, options=options)
+
+
+def test_reset_takes_a_rules_version_and_state_says_which_judges_the_episode(sqlite_url):
+    import numpy as np
+
+    with CompanyEnv(sqlite_url) as env:
+        env.reset(seed=1)
+        assert env.state["rules"] == domain.CURRENT_RULES
+        env.reset(seed=1, options={"rules": np.int64(1)})  # as Gymnasium code draws its numbers
+        assert env.state["rules"] == 1
+        started = next(env.store.read_stream(env.state["episode_id"]))
+        assert "rules" not in json.loads(started.data_json)["target"]  # as logs before versions
 
 
 def test_a_null_chaos_option_means_the_default_level(sqlite_url):
@@ -351,7 +365,7 @@ def test_a_run_of_no_episodes_has_no_success_rate_or_means(tmp_path):
     command = [sys.executable, "-m", "companyos", "run", "--episodes", "0", "--db", url]
     document = json.loads(subprocess.run([*command, "--json"], capture_output=True, text=True,
                                          check=True).stdout)
-    assert document == {"summary": {"episodes": 0, "success_rate": None, "outcomes": {}, "mean_return": None,
+    assert document == {"rules": domain.CURRENT_RULES, "summary": {"episodes": 0, "success_rate": None, "outcomes": {}, "mean_return": None,
                                     "std_return": None, "mean_steps": None, "failure_modes": {}},
                         "episodes": []}
     table = subprocess.run(command, capture_output=True, text=True, check=True).stdout
@@ -381,6 +395,22 @@ def test_run_cli_refuses_unknown_agents_and_tasks(tmp_path):
         # one `error:` line naming the value, as `episodes --task nap` says it (was a usage box)
         assert out.returncode == 2 and out.stderr.startswith("error: ") and args[1] in out.stderr
         assert out.stderr.count("\n") == 1, out.stderr
+
+
+def test_run_judges_by_the_rules_version_asked_for_and_says_which(tmp_path):
+    from companyos.commands import run as run_commands
+    from tests.conftest import command_runner
+
+    cli = command_runner(run_commands.register)
+    url = f"sqlite:///{tmp_path / 'run.db'}"
+    for args, rules in (([], domain.CURRENT_RULES), (["--rules", "1"], 1)):
+        doc = json.loads(cli("run", "--episodes", "2", "--db", url, "--json", *args).stdout)
+        assert doc["rules"] == rules and doc["summary"]["episodes"] == 2
+    with EventStore.open(url) as store:
+        starts = [json.loads(r.data_json)["target"] for r in store.read_all() if r.version == 0]
+    assert [domain.rules_of(t) for t in starts] == [2, 2, 1, 1]
+    out = cli("run", "--episodes", "2", "--db", url, "--rules", "9")
+    assert out.exit_code == 2 and "no rules version 9" in out.output
 
 
 def test_cli_names_a_store_it_cannot_open_without_a_traceback(tmp_path):

@@ -1023,3 +1023,26 @@ def test_a_damaged_reward_the_episodes_end_settles_gives_one_read_model_whenever
             assert {e["episode_id"]: e["total_return"] for e in list_episodes(conn)} == caught_up
     finally:
         store.close()
+
+
+def test_rerun_judges_each_episode_by_the_rules_version_it_was_logged_with(tmp_path):
+    """A blind decline succeeds under version 1 and fails under 2: both re-run to their own log."""
+    from companyos.env import CompanyEnv
+
+    seed = next(s for s in range(400) if domain.reset(domain.EpisodeSpec(
+        "license_renewal", s, "none"))[0].target["expected"] == "decline")
+    ended = {}
+    with CompanyEnv(f"sqlite:///{tmp_path / 'store.db'}") as env:
+        for rules in (1, 2):
+            obs, info = env.reset(seed=seed, options={"task": "license_renewal", "chaos": "none",
+                                                      "rules": rules})
+            ticket = env.runtime.state.target["ticket"]
+            env.step({"app": "ticketdesk", "method": "add_comment",
+                      "params": {"ticket_id": ticket, "text": "does not qualify"}})
+            env.step({"app": "ticketdesk", "method": "update_ticket",
+                      "params": {"ticket_id": ticket, "field": "status", "value": "closed"}})
+            ended[rules] = (info["episode_id"], env.state["outcome"])
+        assert ended[1][1] == "success" and ended[2][1] == "failure"
+        for episode_id, _ in ended.values():
+            result = rerun(env.store, episode_id)
+            assert result.match and result.rerun_digest == env.store.stream_digest(episode_id)

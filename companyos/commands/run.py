@@ -32,6 +32,9 @@ def run(
                                    "episodes 16 at a time (faster; a crash loses the episodes under "
                                    "way and up to 15 ended ones a worker held)."),
     reward_profile: str = typer.Option("default", help="default or sparse."),
+    rules: int | None = typer.Option(None, help="The rules version the episodes are judged by "
+                                     "(default: the latest; 1 to compare with logs written before "
+                                     "rules versions existed)."),
     db: str | None = DbOption,
     as_json: bool = JsonOption,
 ) -> None:
@@ -40,7 +43,7 @@ def run(
     from companyos.batch import run as run_plan
 
     plan = RunPlan(resolve_db(db), agent, task, chaos, episodes, seed, durability,
-                   reward_profile)
+                   reward_profile, rules)
     try:
         validate(plan)
     except ValueError as exc:  # one `error:` line (exit 2), as every command says a wrong value
@@ -82,6 +85,7 @@ def _report(plan, results: list, as_json: bool, cut_short: str | None = None) ->
     """The run's summary and, with --json, every episode's result, on stdout; a run cut short is
     marked `"interrupted": true` (Ctrl-C) or `"failed": true` (an error)."""
     from companyos.batch import stop_signals_deferred, summarise
+    from domain import checked_rules
 
     # a stop signal (a second Ctrl-C, a SIGTERM as the run ends) takes effect once the report
     # is out: cutting it short left a reader of --json a truncated document, or none. A run
@@ -89,7 +93,8 @@ def _report(plan, results: list, as_json: bool, cut_short: str | None = None) ->
     with stop_signals_deferred(stopping=cut_short == "interrupted"):
         summary = summarise(results)
         if as_json:
-            document = {"summary": summary, "episodes": [r.to_json() for r in results]}
+            document = {"rules": checked_rules(plan.rules), "summary": summary,
+                        "episodes": [r.to_json() for r in results]}
             if cut_short:
                 document[cut_short] = True
             sys.stdout.buffer.write(orjson.dumps(document) + b"\n")
@@ -115,7 +120,10 @@ def seed_ranges(seeds: list[int], shown: int | None = 6) -> str:
 def _print_summary(plan, summary: dict) -> None:
     from rich.table import Table
 
-    table = Table(title=f"{plan.agent} agent, task {plan.task}, chaos {plan.chaos}")
+    from domain import checked_rules
+
+    table = Table(title=f"{plan.agent} agent, task {plan.task}, chaos {plan.chaos}, "
+                        f"rules {checked_rules(plan.rules)}")
     table.add_column("metric")
     table.add_column("value", justify="right")
     table.add_row("episodes", str(summary["episodes"]))

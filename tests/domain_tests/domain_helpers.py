@@ -7,10 +7,10 @@ from domain import EpisodeSpec, observe, reset, step
 
 
 def play(task: str, seed: int, chaos, agent: str = "expert", agent_seed: int | None = None,
-         profile: str = "default", max_steps: int | None = None):
+         profile: str = "default", max_steps: int | None = None, rules: int | None = None):
     """Run one episode; returns (final state, list of per-step event lists incl. reset)."""
     a = make_agent(agent, seed if agent_seed is None else agent_seed)
-    s, events, info = reset(EpisodeSpec(task, seed, chaos, profile, max_steps))
+    s, events, info = reset(EpisodeSpec(task, seed, chaos, profile, max_steps, rules))
     obs = observe(s, info)
     a.reset(obs)
     steps = [events]

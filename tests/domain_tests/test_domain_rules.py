@@ -113,7 +113,8 @@ def test_no_milestone_pays_twice():
 
 
 def test_milestones_cannot_be_farmed():
-    s, _, _ = reset(EpisodeSpec("expense_report", 3, "none"))
+    # rules version 1 pays for verifying at any time: the farm below is the one paying once stops
+    s, _, _ = reset(EpisodeSpec("expense_report", 3, "none", rules=1))
     main, metric = s.target["ticket"], s.target["metric"]
     farm = [act("datahub", "query_metric", metric_name=metric),
             act("ticketdesk", "update_ticket", ticket_id=main, field="verified", value=True),

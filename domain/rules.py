@@ -1,0 +1,40 @@
+"""Versions of the task rules: what counts as success, as a mistake and as a milestone.
+
+A log keeps the version its episodes were judged by, so a fix to the rules changes new episodes
+only: an old log still re-runs to the same events and digests. Version 1 is the rule set of every
+log written before versions existed; its episodes carry no version at all (their ``EpisodeStarted``
+is byte for byte what it was), later ones carry ``"rules"`` in the hidden ``target``.
+"""
+
+from __future__ import annotations
+
+RULES_VERSIONS: dict[int, str] = {
+    1: "the first rule set: a decline succeeds without reading the data; the decision metric's "
+       "last read alone says whether a wrong decision was made on stale data; verifying the "
+       "task's ticket pays at any time",
+    2: "a decline closed without a fresh read of the decision metric is an irreversible mistake; "
+       "a wrong decision after the metric went stale again is blamed on stale data; verifying "
+       "the task's ticket pays only once it is linked to the approved request",
+}
+CURRENT_RULES = max(RULES_VERSIONS)
+
+
+def checked_rules(value: object) -> int:
+    """`value` as a rules version (None: the current one); a ValueError naming the versions otherwise."""
+    if value is None:
+        return CURRENT_RULES
+    if isinstance(value, bool) or not isinstance(value, int) or value not in RULES_VERSIONS:
+        raise ValueError(f"no rules version {value!r}; the versions are "
+                         f"{', '.join(str(v) for v in RULES_VERSIONS)}")
+    return value
+
+
+def stamped(target: dict, version: int) -> dict:
+    """The hidden target of an episode judged by `version` (version 1 leaves it as it was)."""
+    return target if version == 1 else {**target, "rules": version}
+
+
+def rules_of(target: object) -> int:
+    """The rules version an episode's target names (1 for logs that name none; a damaged log's
+    target that is no object names none either)."""
+    return target.get("rules", 1) if type(target) is dict else 1

@@ -1,0 +1,129 @@
+"""Rules versions: version 2 closes the gaps version 1 left, and version 1 still judges as it did,
+so a log written before versions existed re-runs to the same events."""
+
+from __future__ import annotations
+
+import pytest
+from domain_helpers import find_seed, play
+
+from domain import (
+    CURRENT_RULES,
+    RULES_VERSIONS,
+    TASK_FAMILIES,
+    EpisodeSpec,
+    checked_rules,
+    reset,
+    rules_of,
+    step,
+)
+from domain.events import EpisodeStarted, MetricWentStale, RewardGranted
+
+
+def act(app, method, **params):
+    return {"app": app, "method": method, "params": params}
+
+
+def _decline_seed(task="license_renewal", chaos="none"):
+    return find_seed(task, chaos, lambda ev: ev[0].target["expected"] == "decline")
+
+
+def _comment_and_close(s):
+    ticket = s.target["ticket"]
+    s, _, _ = step(s, act("ticketdesk", "add_comment", ticket_id=ticket, text="does not qualify"))
+    s, events, _ = step(s, act("ticketdesk", "update_ticket", ticket_id=ticket, field="status",
+                               value="closed"))
+    return s, events
+
+
+def test_the_latest_rules_are_the_default_and_version_1_leaves_the_start_as_it_was():
+    assert CURRENT_RULES == max(RULES_VERSIONS) == 2
+    assert checked_rules(None) == CURRENT_RULES
+    old, _, _ = reset(EpisodeSpec("expense_report", 3, "medium", rules=1))
+    new, events, _ = reset(EpisodeSpec("expense_report", 3, "medium"))
+    assert "rules" not in old.target and rules_of(old.target) == 1  # as every log before versions
+    assert type(events[0]) is EpisodeStarted and events[0].target["rules"] == 2 == rules_of(new.target)
+    assert {k: v for k, v in new.target.items() if k != "rules"} == old.target
+    for bad in (0, 3, True, "2", 2.0):
+        with pytest.raises(ValueError, match="no rules version"):
+            reset(EpisodeSpec("expense_report", 3, "medium", rules=bad))
+
+
+def test_a_blind_decline_succeeds_under_version_1_and_is_an_irreversible_mistake_under_2():
+    seed = _decline_seed()
+    old, _ = _comment_and_close(reset(EpisodeSpec("license_renewal", seed, "none", rules=1))[0])
+    assert old.outcome == "success"
+    new, events = _comment_and_close(reset(EpisodeSpec("license_renewal", seed, "none"))[0])
+    assert (new.outcome, new.failure_mode) == ("failure", "irreversible_action")
+    assert "without a fresh read" in new.mistakes[0].detail
+    assert any(type(e) is RewardGranted and e.rule == "irreversible_mistake" for e in events)
+
+
+def test_a_decline_after_a_fresh_read_succeeds_and_after_a_stale_one_is_blamed_on_stale_data():
+    seed = _decline_seed()
+    s, _, _ = reset(EpisodeSpec("license_renewal", seed, "none"))
+    s, _, info = step(s, act("datahub", "query_metric", metric_name=s.target["metric"]))
+    assert not info.result["stale"]
+    assert _comment_and_close(s)[0].outcome == "success"
+
+    def stale_decline(ev):
+        return ev[0].target["expected"] == "decline" and any(
+            type(e) is MetricWentStale and e.name == ev[0].target["metric"] for e in ev)
+    seed = find_seed("license_renewal", "high", stale_decline)
+    for rules, outcome, mode in ((1, "success", None), (2, "failure", "stale_data_used")):
+        s, _, _ = reset(EpisodeSpec("license_renewal", seed, "high", rules=rules))
+        while True:  # a transient outage refuses the query: ask again
+            s, _, info = step(s, act("datahub", "query_metric", metric_name=s.target["metric"]))
+            if info.result is not None:
+                break
+        assert info.result["stale"]
+        s, _ = _comment_and_close(s)
+        while not s.done and s.world.ticketdesk.tickets[s.target["ticket"]]["status"] != "closed":
+            s, _ = _comment_and_close(s)  # an outage again
+        assert (s.outcome, s.failure_mode) == (outcome, mode)
+
+
+def _stale_again_after_a_fresh_read(rules):
+    """A proceed instance whose metric went stale again right after its first fresh read: closing
+    its ticket then is a wrong decision made on data that moved on."""
+    for task in TASK_FAMILIES:
+        for seed in range(300):
+            s, _, _ = reset(EpisodeSpec(task, seed, 1.0, rules=rules))
+            tg = s.target
+            if (tg["expected"] != "proceed" or s.world.datahub.metrics[tg["metric"]]["stale"]
+                    or s.world.ticketdesk.tickets[tg["ticket"]]["blocked_by"] is not None):
+                continue
+            s, events, info = step(s, act("datahub", "query_metric", metric_name=s.target["metric"]))
+            if info.result is None or info.result["stale"]:
+                continue
+            if any(type(e) is MetricWentStale and e.mechanism == "stale_again" for e in events):
+                ticket = s.target["ticket"]
+                s, _, info = step(s, act("ticketdesk", "update_ticket", ticket_id=ticket,
+                                         field="status", value="closed"))
+                if s.done:
+                    return s
+    raise AssertionError("no instance found")
+
+
+def test_a_wrong_decision_after_the_metric_went_stale_again_is_blamed_on_stale_data_from_version_2():
+    assert _stale_again_after_a_fresh_read(1).failure_mode == "wrong_decision"
+    assert _stale_again_after_a_fresh_read(2).failure_mode == "stale_data_used"
+
+
+def _grants(events):
+    return [e.rule for e in events if type(e) is RewardGranted]
+
+
+def test_verifying_pays_only_once_the_ticket_is_linked_to_the_approved_request_from_version_2():
+    seed = find_seed("expense_report", "none", lambda ev: ev[0].target["expected"] == "proceed")
+    verify = act("ticketdesk", "update_ticket", ticket_id=None, field="verified", value=True)
+    for rules, paid in ((1, ["step", "verify_ticket"]), (2, ["step"])):
+        s, _, _ = reset(EpisodeSpec("expense_report", seed, "none", rules=rules))
+        verify["params"]["ticket_id"] = s.target["ticket"]
+        s, events, _ = step(s, verify)
+        assert s.world.ticketdesk.tickets[s.target["ticket"]]["verified"]
+        assert _grants(events) == paid
+    # the expert verifies once the request is approved and linked: version 2 pays it then
+    for rules in (1, 2):
+        s, steps = play("expense_report", seed, "none", rules=rules)
+        assert s.outcome == "success"
+        assert [g for events in steps for g in _grants(events)].count("verify_ticket") == 1
