@@ -194,10 +194,13 @@ FROM f
 _START = """
 CREATE OR REPLACE TEMP TABLE t_start AS
 SELECT stream_id, x[1] AS task, TRY_CAST(x[2] AS BIGINT) AS seed, TRY_CAST(x[3] AS DOUBLE) AS chaos,
-       x[4] AS reward_profile, TRY_CAST(x[5] AS INTEGER) AS max_steps, m[1] AS agent, m[2] AS started_at
+       x[4] AS reward_profile, TRY_CAST(x[5] AS INTEGER) AS max_steps,
+       -- domain.rules_of: a target naming no rules version was judged by version 1
+       CASE WHEN x[6] IS NULL THEN 1 ELSE TRY_CAST(x[6] AS INTEGER) END AS rules,
+       m[1] AS agent, m[2] AS started_at
 FROM (SELECT stream_id,
              json_extract_string(data, ['$.task', '$.seed', '$.chaos', '$.reward_profile',
-                                        '$.max_steps']) AS x,
+                                        '$.max_steps', '$.target.rules']) AS x,
              json_extract_string(meta, ['$.agent', '$.recorded_at']) AS m
       FROM ({source}) WHERE version = 0)
 """
@@ -354,7 +357,7 @@ lead AS (
     GROUP BY s.episode_id
 )
 SELECT t.stream_id AS episode_id,
-       st.task, st.seed, st.chaos, st.agent, st.reward_profile, st.max_steps,
+       st.task, st.seed, st.chaos, st.agent, st.reward_profile, st.max_steps, st.rules,
        en.x[1] AS outcome,
        en.x[2] AS failure_mode,
        coalesce(TRY_CAST(en.x[3] AS INTEGER), a.actions, 0) AS steps,

@@ -17,7 +17,7 @@ from typing import Any
 
 from analytics.service import rows_of, run_named
 from analytics.warehouse import Warehouse
-from domain import CHAOS_LEVELS, reward_profile, task_family
+from domain import CHAOS_LEVELS, checked_rules, reward_profile, task_family
 from domain.chaos import level_text, parse_chaos
 from domain.labels import control_character
 
@@ -35,10 +35,12 @@ SELECT count(*) AS episodes,
        round_decimal(avg(steps) FILTER (WHERE outcome IS NOT NULL), 2) AS mean_steps,
        -- as compare_agents labels and counts them: agents with a finished episode
        count(DISTINCT coalesce(agent, '(unknown)')) FILTER (WHERE outcome IS NOT NULL) AS agents,
-       count(DISTINCT task) FILTER (WHERE outcome IS NOT NULL) AS tasks
+       count(DISTINCT task) FILTER (WHERE outcome IS NOT NULL) AS tasks,
+       list(DISTINCT rules ORDER BY rules) AS rules_versions
 FROM episodes
 WHERE ($agent IS NULL OR agent = $agent) AND ($task IS NULL OR task = $task)
   AND ($chaos IS NULL OR chaos = $chaos) AND ($profile IS NULL OR reward_profile = $profile)
+  AND ($rules IS NULL OR rules = $rules)
 """
 
 # Success per agent and chaos level, for the report's chart when it covers several agents: one
@@ -51,17 +53,19 @@ SELECT coalesce(agent, '(unknown)') AS agent, chaos,
 FROM episodes
 WHERE outcome IS NOT NULL AND ($task IS NULL OR task = $task)
   AND ($chaos IS NULL OR chaos = $chaos) AND ($profile IS NULL OR reward_profile = $profile)
+  AND ($rules IS NULL OR rules = $rules)
 GROUP BY ALL
 ORDER BY agent, chaos NULLS LAST
 """
 
 
 def check_filters(agent: str | None, task: str | None, chaos: str | None = None,
-                  profile: str | None = None) -> None:
+                  profile: str | None = None, rules: str | int | None = None) -> None:
     """ValueError, in words, for a filter no episode can match (every section would be empty):
-    a task naming no family, an empty agent, a chaos level that is none, a reward profile that is
-    none; so a caller can say so before it syncs."""
+    a task naming no family, an empty agent, a chaos level that is none, a reward profile or rules
+    version that is none; so a caller can say so before it syncs."""
     agent, task, profile = _stripped(agent), _stripped(task), _stripped(profile)
+    rules_version(rules)
     if task is not None:
         task_family(task)
     if chaos is not None:
@@ -75,13 +79,23 @@ def check_filters(agent: str | None, task: str | None, chaos: str | None = None,
                          f"(it holds {control!r})")
 
 
+def rules_version(value: str | int | None) -> int | None:
+    """A rules-version filter as its number (text from a form or URL too); a ValueError naming the
+    versions when it is none of them."""
+    if isinstance(value, str):
+        value = value.strip()
+        value = int(value) if re.fullmatch(r"[0-9]{1,9}", value) else value
+    return None if value is None else checked_rules(value)
+
+
 def build(wh: Warehouse, agent: str | None = None, task: str | None = None,
-          chaos: str | None = None, profile: str | None = None) -> dict[str, Any]:
+          chaos: str | None = None, profile: str | None = None,
+          rules: str | int | None = None) -> dict[str, Any]:
     """Every section of the report as rows (JSON-able)."""
     started = time.perf_counter()
     # as the named queries take them; the chaos level as its number, shown as given
     shown = {"agent": _stripped(agent), "task": _stripped(task), "chaos": _stripped(chaos),
-             "profile": _stripped(profile)}
+             "profile": _stripped(profile), "rules": rules_version(rules)}
     f = {**shown, "chaos": None if chaos is None else parse_chaos(chaos)}
     task = f["task"]
     summary = rows_of(wh.con.execute(_SUMMARY, f))[0]
@@ -96,12 +110,18 @@ def build(wh: Warehouse, agent: str | None = None, task: str | None = None,
         "first_mistake_step": run_named(wh, "first_mistake_step", f),
         "chaos_impact": run_named(wh, "chaos_impact", f),
         "compare_agents": (run_named(wh, "compare_agents",
-                                     {"task": task, "chaos": f["chaos"], "profile": f["profile"]})
+                                     {"task": task, "chaos": f["chaos"], "profile": f["profile"],
+                                      "rules": f["rules"]})
                            if agent is None else []),
     }
     tools = run_named(wh, "tool_error_rates", {**f, "min_calls": 1})
     data["tool_error_rates"] = tools[:TOOL_ROWS]
     data["notes"] = {}
+    if len(versions := summary.pop("rules_versions") or []) > 1:
+        data["notes"]["summary"] = (
+            f"These episodes were judged by rules versions {' and '.join(map(str, versions))}, which "
+            "count success and mistakes differently: the rates mix them. Narrow the report to one "
+            "version (--rules, or ?rules= in the UI) to compare like with like.")
     agents = agent_count(data["success_by_agent_and_chaos"])
     levels = {r["chaos"] for r in data["success_by_chaos"]}
     if data["chaos_impact"] and (agents or len(levels) > 1):
@@ -149,7 +169,8 @@ def success_by_chaos(by_task_and_chaos: list[dict[str, Any]]) -> list[dict[str, 
 def by_agent_and_chaos(wh: Warehouse, f: dict[str, Any]) -> list[dict[str, Any]]:
     """Success per agent and chaos level; [] when the episodes are one agent's (the plain
     success-by-chaos rows say it all then)."""
-    rows = rows_of(wh.con.execute(_BY_AGENT_AND_CHAOS, {k: f[k] for k in ("task", "chaos", "profile")}))
+    rows = rows_of(wh.con.execute(_BY_AGENT_AND_CHAOS,
+                                  {k: f[k] for k in ("task", "chaos", "profile", "rules")}))
     return rows if agent_count(rows) > 1 else []
 
 
@@ -311,6 +332,8 @@ def _escaped(match: re.Match[str]) -> str:
 
 def to_markdown(data: dict[str, Any]) -> str:
     out = [f"# {_md(report_title(data))}", "", summary_line(data["summary"]), ""]
+    if note := data["notes"].get("summary"):
+        out += [note, ""]
     for key, title in SECTIONS:
         rows = data[key]
         if not rows:
@@ -674,6 +697,7 @@ def html_body(data: dict[str, Any], episode_href: Callable[[str], str] | None = 
     body = [f"<h1>{_html_title(data)}</h1>",
             '<div class="summary">' + "".join(f'<span class="kpi">{_esc(k)}<b>{_esc(v)}</b></span>'
                                               for k, v in kpis) + "</div>",
+            *([f"<p>{_esc(note)}</p>"] if (note := data["notes"].get("summary")) else []),
             '<div class="charts">' + "".join(charts(data)) + "</div>"]
     for key, title in SECTIONS:
         rows = data[key]

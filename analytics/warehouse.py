@@ -29,9 +29,10 @@ from eventstore import shown_url
 from eventstore.engine import normalise_url, sqlite_file
 
 # Bump when the derived tables' definition changes: a warehouse built by older code is rebuilt.
-DERIVE_VERSION = 5  # 2: lead_in ends at the decisive step; 3: a finished episode's return unrounded;
+DERIVE_VERSION = 6  # 2: lead_in ends at the decisive step; 3: a finished episode's return unrounded;
 # 4: a rejection that was handled is not a mistake (first_mistake_step, first_mistake_mode, mistakes);
-# 5: an action whose app or method is no string is '(malformed)', not a tool named after its JSON
+# 5: an action whose app or method is no string is '(malformed)', not a tool named after its JSON;
+# 6: episodes.rules (the rebuild recreates the tables, so the column is there)
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sync_state (key VARCHAR PRIMARY KEY, value VARCHAR NOT NULL);
@@ -52,6 +53,7 @@ CREATE TABLE IF NOT EXISTS episodes (
     agent VARCHAR,
     reward_profile VARCHAR,
     max_steps INTEGER,
+    rules INTEGER,                -- the rules version the episode was judged by (1 when unnamed)
     outcome VARCHAR,              -- success | failure | truncated | NULL while running
     failure_mode VARCHAR,         -- exactly one for every finished non-success
     steps INTEGER,                -- agent actions taken
@@ -238,13 +240,15 @@ class Warehouse:
             "INSERT OR REPLACE INTO sync_state VALUES (?, ?)", [(k, str(v)) for k, v in values.items()])
 
     def reset(self) -> None:
-        """Forget everything: the next sync reads the store from position 0."""
+        """Forget everything: the next sync reads the store from position 0. The tables are made
+        anew, so a warehouse built by older code gains the columns the derivation now writes."""
         if self.read_only:
             raise WarehouseError(f"cannot rebuild the warehouse {self.path}: {NOT_WRITABLE}")
         with self.writing():
             self.con.execute("BEGIN")
             for table in ("events", "episodes", "steps", "rewards", "sync_state"):
-                self.con.execute(f"DELETE FROM {table}")
+                self.con.execute(f"DROP TABLE IF EXISTS {table}")
+            self._create()
             self.con.execute("COMMIT")
             self.con.execute("CHECKPOINT")
 

@@ -129,9 +129,9 @@ def ui_router(log: EpisodeLog, db: str | Callable[[], str], warehouse: str | Non
     async def analytics(request: Request) -> HTMLResponse:
         """The failure-mode report over the warehouse, synced with the store first."""
         try:
-            filters = _params(request, "agent", "task", "chaos", "profile")
+            filters = _params(request, "agent", "task", "chaos", "profile", "rules")
             report.check_filters(filters.get("agent"), filters.get("task"), filters.get("chaos"),
-                                 filters.get("profile"))
+                                 filters.get("profile"), filters.get("rules"))
         except ValueError as exc:  # BadParameter included
             return error_page(400, str(exc))
         try:
@@ -165,7 +165,7 @@ async def _under_root_path(request: Request) -> None:
 
 def report_data(db_url: str, warehouse: str | None, filters: dict[str, str]) -> dict[str, Any]:
     """The report's data over the warehouse, synced with the store first (as GET /analytics/{name});
-    `filters`: agent, task, chaos and profile, each optional."""
+    `filters`: agent, task, chaos, profile and rules, each optional."""
     with service.synced(db_url, warehouse) as wh:
         return report.build(wh, **filters)
 

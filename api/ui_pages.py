@@ -31,7 +31,7 @@ from api.ui_html import (
     views_url,
 )
 from api.ui_timeline import Step
-from domain import CHAOS_LEVELS, FAILURE_MODES, REWARD_PROFILES, TASK_FAMILIES
+from domain import CHAOS_LEVELS, FAILURE_MODES, REWARD_PROFILES, RULES_VERSIONS, TASK_FAMILIES
 from domain.tools import APPS
 from projections.episodes import OUTCOMES
 
@@ -341,6 +341,7 @@ def analytics_page(report_body: str, filters: dict[str, str]) -> HTMLResponse:
         + select("task", "task", TASK_FAMILIES, filters.get("task"))
         + select("chaos", "chaos", _chaos_choices(filters.get("chaos")), filters.get("chaos"))
         + select("profile", "profile", REWARD_PROFILES, filters.get("profile"))
+        + select("rules", "rules", [str(v) for v in RULES_VERSIONS], filters.get("rules"))
         + text_input("agent", "agent", filters.get("agent"))
         + f'<button type="submit">Filter</button><a href="{here}">clear</a></form>')
     return page("Analytics", form + report_body, head=f"<style>{REPORT_CSS}</style>")

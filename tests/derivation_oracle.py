@@ -25,7 +25,8 @@ from eventstore import EventStore
 STEP_COLUMNS = ("episode_id", "task", "agent", "chaos", "step", "position", "version", "app", "method",
                 "tool", "accepted", "reject_code", "reject_reason", "reject_cause", "reward", "mistake",
                 "chaos_events", "chaos_now", "chaos_active", "terminal")
-EPISODE_COLUMNS = ("episode_id", "task", "seed", "chaos", "agent", "reward_profile", "max_steps", "outcome",
+EPISODE_COLUMNS = ("episode_id", "task", "seed", "chaos", "agent", "reward_profile", "max_steps", "rules",
+                   "outcome",
                    "failure_mode", "steps", "total_return", "reward_sum", "first_mistake_step",
                    "first_mistake_mode", "mistakes", "first_rejection_step", "rejected_actions",
                    "chaos_events", "chaos_mechanisms", "lead_in", "started_at", "first_position",
@@ -131,8 +132,11 @@ def _episode(stream_id: str, events: list) -> tuple[list[tuple], tuple, list[tup
     agent = text(meta.get("agent"))
     steps = _steps(facts, (stream_id, task, agent, chaos_level))
     rewards = _rewards(stream_id, facts, {row[POSITION]: row[STEP] for row in steps})
+    target = started.get("target")
+    named = target.get("rules") if isinstance(target, dict) else None  # domain.rules_of
     started_as = (stream_id, task, integer(started.get("seed")), chaos_level, agent,
-                  text(started.get("reward_profile")), integer(started.get("max_steps")))
+                  text(started.get("reward_profile")), integer(started.get("max_steps")),
+                  1 if named is None else integer(named))
     return steps, _episode_row(started_as, events, facts, steps, rewards), rewards
 
 

@@ -20,7 +20,7 @@ import pytest
 from analytics import service, synthetic
 from analytics.named import QueryError, UnknownQuery
 from analytics.sync import sync
-from analytics.warehouse import Warehouse, WarehouseError, store_label
+from analytics.warehouse import DERIVE_VERSION, Warehouse, WarehouseError, store_label
 from eventstore import GENESIS_DIGEST, CorruptCommit, EventStore, NewEvent, chain_digest
 from eventstore.packing import SEPARATOR, payload_columns, payload_text
 from tests.conftest import start_slow_sync
@@ -1209,8 +1209,9 @@ def test_parameters_drop_surrounding_whitespace_whatever_their_type(tmp_path):
 
     query = named.get("failure_modes")
     assert query.bind(named.parse_assignments(["task= expense_report ", "agent= a", "chaos= medium",
-                                               "profile= sparse ", "examples= 2"])) == {
-        "task": "expense_report", "agent": "a", "chaos": 0.5, "profile": "sparse", "examples": 2}
+                                               "profile= sparse ", "examples= 2", "rules= 2 "])) == {
+        "task": "expense_report", "agent": "a", "chaos": 0.5, "profile": "sparse", "examples": 2,
+        "rules": 2}
     assert query.bind({"agent": " a "})["agent"] == "a"  # JSON and query strings too
 
 
@@ -1481,3 +1482,69 @@ def test_a_percent_axis_shows_its_ticks_as_they_are():
     chart = report.bar_chart(["a", "b"], [0.41, 0.2], title="t", zoom=True)  # to a 50% top
     ticks = re.findall(r'fill="#666">([^<]+)</text>', chart)
     assert ticks == ["50%", "37.5%", "25%", "12.5%", "0%"], ticks
+
+
+def _blind_declines(url: str, seeds: range) -> dict[int, int]:
+    """License renewals commented on and closed without a read, judged by rules versions 1 and 2;
+    returns the successes per version, as each episode ended."""
+    from companyos.env import CompanyEnv
+
+    successes = {1: 0, 2: 0}
+    with CompanyEnv(url, agent="blind") as env:
+        for rules in successes:
+            for seed in seeds:
+                env.reset(seed=seed, options={"task": "license_renewal", "chaos": "none", "rules": rules})
+                ticket = env.runtime.state.target["ticket"]
+                for params in ({"ticket_id": ticket, "text": "no"},
+                               {"ticket_id": ticket, "field": "status", "value": "closed"}):
+                    if not env.state["done"]:
+                        env.step({"app": "ticketdesk", "params": params,
+                                  "method": "add_comment" if "text" in params else "update_ticket"})
+                successes[rules] += env.state["outcome"] == "success"
+    return successes
+
+
+def test_episodes_judged_by_each_rules_version_are_told_apart(tmp_path):
+    from analytics import report
+
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    successes = _blind_declines(url, range(30))
+    assert successes[1] > 0 == successes[2]  # a blind decline succeeds under version 1 alone
+    with Warehouse(tmp_path / "w.duckdb") as wh:
+        sync(url, wh)
+        assert dict(wh.con.execute("SELECT rules, count(*) FROM episodes GROUP BY rules").fetchall()) \
+            == {1: 30, 2: 30}
+        for rules, expected in successes.items():
+            rows = service.run_named(wh, "success_by_task_and_chaos", {"rules": rules})
+            assert sum(r["successes"] for r in rows) == expected
+            agents = service.run_named(wh, "compare_agents", {"rules": str(rules)})  # text, as a URL gives it
+            assert sum(r["episodes"] for r in agents) == 30
+        mixed = report.build(wh)
+        assert "rules versions 1 and 2" in mixed["notes"]["summary"]
+        assert "rules versions 1 and 2" in report.to_markdown(mixed) and "--rules" in report.to_html(mixed)
+        one = report.build(wh, rules=" 1 ")
+        assert one["filters"] == {"rules": 1} and "summary" not in one["notes"]
+        assert one["summary"]["successes"] == successes[1] and "rules=1" in report.report_title(one)
+        with pytest.raises(QueryError, match="'rules' must be at least 1"):
+            service.run_named(wh, "failure_modes", {"rules": "0"})
+    for bad in ("3", "one", 0):
+        with pytest.raises(ValueError, match="no rules version"):
+            report.check_filters(None, None, rules=bad)
+
+
+def test_a_warehouse_derived_by_older_code_is_rebuilt_with_the_columns_now_derived(tmp_path):
+    """Derivation version 5 had no `rules` column: the sync finds the older version, makes the
+    tables anew and fills them, where emptying them kept the old columns."""
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    _blind_declines(url, range(4))
+    with Warehouse(tmp_path / "fresh.duckdb") as wh:
+        sync(url, wh)
+        fresh = {name: wh.con.execute(sql).fetchall() for name, sql in TABLES.items()}
+    with Warehouse(tmp_path / "old.duckdb") as wh:
+        sync(url, wh)
+        wh.con.execute("ALTER TABLE episodes DROP COLUMN rules")
+        wh.con.execute("UPDATE sync_state SET value = '5' WHERE key = 'derive_version'")
+    with Warehouse(tmp_path / "old.duckdb") as wh:
+        sync(url, wh)
+        assert {name: wh.con.execute(sql).fetchall() for name, sql in TABLES.items()} == fresh
+        assert wh.state()["derive_version"] == str(DERIVE_VERSION)

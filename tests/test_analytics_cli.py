@@ -138,8 +138,8 @@ def test_pass_at_k_over_repeated_seeds(logged, tmp_path, cli):
     out = cli("query", "pass_at_k", "--param", "k=3", "--param", "agent=expert",
               "--db", url, "--warehouse", str(tmp_path / "w.duckdb"))
     assert out.exit_code == 0, out.output
-    assert "note: no instance (agent, task, seed, chaos, step budget, reward profile) has 3 trials" \
-        in out.stderr, out.stderr
+    assert ("note: no instance (agent, task, seed, chaos, step budget, reward profile, rules version) "
+            "has 3 trials") in out.stderr, out.stderr
 
 
 def test_answers_that_leave_out_logged_events_say_so(fresh_pg_url, tmp_path, cli):
@@ -513,6 +513,21 @@ def test_the_report_and_queries_narrow_to_one_reward_profile(tmp_path, cli):
     assert not (tmp_path / "x.duckdb").exists()
     out = cli("query", "failure_modes", "-p", "profile=dense", "--db", url, "--warehouse", wh)
     assert out.exit_code == 2 and "must be a reward profile (default, sparse)" in out.output, out.output
+
+
+def test_the_report_narrows_to_one_rules_version_and_says_when_it_mixes_them(tmp_path, cli):
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    for seed, rules in ((0, 1), (6, None)):
+        run_plan(RunPlan(url, "random", "all", "none", 6, seed, "episode", "default", rules), workers=1)
+    wh = str(tmp_path / "w.duckdb")
+    out = cli("report", "--db", url, "--warehouse", wh)
+    assert out.exit_code == 0 and "judged by rules versions 1 and 2" in " ".join(out.stdout.split())
+    out = cli("report", "--markdown", "--rules", "1", "--db", url, "--warehouse", wh)
+    assert out.exit_code == 0 and "rules=1" in out.stdout and "6 episodes" in out.stdout, out.output
+    assert "rules versions" not in out.stdout
+    out = cli("report", "--rules", "9", "--db", url, "--warehouse", str(tmp_path / "x.duckdb"))
+    assert out.exit_code == 2 and "no rules version 9; the versions are 1, 2" in out.output, out.output
+    assert not (tmp_path / "x.duckdb").exists()
 
 
 def test_a_report_over_no_matching_episodes_says_n_a_not_none(logged, tmp_path, cli):

@@ -29,11 +29,14 @@ def store_url(tmp_path_factory):
     batches), synthetic ones whose appends cut steps in half and episodes left open, and two
     hand-written ones for cases the others do not reach."""
     url = f"sqlite:///{tmp_path_factory.mktemp('derive') / 'companyos.db'}"
-    for agent, chaos, n, seed, durability, profile in (
-            ("random", "high", 40, 0, "step", "default"), ("expert", "medium", 30, 0, "episode", "default"),
-            ("random", "medium", 30, 500, "episode", "sparse"), ("noop", "low", 10, 900, "step", "default"),
-            ("expert", "high", 20, 40, "step", "sparse"), ("random", "low", 20, 60, "episode", "default")):
-        run_plan(RunPlan(url, agent, "all", chaos, n, seed, durability, profile), workers=1)
+    for agent, chaos, n, seed, durability, profile, rules in (
+            ("random", "high", 40, 0, "step", "default", None),
+            ("expert", "medium", 30, 0, "episode", "default", None),
+            ("random", "medium", 30, 500, "episode", "sparse", 1),
+            ("noop", "low", 10, 900, "step", "default", None),
+            ("expert", "high", 20, 40, "step", "sparse", 1),
+            ("random", "low", 20, 60, "episode", "default", None)):
+        run_plan(RunPlan(url, agent, "all", chaos, n, seed, durability, profile, rules), workers=1)
     with EventStore.open(url) as store:
         for i, ep in enumerate(synthetic.episodes(40, seed=3, start=0)):
             events = ep.events if i % 5 else ep.events[: len(ep.events) // 2]  # every fifth left open
@@ -84,3 +87,4 @@ def test_the_episodes_cover_what_the_derivation_must_handle(expected):
     assert {"success", "failure", "truncated", None} <= outcomes  # None: left open
     assert any(ep[e["lead_in"]] for ep in episodes if ep[e["outcome"]] in ("failure", "truncated"))
     assert {ep[e["reward_profile"]] for ep in episodes} >= {"default", "sparse"}
+    assert {ep[e["rules"]] for ep in episodes} == {1, 2}  # runs at each version, synthetic ones name none

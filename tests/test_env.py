@@ -365,7 +365,8 @@ def test_a_run_of_no_episodes_has_no_success_rate_or_means(tmp_path):
     command = [sys.executable, "-m", "companyos", "run", "--episodes", "0", "--db", url]
     document = json.loads(subprocess.run([*command, "--json"], capture_output=True, text=True,
                                          check=True).stdout)
-    assert document == {"rules": domain.CURRENT_RULES, "summary": {"episodes": 0, "success_rate": None, "outcomes": {}, "mean_return": None,
+    assert document == {"rules": domain.CURRENT_RULES,
+                        "summary": {"episodes": 0, "success_rate": None, "outcomes": {}, "mean_return": None,
                                     "std_return": None, "mean_steps": None, "failure_modes": {}},
                         "episodes": []}
     table = subprocess.run(command, capture_output=True, text=True, check=True).stdout

@@ -206,6 +206,15 @@ def test_a_seeded_reset_plays_the_company_env_episode_of_that_seed(sqlite_url, s
     assert "episode_id" not in gym_info and env.episode_id is not None
 
 
+def test_the_rules_version_is_a_default_of_every_reset_that_a_reset_may_override(sqlite_url):
+    env = CompanyOSGym(db=sqlite_url, rules=1)
+    env.reset(seed=3)
+    assert env.env.state["rules"] == 1
+    env.reset(seed=3, options={"rules": 2})
+    assert env.env.state["rules"] == 2
+    env.close()
+
+
 def test_make_by_id_builds_the_env_and_renders_ansi(sqlite_url):
     env = gymnasium.make(ENV_ID, db=sqlite_url, task="bug_escalation", chaos="none", render_mode="ansi")
     try:

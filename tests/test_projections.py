@@ -1046,3 +1046,35 @@ def test_rerun_judges_each_episode_by_the_rules_version_it_was_logged_with(tmp_p
         for episode_id, _ in ended.values():
             result = rerun(env.store, episode_id)
             assert result.match and result.rerun_digest == env.store.stream_digest(episode_id)
+
+
+def test_episodes_logged_before_rules_versions_existed_replay_to_their_digests(tmp_path):
+    """tests/data/pre_versions_episodes.jsonl holds 46 episodes the code before rules versions
+    logged (random and expert agents at four chaos levels; blind declines, which that code let
+    succeed; early verifications): their specs, actions and stream digests. Played again under
+    version 1 they give the same events, byte for byte; version 2 judges the blind declines apart."""
+    from pathlib import Path
+
+    from companyos.env import CompanyEnv
+
+    logged = [orjson.loads(line) for line in
+              (Path(__file__).parent / "data" / "pre_versions_episodes.jsonl").read_text().splitlines()]
+    assert len(logged) == 46
+    outcomes: dict[int, list] = {1: [], 2: []}
+    with CompanyEnv(f"sqlite:///{tmp_path / 'store.db'}", durability="episode") as env:
+        for rules in outcomes:
+            for e in logged:
+                _, info = env.reset(seed=e["seed"], options={
+                    "task": e["task"], "chaos": e["chaos"], "reward_profile": e["reward_profile"],
+                    "max_steps": e["max_steps"], "rules": rules})
+                for action in e["actions"]:
+                    if not env.state["done"]:
+                        env.step(action)
+                outcomes[rules].append(env.state["outcome"])
+                if rules == 1:
+                    env.reset(seed=0)  # writes the episode, held back with durability "episode"
+                    assert env.store.stream_digest(info["episode_id"]) == e["digest"], e
+                    assert env.store.stream_version(info["episode_id"]) + 1 == e["events"]
+    assert outcomes[1] == [e["outcome"] for e in logged]
+    changed = [(a, b) for a, b in zip(outcomes[1], outcomes[2], strict=True) if a != b]
+    assert changed.count(("success", "failure")) == 10  # the blind declines

@@ -445,14 +445,18 @@ def test_analytics_page_holds_the_report_and_its_charts(ui):
     assert "profile=sparse" in scored and '<option value="sparse" selected>' in scored
     assert 'class="kpi">episodes<b>0</b>' in scored and "irreversible_action" not in scored
     assert "irreversible_action" in _html_ok(c.get("/ui/analytics", params={"profile": "default"}))
+    judged = _html_ok(c.get("/ui/analytics", params={"rules": "1"}))  # the fixture logs version 2 only
+    assert "rules=1" in judged and '<option value="1" selected>' in judged
+    assert 'class="kpi">episodes<b>0</b>' in judged
 
 
 @pytest.mark.parametrize(("query", "said"), [
     ({"task": "nope"}, "unknown task"),  # (a blank agent field is "any": see the spaces test)
     ({"agent": "a\x00b"}, "agent labels hold no control characters"),  # was echoed into the page
     ({"profile": "dense"}, "no reward profile 'dense'; the profiles are default, sparse"),
+    ({"rules": "9"}, "no rules version 9; the versions are 1, 2"),
     ({"agnet": "random-agent"},
-     "this page has no query parameter 'agnet'; it takes agent, chaos, profile, task")])
+     "this page has no query parameter 'agnet'; it takes agent, chaos, profile, rules, task")])
 def test_a_bad_analytics_filter_is_a_400_page(ui, query, said):
     c, _, _ = ui
     page = _html_ok(c.get("/ui/analytics", params=query), 400)

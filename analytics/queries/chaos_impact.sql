@@ -3,6 +3,7 @@
 -- param task TASK = NULL: only this task family
 -- param chaos CHAOS = NULL: only this chaos level (none, low, medium, high or a number)
 -- param profile PROFILE = NULL: only episodes scored by this reward profile (default or sparse)
+-- param rules INTEGER[1..] = NULL: only episodes judged by this rules version (1, 2, ...)
 WITH e AS (
     SELECT chaos_mechanisms, outcome = 'success' AS ok
     FROM episodes
@@ -11,6 +12,7 @@ WITH e AS (
       AND ($task IS NULL OR task = $task)
       AND ($chaos IS NULL OR chaos = $chaos)
       AND ($profile IS NULL OR reward_profile = $profile)
+      AND ($rules IS NULL OR rules = $rules)
 ),
 total AS (SELECT count(*) AS n, count(*) FILTER (WHERE ok) AS s FROM e),
 fired AS (SELECT unnest(chaos_mechanisms) AS mechanism, ok FROM e)

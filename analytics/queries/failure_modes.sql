@@ -3,6 +3,7 @@
 -- param task TASK = NULL: only this task family
 -- param chaos CHAOS = NULL: only this chaos level (none, low, medium, high or a number)
 -- param profile PROFILE = NULL: only episodes scored by this reward profile (default or sparse)
+-- param rules INTEGER[1..] = NULL: only episodes judged by this rules version (1, 2, ...)
 -- param examples INTEGER[0..100] = 3: example episode ids per failure mode
 WITH failed AS (
     SELECT episode_id, failure_mode, first_position
@@ -12,6 +13,7 @@ WITH failed AS (
       AND ($task IS NULL OR task = $task)
       AND ($chaos IS NULL OR chaos = $chaos)
       AND ($profile IS NULL OR reward_profile = $profile)
+      AND ($rules IS NULL OR rules = $rules)
 )
 SELECT coalesce(failure_mode, '(none recorded)') AS failure_mode,
        count(*) AS episodes,

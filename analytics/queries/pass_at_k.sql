@@ -1,11 +1,12 @@
--- tau-bench pass^k per agent and task: the chance that k independent trials of one instance (task, seed, chaos, step budget, reward profile) all succeed, C(c,k)/C(n,k) averaged for every k up to the requested one over the same instances, those with at least that many trials (the others are counted in instances_left_out).
+-- tau-bench pass^k per agent and task: the chance that k independent trials of one instance (task, seed, chaos, step budget, reward profile, rules version) all succeed, C(c,k)/C(n,k) averaged for every k up to the requested one over the same instances, those with at least that many trials (the others are counted in instances_left_out).
 -- param k INTEGER[1..64] = 4: largest k reported (rows for 1..k)
 -- param agent VARCHAR = NULL: only episodes of this agent
 -- param task TASK = NULL: only this task family
 -- param chaos CHAOS = NULL: only this chaos level (none, low, medium, high or a number)
 -- param profile PROFILE = NULL: only episodes scored by this reward profile (default or sparse)
+-- param rules INTEGER[1..] = NULL: only episodes judged by this rules version (1, 2, ...)
 WITH trials AS (
-    SELECT coalesce(agent, '(unknown)') AS agent, task, seed, chaos, max_steps, reward_profile,
+    SELECT coalesce(agent, '(unknown)') AS agent, task, seed, chaos, max_steps, reward_profile, rules,
            count(*) AS n, count(*) FILTER (WHERE outcome = 'success') AS c
     FROM episodes
     WHERE outcome IS NOT NULL
@@ -13,6 +14,7 @@ WITH trials AS (
       AND ($task IS NULL OR task = $task)
       AND ($chaos IS NULL OR chaos = $chaos)
       AND ($profile IS NULL OR reward_profile = $profile)
+      AND ($rules IS NULL OR rules = $rules)
     GROUP BY ALL
 ),
 pairs AS (
@@ -26,7 +28,7 @@ ks AS (SELECT range AS k FROM range(1, $k + 1)),
 chances AS (
     SELECT t.agent, t.task, t.n, ks.k,
            product((t.c - ks.k + 1) / (t.n - ks.k + 1)) OVER (
-               PARTITION BY t.agent, t.task, t.seed, t.chaos, t.max_steps, t.reward_profile
+               PARTITION BY t.agent, t.task, t.seed, t.chaos, t.max_steps, t.reward_profile, t.rules
                ORDER BY ks.k ROWS UNBOUNDED PRECEDING) AS chance
     FROM trials t CROSS JOIN ks
     WHERE t.n >= $k

@@ -3,6 +3,7 @@
 -- param task TASK = NULL: only this task family
 -- param chaos CHAOS = NULL: only this chaos level (none, low, medium, high or a number)
 -- param profile PROFILE = NULL: only episodes scored by this reward profile (default or sparse)
+-- param rules INTEGER[1..] = NULL: only episodes judged by this rules version (1, 2, ...)
 SELECT task,
        chaos,
        count(*) AS episodes,
@@ -15,5 +16,6 @@ WHERE outcome IS NOT NULL
   AND ($task IS NULL OR task = $task)
   AND ($chaos IS NULL OR chaos = $chaos)
   AND ($profile IS NULL OR reward_profile = $profile)
+  AND ($rules IS NULL OR rules = $rules)
 GROUP BY task, chaos
 ORDER BY task, chaos

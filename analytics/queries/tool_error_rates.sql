@@ -3,6 +3,7 @@
 -- param task TASK = NULL: only this task family
 -- param chaos CHAOS = NULL: only this chaos level (none, low, medium, high or a number)
 -- param profile PROFILE = NULL: only episodes scored by this reward profile (default or sparse)
+-- param rules INTEGER[1..] = NULL: only episodes judged by this rules version (1, 2, ...)
 -- param min_calls INTEGER[0..] = 1: leave out tools called fewer times
 
 -- one pass over the steps, per (tool, code); tools and their top code come from these few rows
@@ -10,9 +11,10 @@ WITH s AS (
     SELECT tool, accepted, reject_cause, reject_code, chaos_active
     FROM steps
     -- running episodes are few: leaving them out is cheaper than joining the finished ones (a
-    -- profile asked for leaves out the other profiles' episodes the same way)
+    -- profile or rules version asked for leaves out the others' episodes the same way)
     ANTI JOIN (SELECT episode_id FROM episodes
-               WHERE outcome IS NULL OR ($profile IS NOT NULL AND reward_profile IS DISTINCT FROM $profile))
+               WHERE outcome IS NULL OR ($profile IS NOT NULL AND reward_profile IS DISTINCT FROM $profile)
+                  OR ($rules IS NOT NULL AND rules IS DISTINCT FROM $rules))
          left_out USING (episode_id)
     WHERE ($agent IS NULL OR agent = $agent)
       AND ($task IS NULL OR task = $task)

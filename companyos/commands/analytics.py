@@ -176,9 +176,9 @@ def query_command(
     _print_rows(names, rows, fmt, title=f"{name}: {query.description}")
     if name == "pass_at_k" and rows and not any(row[names.index("instances")] for row in rows):
         k = bound["k"]
-        typer.echo(f"note: no instance (agent, task, seed, chaos, step budget, reward profile) has "
-                   f"{k} trials, so every row is empty: run the same seeds {k} times (`companyos "
-                   "run --seed S` again), or ask for a smaller k", err=True)
+        typer.echo("note: no instance (agent, task, seed, chaos, step budget, reward profile, rules "
+                   f"version) has {k} trials, so every row is empty: run the same seeds {k} times "
+                   "(`companyos run --seed S` again), or ask for a smaller k", err=True)
 
 
 @analytics_app.command("sql")
@@ -249,6 +249,8 @@ def report_command(
                                      "medium, high or a number in [0, 1])."),
     profile: str | None = typer.Option(None, "--profile", help="Only episodes scored by this reward "
                                        "profile (default or sparse)."),
+    rules: int | None = typer.Option(None, "--rules", help="Only episodes judged by this rules "
+                                     "version (1, 2, ...)."),
     markdown: bool = typer.Option(False, "--markdown", help="Print the report as Markdown."),
     html: Path | None = typer.Option(None, "--html", parser=named_path,
                                      help="Write a self-contained HTML report with charts ('-': "
@@ -262,7 +264,7 @@ def report_command(
     if markdown and html:
         fail("choose one of --markdown and --html")
     try:
-        report.check_filters(agent, task, chaos, profile)
+        report.check_filters(agent, task, chaos, profile, rules)
     except ValueError as exc:
         fail(str(exc))
     to_stdout = html is not None and str(html) == "-"
@@ -270,7 +272,7 @@ def report_command(
         fail(f"--html {html}: {problem}; name a new file or an earlier report")
     wh = _open_synced(db, warehouse, quiet=markdown or to_stdout)
     try:
-        data = report.build(wh, agent=agent, task=task, chaos=chaos, profile=profile)
+        data = report.build(wh, agent=agent, task=task, chaos=chaos, profile=profile, rules=rules)
     finally:
         wh.close()
     if to_stdout:  # `--html - | ...`, as tools take "-": a file named "-" was written instead
@@ -415,6 +417,8 @@ def _print_report(data: dict) -> None:
     console = stdout_console()
     console.print(report_title(data), style="bold")  # literal: the title holds the --agent filter
     console.print(summary_line(data["summary"]))
+    if note := data["notes"].get("summary"):
+        console.print(note, markup=False)
     for key, title in SECTIONS:
         rows = data[key]
         if not rows:
