@@ -32,7 +32,9 @@ TOOLS = (
     ("approvalflow", "submit_approval"), ("approvalflow", "check_status"), ("approvalflow", "escalate"),
 )
 MECHANISMS = tuple(m for m in CHAOS_MECHANISMS if m not in ("stale_metric", "transient_outage"))
-MODES = tuple(m for m in FAILURE_MODES if m not in ("invalid_tool_calls", "step_budget_exhausted"))
+# synthetic episodes name no rules version, so they are version 1's, which has no premature_resolution
+MODES = tuple(m for m in FAILURE_MODES
+              if m not in ("invalid_tool_calls", "step_budget_exhausted", "premature_resolution"))
 REJECT_CODES = ("invalid_params", "not_found", "precondition_failed", "unknown_tool", "transient_outage")
 
 

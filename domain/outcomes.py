@@ -32,10 +32,14 @@ FAILURE_MODES: dict[str, str] = {
                                  "resolving it",
     "missing_required_fields": "an approval request was refused for missing required fields "
                                "and never resubmitted complete",
-    "incorrect_submission": "submitted fields that do not match the ticket and never "
-                            "submitted a corrected request",
+    "incorrect_submission": "submitted fields that do not match the ticket (or, from rules "
+                            "version 2, sent the request to a delegate while an approver before "
+                            "them was available) and never submitted a corrected request",
     "rejection_not_handled": "an approval request was rejected and was neither escalated nor "
                              "resubmitted",
+    "premature_resolution": "resolved the task's ticket before the task was done (not verified, "
+                            "no approved request linked, a required field unset, or a request "
+                            "to decline) and never finished it (from rules version 2)",
     "invalid_tool_calls": "ran out of steps with no decisive mistake, but at least half of the "
                           "steps were malformed, unknown or failed calls",
     "step_budget_exhausted": "ran out of steps with no identifiable mistake (too slow or "
@@ -101,6 +105,20 @@ def _keys_sorted(value):
     return value
 
 
+def routing_problem(target: dict, world, approval_type: str, approver: dict, chain: tuple) -> str | None:
+    """From rules version 2, what the reviewer objects to in a request of the task's type sent down
+    the delegation chain past an available approver (version 1 accepted anyone on the chain)."""
+    if (rules_of(target) < 2 or approval_type != target["approval_type"]
+            or approver["role"] not in chain or approver["out_of_office"]):
+        return None
+    approvers = world.datahub.approvers
+    first = next((role for role in chain if not approvers[role]["out_of_office"]), None)
+    if first is None or first == approver["role"]:
+        return None
+    return (f"{approver['name']} ({approver['role']}) is a delegate, and "
+            f"{approvers[first]['name']} ({first}) is available to approve it")
+
+
 # --- success -----------------------------------------------------------------------------
 
 
@@ -121,6 +139,21 @@ def is_success(world, target: dict) -> bool:
     atype = target["approval_type"]
     return (status == "closed" and bool(t["comments"])
             and not any(a["approval_type"] == atype for a in approvals.values()))
+
+
+def unfinished(world, target: dict) -> list[str]:
+    """What stands between the task's ticket and success, in words (for an analyst reading the
+    log: the agent is not shown it)."""
+    if target["expected"] == "decline":
+        return ["the request does not qualify: the ticket is to be closed with a comment"]
+    t = world.ticketdesk.tickets[target["ticket"]]
+    a = world.approvalflow.approvals.get(t["linked_approval"])
+    missing = [] if t["verified"] else ["not verified"]
+    if (a is None or a["status"] != "approved" or a["problems"]
+            or a["approval_type"] != target["approval_type"]):
+        missing.append("no approved request linked")
+    missing += [f"{k} is not {v}" for k, v in target["requirements"].items() if t[k] != v]
+    return missing
 
 
 # --- mistakes ----------------------------------------------------------------------------
@@ -158,6 +191,12 @@ def judge(state, params, effects: list) -> list:
         t = type(e)
         if t is TicketStatusChanged:
             if e.status != "closed":
+                if (e.status == "resolved" and e.ticket_id == tg["ticket"] and rules_of(tg) >= 2
+                        and not is_success(world, tg)):
+                    found.append(MistakeRecorded(step, "premature_resolution", e.ticket_id,
+                                                 f"resolved {e.ticket_id} before the task was "
+                                                 f"done: {'; '.join(unfinished(world, tg))}",
+                                                 False))
                 continue
             tickets = world.ticketdesk.tickets
             tk = tickets[e.ticket_id]

@@ -11,10 +11,13 @@ from __future__ import annotations
 RULES_VERSIONS: dict[int, str] = {
     1: "the first rule set: a decline succeeds without reading the data; the decision metric's "
        "last read alone says whether a wrong decision was made on stale data; verifying the "
-       "task's ticket pays at any time",
+       "task's ticket pays at any time; any approver on the delegation chain is accepted; "
+       "resolving the ticket early says nothing",
     2: "a decline closed without a fresh read of the decision metric is an irreversible mistake; "
        "a wrong decision after the metric went stale again is blamed on stale data; verifying "
-       "the task's ticket pays only once it is linked to the approved request",
+       "the task's ticket pays only once it is linked to the approved request; a request sent "
+       "to a delegate while an approver before them is available is objected to; resolving the "
+       "task's ticket before the task is done is a mistake (premature_resolution)",
 }
 CURRENT_RULES = max(RULES_VERSIONS)
 

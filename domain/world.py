@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from domain import approvalflow, datahub, ticketdesk
-from domain.outcomes import review
+from domain.outcomes import review, routing_problem
 
 # Building a NamedTuple through its class runs a Python-level __new__; on the hot path we call
 # tuple.__new__ directly, which builds the same value in C (fields in declaration order).
@@ -67,6 +67,9 @@ def decide(world: World, app: str, method: str, params: dict, step: int, target:
     atype = world.approvalflow.types.get(params["approval_type"])
     chain = tuple(datahub.delegation_chain(dh, atype["approver_role"])) if atype else ()
     problems = review(target, world, params["approval_type"], params["data"])
+    if approver is not None and (routed := routing_problem(target, world, params["approval_type"],
+                                                           approver, chain)):
+        problems = [*problems, routed]
     return approvalflow.decide(world.approvalflow, _new(approvalflow.Command, (
         method, params, step, approver, chain, problems)))
 

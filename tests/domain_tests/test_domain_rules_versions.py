@@ -16,7 +16,13 @@ from domain import (
     rules_of,
     step,
 )
-from domain.events import EpisodeStarted, MetricWentStale, RewardGranted
+from domain.events import (
+    ApprovalSubmitted,
+    ApproverWentOutOfOffice,
+    EpisodeStarted,
+    MetricWentStale,
+    RewardGranted,
+)
 
 
 def act(app, method, **params):
@@ -127,3 +133,102 @@ def test_verifying_pays_only_once_the_ticket_is_linked_to_the_approved_request_f
         s, steps = play("expense_report", seed, "none", rules=rules)
         assert s.outcome == "success"
         assert [g for events in steps for g in _grants(events)].count("verify_ticket") == 1
+
+
+def _proceed(task="expense_report", chaos="none", rules=None):
+    seed = find_seed(task, chaos, lambda ev: ev[0].target["expected"] == "proceed")
+    return reset(EpisodeSpec(task, seed, chaos, rules=rules))[0]
+
+
+def _good_data(s):
+    tg = s.target
+    required = s.world.approvalflow.types[tg["approval_type"]]["required_fields"]
+    true = s.world.datahub.metrics[tg["metric"]]["true_value"]
+    return {f: true if f == tg["field"] else tg["fields"][f] for f in required}
+
+
+def _submit_to(s, role):
+    tg = s.target
+    name = s.world.datahub.approvers[role]["name"]
+    s, _, _ = step(s, act("datahub", "query_metric", metric_name=tg["metric"]))
+    return step(s, act("approvalflow", "submit_approval", approval_type=tg["approval_type"],
+                       approver=name, data=_good_data(s)))
+
+
+def test_a_request_sent_past_an_available_approver_is_objected_to_from_version_2():
+    deputy = None
+    for rules in (1, 2):
+        s = _proceed(rules=rules)
+        primary, deputy = s.target["roles"][:2]
+        assert not s.world.datahub.approvers[primary]["out_of_office"]
+        s, events, _ = _submit_to(s, deputy)
+        submitted = events[1]
+        if rules == 1:
+            assert submitted.problems == [] and "valid_submission" in _grants(events)
+            continue
+        assert submitted.problems == [
+            f"{s.world.datahub.approvers[deputy]['name']} ({deputy}) is a delegate, and "
+            f"{s.world.datahub.approvers[primary]['name']} ({primary}) is available to approve it"]
+        assert "valid_submission" not in _grants(events)
+        assert [m.mode for m in s.mistakes] == ["incorrect_submission"]
+        while True:  # the reviewer says why it is rejected
+            s, _, info = step(s, act("approvalflow", "check_status", approval_id=submitted.approval_id))
+            if info.result["status"] != "pending":
+                break
+        assert info.result["status"] == "rejected" and "is a delegate" in info.result["reason"]
+        s, events, _ = _submit_to(s, primary)  # put right by a request to the approver
+        assert _submitted(events).problems == [] and "valid_submission" in _grants(events)
+
+
+def _submitted(events):
+    return next(e for e in events if type(e) is ApprovalSubmitted)
+
+
+def test_a_delegate_is_the_right_approver_when_everyone_before_them_is_away():
+    def primary_away(ev):
+        return ev[0].target["expected"] == "proceed" and any(
+            type(e) is ApproverWentOutOfOffice and e.role == ev[0].target["roles"][0] for e in ev)
+    seed = find_seed("license_renewal", "high", primary_away)
+    s, _, _ = reset(EpisodeSpec("license_renewal", seed, "high"))
+    deputy = s.target["roles"][1]
+    assert not s.world.datahub.approvers[deputy]["out_of_office"]
+    events = []
+    while not any(type(e) is ApprovalSubmitted for e in events):  # an outage refuses a call: again
+        s, events, _ = _submit_to(s, deputy)
+    assert not any("is a delegate" in p for p in _submitted(events).problems)
+
+
+def _triaged(s):
+    ticket = s.target["ticket"]
+    t = s.world.ticketdesk.tickets[ticket]
+    for field, value in (("status", "in_progress"), ("priority", "high"), ("assignee", "Ava Adams")):
+        if t[field] is None:
+            s, _, _ = step(s, act("ticketdesk", "update_ticket", ticket_id=ticket, field=field, value=value))
+    return s
+
+
+def test_resolving_before_the_task_is_done_is_a_mistake_from_version_2_and_can_be_put_right():
+    for rules in (1, 2):
+        s = _triaged(_proceed(rules=rules))
+        ticket = s.target["ticket"]
+        s, events, _ = step(s, act("ticketdesk", "update_ticket", ticket_id=ticket, field="status",
+                                   value="resolved"))
+        assert s.world.ticketdesk.tickets[ticket]["status"] == "resolved" and not s.done
+        if rules == 1:
+            assert s.mistakes == ()
+            continue
+        (mistake,) = s.mistakes
+        assert mistake.mode == "premature_resolution" and not mistake.irreversible
+        assert mistake.detail.endswith("not verified; no approved request linked")
+        ended = s
+        while not ended.done:
+            ended, _, _ = step(ended, act("ticketdesk", "list_tickets"))
+        assert (ended.outcome, ended.failure_mode) == ("truncated", "premature_resolution")
+        # finishing the work afterwards is a success: the mistake was put right
+        s, events, _ = _submit_to(s, s.target["roles"][0])
+        approval = events[1].approval_id
+        while s.world.approvalflow.approvals[approval]["status"] != "approved":
+            s, _, _ = step(s, act("approvalflow", "check_status", approval_id=approval))
+        for field, value in (("linked_approval", approval), ("verified", True)):
+            s, _, _ = step(s, act("ticketdesk", "update_ticket", ticket_id=ticket, field=field, value=value))
+        assert s.outcome == "success"
