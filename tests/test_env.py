@@ -569,6 +569,15 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
                           text=True)
 
 
+def _clis(*calls: list[str]) -> list[subprocess.CompletedProcess]:
+    """`_cli` of each independent call, two at a time: each is a fresh interpreter that mostly loads
+    modules, and the suite leaves the second core idle."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(2) as pool:
+        return list(pool.map(lambda args: _cli(*args), calls))
+
+
 @pytest.mark.parametrize("args", [["verify"], ["episodes"], ["analytics", "query", "failure_modes"]])
 def test_a_command_that_reads_the_log_adds_no_store_to_a_database_without_one(
         empty_store_url, tmp_path, args):
@@ -696,24 +705,25 @@ def test_numpy_chaos_and_max_steps_play_as_the_python_numbers_they_are(sqlite_ur
 
 def test_run_refuses_an_in_memory_store_and_outsized_counts(tmp_path):
     memory_uri = "sqlite:///file:memdb1?mode=memory&cache=shared&uri=true"  # its episodes vanished
-    assert "in-memory SQLite store" in _unboxed(_cli("run", "--db", memory_uri).stderr)
-    for args in (["--db", "sqlite://"], ["--db", "sqlite:///"],
-                 ["--episodes", str(2**62)], ["--workers", "1000"]):
-        out = _cli("run", *args)
-        assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
-    assert "in-memory SQLite store" in _unboxed(_cli("run", "--db", "sqlite://").stderr)
-    # an empty value (an unset shell variable) is a wrong call, not the default or no filter
-    for args, said in ((["run", "--reward-profile", ""], "--reward-profile is empty"),
-                       (["episodes", "--task", ""], "unknown task ''"),
-                       (["episodes", "--outcome", ""], "unknown outcome ''")):
-        out = _cli(*args, "--db", f"sqlite:///{tmp_path / 'empty.db'}")
-        assert out.returncode == 2 and said in out.stderr, (args, out.stderr)
-    # SQLite's anonymous temporary file: the run "succeeded", and verify then found no store
-    out = _cli("run", "--episodes", "1", "--db", "sqlite:///file:?uri=true")
-    assert out.returncode == 2 and "in-memory SQLite store" in _unboxed(out.stderr), out.stderr
-    # a URL that does not parse is said as every command says it, not as int()'s words
-    out = _cli("run", "--episodes", "1", "--db", "postgresql://postgres@[::1/db")
-    assert out.returncode == 2 and "is not a database URL" in _unboxed(out.stderr), out.stderr
+    empty = f"sqlite:///{tmp_path / 'empty.db'}"
+    said = [  # (call, what its one error line says; None: only that it is a wrong call)
+        (["run", "--db", memory_uri], "in-memory SQLite store"),
+        (["run", "--db", "sqlite://"], "in-memory SQLite store"),
+        (["run", "--db", "sqlite:///"], None),
+        (["run", "--episodes", str(2**62)], None),
+        (["run", "--workers", "1000"], None),
+        # an empty value (an unset shell variable) is a wrong call, not the default or no filter
+        (["run", "--reward-profile", "", "--db", empty], "--reward-profile is empty"),
+        (["episodes", "--task", "", "--db", empty], "unknown task ''"),
+        (["episodes", "--outcome", "", "--db", empty], "unknown outcome ''"),
+        # SQLite's anonymous temporary file: the run "succeeded", and verify then found no store
+        (["run", "--episodes", "1", "--db", "sqlite:///file:?uri=true"], "in-memory SQLite store"),
+        # a URL that does not parse is said as every command says it, not as int()'s words
+        (["run", "--episodes", "1", "--db", "postgresql://postgres@[::1/db"], "is not a database URL"),
+    ]
+    for (call, words), out in zip(said, _clis(*(call for call, _ in said)), strict=True):
+        assert out.returncode == 2 and "Traceback" not in out.stderr, (call, out.stderr)
+        assert words is None or words in _unboxed(out.stderr), (call, out.stderr)
 
 
 def test_a_store_the_database_refuses_is_one_error_line(tmp_path):
@@ -725,9 +735,23 @@ def test_a_store_the_database_refuses_is_one_error_line(tmp_path):
     middle = len(data) * 6 // 10
     data[middle:middle + 3000] = bytes((i * 7 + 13) % 256 for i in range(3000))
     path.write_bytes(bytes(data))
-    out = _cli("verify", "--db", f"sqlite:///{path}")
-    assert out.returncode == 1 and out.stderr.startswith("error: the store failed: "), out.stderr
-    assert "Traceback" not in out.stderr
+    (tmp_path / "folder").mkdir()
+    junk = tmp_path / "junk.db"
+    junk.write_text("junk")
+    bogus = f"file:{path}?mode=bogus&uri=true"
+    missing = f"file:{tmp_path / 'none.db'}?mode=ro&uri=true"
+    calls = [["verify", "--db", f"sqlite:///{path}"],
+             *(["run", "--episodes", "1", "--db", f"sqlite:///{tmp_path / wrong}"]
+               for wrong in ("folder", "no-such-folder/s.db")),
+             ["run", "--episodes", "1", "--db", f"sqlite:///{bogus}"],
+             ["verify", "--db", f"sqlite:///{missing}"],
+             *([*command, "--db", f"sqlite:///{junk}"] for command in (["verify"], ["run", "--episodes", "1"],
+                                                                       ["episodes"])),
+             ["episodes", "--db", "mysql://a@127.0.0.1:1/x"],
+             ["episodes", "--db", "postgresql://someone@127.0.0.1:1/nowhere"]]
+    damaged, folder, no_folder, bad_mode, no_file, *no_database, mysql, unanswered = _clis(*calls)
+    assert damaged.returncode == 1 and damaged.stderr.startswith("error: the store failed: "), damaged.stderr
+    assert "Traceback" not in damaged.stderr
     # SQLite says "unable to open database file" of a directory, a missing folder, a store in a
     # read-only directory (no WAL can be made) and a process out of file descriptors: the last
     # two are the world's problem (exit 1, as when the refusal comes later), the first two the
@@ -754,31 +778,21 @@ def test_a_store_the_database_refuses_is_one_error_line(tmp_path):
     out = subprocess.run([sys.executable, str(script), f"sqlite:///{tmp_path / 'fds.db'}"],
                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": os.getcwd()})
     assert out.stdout.strip() == "world", out.stderr
-    (tmp_path / "folder").mkdir()
-    for wrong in ("folder", "no-such-folder/s.db"):
-        out = _cli("run", "--episodes", "1", "--db", f"sqlite:///{tmp_path / wrong}")
+    for out in (folder, no_folder):
         assert out.returncode == 2 and "unable to open database file" in out.stderr, out.stderr
     # a URI SQLite cannot use, or a file a read-only URI cannot find: the call's (2), too
-    bogus = f"file:{tmp_path / 'fds.db'}?mode=bogus&uri=true"
-    missing = f"file:{tmp_path / 'none.db'}?mode=ro&uri=true"
-    for command, uri, said in ((["run", "--episodes", "1"], bogus, "no such access mode"),
-                               (["verify"], missing, "there is no store")):
-        out = _cli(*command, "--db", f"sqlite:///{uri}")
+    for out, said in ((bad_mode, "no such access mode"), (no_file, "there is no store")):
         assert out.returncode == 2 and said in out.stderr, out.stderr
     # a file that is no database at all: the URL names the wrong thing (2), as a directory does
-    junk = tmp_path / "junk.db"
-    junk.write_text("junk")
-    for command in (["verify"], ["run", "--episodes", "1"], ["episodes"]):
-        out = _cli(*command, "--db", f"sqlite:///{junk}")
-        assert out.returncode == 2 and "file is not a database" in out.stderr, (command, out.stderr)
-    out = _cli("episodes", "--db", "mysql://a@127.0.0.1:1/x")
-    assert out.returncode == 2 and "needs a database driver that is not installed" in out.stderr
+    for out in no_database:
+        assert out.returncode == 2 and "file is not a database" in out.stderr, out.stderr
+    assert mysql.returncode == 2 and "needs a database driver that is not installed" in mysql.stderr
     # a PostgreSQL server that does not answer: an outage (1, worth retrying), said on one line
     # (it was 2, the wrong-call code, on three lines)
-    out = _cli("episodes", "--db", "postgresql://someone@127.0.0.1:1/nowhere")
-    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
-    assert out.stderr.startswith("error: cannot open the store at postgresql://someone@127.0.0.1:1/nowhere: ")
-    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert unanswered.returncode == 1 and "Traceback" not in unanswered.stderr, unanswered.stderr
+    assert unanswered.stderr.startswith(
+        "error: cannot open the store at postgresql://someone@127.0.0.1:1/nowhere: ")
+    assert len(unanswered.stderr.strip().splitlines()) == 1, unanswered.stderr
 
 
 def test_serve_says_in_one_line_why_it_cannot_listen(tmp_path):
