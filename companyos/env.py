@@ -196,6 +196,5 @@ def episode_state(runtime: EpisodeRuntime) -> dict[str, Any]:
     return {"episode_id": runtime.episode_id, "step_count": s.step, "task": s.task,
             "seed": s.seed, "chaos": s.chaos, "reward_profile": s.reward_profile,
             "rules": domain.rules_of(s.target), "max_steps": s.max_steps, "done": s.done,
-            "total_return": s.total_return,
-            "outcome": s.outcome, "failure_mode": s.failure_mode,
+            "total_return": s.total_return, "outcome": s.outcome, "failure_mode": s.failure_mode,
             "agent": runtime.start_meta.get("agent")}
