@@ -21,7 +21,7 @@ _PARAM = re.compile(r"^param\s+(?P<name>[a-z_][a-z0-9_]*)\s+(?P<type>[A-Z]+)"
                     r"(?:\s*=\s*(?P<default>'[^']*'|[^:]+?))?\s*:\s*(?P<doc>.*)$")
 """`-- param NAME TYPE[lo..hi] = default: what it means`; the range (INTEGER only, either end may be
 left open) and the default are optional; without a default the parameter is required."""
-TYPES = ("VARCHAR", "INTEGER", "DOUBLE", "BOOLEAN", "CHAOS", "TASK", "PROFILE")
+TYPES = ("VARCHAR", "INTEGER", "DOUBLE", "BOOLEAN", "CHAOS", "TASK", "PROFILE", "RULES")
 MAX_TEXT = 1000
 
 
@@ -142,6 +142,13 @@ def convert(query: str, p: Param, value: Any) -> Any:
             return reward_profile(text)
         except ValueError:
             raise bad(f"a reward profile ({', '.join(REWARD_PROFILES)})") from None
+    if p.type == "RULES":  # as TASK: a version that is none would answer with empty rows
+        from domain import rules_from_text
+
+        try:
+            return rules_from_text(value)
+        except ValueError as exc:
+            raise QueryError(f"query {query!r}: parameter {p.name!r}: {exc}") from None
     if p.type == "CHAOS":
         from domain.chaos import parse_chaos
 

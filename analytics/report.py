@@ -17,7 +17,7 @@ from typing import Any
 
 from analytics.service import rows_of, run_named
 from analytics.warehouse import Warehouse
-from domain import CHAOS_LEVELS, checked_rules, reward_profile, task_family
+from domain import CHAOS_LEVELS, reward_profile, rules_from_text, task_family
 from domain.chaos import level_text, parse_chaos
 from domain.labels import control_character
 
@@ -36,7 +36,7 @@ SELECT count(*) AS episodes,
        -- as compare_agents labels and counts them: agents with a finished episode
        count(DISTINCT coalesce(agent, '(unknown)')) FILTER (WHERE outcome IS NOT NULL) AS agents,
        count(DISTINCT task) FILTER (WHERE outcome IS NOT NULL) AS tasks,
-       list(DISTINCT rules ORDER BY rules) AS rules_versions
+       list(DISTINCT rules ORDER BY rules) FILTER (WHERE outcome IS NOT NULL) AS rules_versions
 FROM episodes
 WHERE ($agent IS NULL OR agent = $agent) AND ($task IS NULL OR task = $task)
   AND ($chaos IS NULL OR chaos = $chaos) AND ($profile IS NULL OR reward_profile = $profile)
@@ -80,12 +80,9 @@ def check_filters(agent: str | None, task: str | None, chaos: str | None = None,
 
 
 def rules_version(value: str | int | None) -> int | None:
-    """A rules-version filter as its number (text from a form or URL too); a ValueError naming the
-    versions when it is none of them."""
-    if isinstance(value, str):
-        value = value.strip()
-        value = int(value) if re.fullmatch(r"[0-9]{1,9}", value) else value
-    return None if value is None else checked_rules(value)
+    """A rules-version filter as its number (text from a form or URL too, read as the named
+    queries read it); a ValueError naming the versions when it is none of them."""
+    return None if value is None else rules_from_text(value)
 
 
 def build(wh: Warehouse, agent: str | None = None, task: str | None = None,
@@ -117,11 +114,14 @@ def build(wh: Warehouse, agent: str | None = None, task: str | None = None,
     tools = run_named(wh, "tool_error_rates", {**f, "min_calls": 1})
     data["tool_error_rates"] = tools[:TOOL_ROWS]
     data["notes"] = {}
-    if len(versions := summary.pop("rules_versions") or []) > 1:
+    versions = summary.pop("rules_versions") or []  # of the finished episodes, which the rates cover
+    if len(versions) > 1:
         data["notes"]["summary"] = (
             f"These episodes were judged by rules versions {' and '.join(map(str, versions))}, which "
             "count success and mistakes differently: the rates mix them. Narrow the report to one "
             "version (--rules, or ?rules= in the UI) to compare like with like.")
+    elif versions:
+        data["notes"]["summary"] = f"These episodes were judged by rules version {versions[0]}."
     agents = agent_count(data["success_by_agent_and_chaos"])
     levels = {r["chaos"] for r in data["success_by_chaos"]}
     if data["chaos_impact"] and (agents or len(levels) > 1):

@@ -148,7 +148,9 @@ _STATE_SCHEMA: dict[str, Any] = {
         "episode_id": {"type": ["string", "null"]},
         "step_count": {"type": "integer", "minimum": 0},
         "task": {"type": "string"}, "seed": {"type": "integer"}, "chaos": {"type": "number"},
-        "reward_profile": {"type": "string"}, "rules": {"type": "integer", "minimum": 1},
+        "reward_profile": {"type": "string"},
+        "rules": {"type": "integer", "minimum": 1,
+                  "description": "the rules version the episode is judged by (GET /tasks lists them)"},
         "max_steps": {"type": "integer"},
         "done": {"type": "boolean"}, "total_return": {"type": "number"},
         "outcome": {"type": ["string", "null"]}, "failure_mode": {"type": ["string", "null"]},
@@ -174,7 +176,9 @@ def readme() -> str:
              "act with `{\"app\": ..., \"method\": ..., \"params\": {...}}`. A bad action is "
              "rejected with a penalty and the observation says why.", "", "## Tasks", ""]
     lines += [f"- `{f.name}`: {f.description}" for f in domain.TASK_FAMILIES.values()]
-    lines += ["", f"Chaos levels: {', '.join(domain.CHAOS_LEVELS)} (or a number in [0, 1]).",
+    lines += ["", f"Chaos levels: {', '.join(domain.CHAOS_LEVELS)} (or a number in [0, 1]).", "",
+              f"Rules versions: {', '.join(map(str, domain.RULES_VERSIONS))} (the latest, "
+              f"{domain.CURRENT_RULES}, unless a reset names another).",
               "", "## Tools", ""]
     lines += [f"- `{t.name}`: {t.description}" for t in domain.TOOLS]
     return "\n".join(lines) + "\n"

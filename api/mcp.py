@@ -27,7 +27,7 @@ METHOD_NOT_FOUND = -32601
 INVALID_PARAMS = -32602
 SERVER_ERROR = -32000
 
-_INT_OPTIONS = ("seed", "max_steps")
+_INT_OPTIONS = ("seed", "max_steps", "rules")
 ID_MIN, ID_MAX = -(2**63), 2**64 - 1
 """The integer ids a reply can echo (what the JSON encoder writes)."""
 

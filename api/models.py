@@ -53,7 +53,7 @@ class ResetRequest(BaseModel):
     reward_profile: str | None = Field(default=None, max_length=100,
                                        description="default or sparse")
     max_steps: int | None = Field(default=None, ge=1, le=10_000, description="step budget")
-    rules: int | None = Field(default=None, ge=1,
+    rules: int | None = Field(default=None,
                               description="rules version the episode is judged by (the latest "
                                           "when omitted); see /tasks")
     agent: str | None = Field(default=None, min_length=1, max_length=100,
@@ -125,11 +125,16 @@ class TaskInfo(BaseModel):
     description: str
 
 
+class RulesVersionInfo(BaseModel):
+    version: int
+    description: str
+
+
 class TasksResponse(BaseModel):
     tasks: list[TaskInfo]
     chaos_levels: dict[str, float]
     reward_profiles: list[str]
-    rules_versions: dict[str, str]
+    rules_versions: list[RulesVersionInfo]
     current_rules: int
     failure_modes: dict[str, str]
 
@@ -144,6 +149,8 @@ class EpisodeSummary(BaseModel):
     agent: str | None = None
     reward_profile: str
     max_steps: int | None = None
+    rules: int | None = Field(default=None, description="the rules version it was judged by "
+                                                        "(GET /episodes/{id} only)")
     started_at: str | None = None
     ended_at: str | None = None
     steps: int

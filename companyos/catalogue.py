@@ -16,7 +16,7 @@ def task_catalogue() -> dict[str, Any]:
                   for f in domain.TASK_FAMILIES.values()],
         "chaos_levels": dict(domain.CHAOS_LEVELS),
         "reward_profiles": list(domain.REWARD_PROFILES),
-        "rules_versions": {str(v): text for v, text in domain.RULES_VERSIONS.items()},
+        "rules_versions": [{"version": v, "description": text} for v, text in domain.RULES_VERSIONS.items()],
         "current_rules": domain.CURRENT_RULES,
         "failure_modes": dict(domain.FAILURE_MODES),
     }

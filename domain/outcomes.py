@@ -21,11 +21,14 @@ from domain.rules import rules_of
 FAILURE_MODES: dict[str, str] = {
     "stale_data_used": "acted on a metric value that was stale (the agent's last read was "
                        "stale, or the value had gone stale since): a wrong irreversible "
-                       "decision, or figures the reviewer rejects and that were never fixed",
+                       "decision, or figures the reviewer rejects and that were never fixed; from "
+                       "rules version 2 also an irreversible decision made with no fresh read at "
+                       "all, only stale ones",
     "wrong_decision": "read fresh data and still decided wrongly: pushed through a request "
                       "the policy forbids, or closed one the policy allows",
     "irreversible_action": "made the irreversible decision (closed the ticket or submitted the "
-                           "request) without ever reading the data it depends on",
+                           "request) without ever reading the data it depends on (version 1 "
+                           "blamed only the wrong decisions; version 2 the right ones too)",
     "routed_to_ooo_approver": "submitted an approval request to an approver who is out of "
                               "office",
     "blocked_ticket_mishandled": "closed a blocked ticket, or closed a blocker instead of "
@@ -39,7 +42,8 @@ FAILURE_MODES: dict[str, str] = {
                              "resubmitted",
     "premature_resolution": "resolved the task's ticket before the task was done (not verified, "
                             "no approved request linked, a required field unset, or a request "
-                            "to decline) and never finished it (from rules version 2)",
+                            "to decline), never finished it and left no other mistake unrepaired "
+                            "(from rules version 2)",
     "invalid_tool_calls": "ran out of steps with no decisive mistake, but at least half of the "
                           "steps were malformed, unknown or failed calls",
     "step_budget_exhausted": "ran out of steps with no identifiable mistake (too slow or "
@@ -115,8 +119,10 @@ def routing_problem(target: dict, world, approval_type: str, approver: dict, cha
     first = next((role for role in chain if not approvers[role]["out_of_office"]), None)
     if first is None or first == approver["role"]:
         return None
-    return (f"{approver['name']} ({approver['role']}) is a delegate, and "
-            f"{approvers[first]['name']} ({first}) is available to approve it")
+    # who is available is not said: naming them let an agent send every request to the end of
+    # the chain and resubmit to the name the objection gave, never checking who was away
+    return (f"{approver['name']} ({approver['role']}) is a delegate, and an approver before them "
+            "on the delegation chain is available to approve it")
 
 
 # --- success -----------------------------------------------------------------------------
@@ -160,25 +166,24 @@ def unfinished(world, target: dict) -> list[str]:
 
 
 def _decision_mode(world, target: dict) -> str:
-    """The mode of a wrong irreversible decision. From rules version 2 a decision after the metric
-    went stale again (its true value moved on since a fresh read) is blamed on stale data too."""
-    m = world.datahub.metrics[target["metric"]]
-    seen = m["seen"]
-    if seen is None:
-        return "irreversible_action"
-    stale = seen[1] or (m["stale"] and rules_of(target) >= 2)
-    return "stale_data_used" if stale else "wrong_decision"
-
-
-def _uninformed_decline(world, target: dict) -> str | None:
-    """From rules version 2, the mode of closing a decline's ticket without a fresh read of the
-    decision metric (the right decision by luck: version 1 let a blind decline succeed)."""
-    if rules_of(target) < 2:
-        return None
+    """The mode of a wrong irreversible decision (after `stale_again` the value stays on its side
+    of the policy, so a decision that was wrong on a fresh read is a wrong decision)."""
     seen = world.datahub.metrics[target["metric"]]["seen"]
     if seen is None:
         return "irreversible_action"
-    return "stale_data_used" if seen[1] else None
+    return "stale_data_used" if seen[1] else "wrong_decision"
+
+
+def uninformed(world, target: dict) -> str | None:
+    """From rules version 2, the mode of an irreversible decision of the right kind made without
+    any fresh read of the decision metric: right by luck. Version 1 let a blind decline succeed,
+    and a request sent with the threshold the goal names as its figure (an equality policy)."""
+    if rules_of(target) < 2:
+        return None
+    m = world.datahub.metrics[target["metric"]]
+    if m["seen"] is None:
+        return "irreversible_action"
+    return "stale_data_used" if m["fresh_queries"] == 0 else None
 
 
 def judge(state, params, effects: list) -> list:
@@ -212,7 +217,7 @@ def judge(state, params, effects: list) -> list:
                 found.append(MistakeRecorded(step, _decision_mode(world, tg), e.ticket_id,
                                              f"closed {e.ticket_id} although the request "
                                              "qualifies", True))
-            elif e.ticket_id == tg["ticket"] and (mode := _uninformed_decline(world, tg)):
+            elif e.ticket_id == tg["ticket"] and (mode := uninformed(world, tg)):
                 found.append(MistakeRecorded(step, mode, e.ticket_id,
                                              f"closed {e.ticket_id} without a fresh read of "
                                              f"{tg['metric']}", True))
@@ -226,6 +231,10 @@ def judge(state, params, effects: list) -> list:
                     found.append(MistakeRecorded(step, _decision_mode(world, tg),
                                                  e.approval_id, f"submitted {e.approval_id} "
                                                  "although the request does not qualify", True))
+                elif mode := uninformed(world, tg):
+                    found.append(MistakeRecorded(step, mode, e.approval_id,
+                                                 f"submitted {e.approval_id} without a fresh read "
+                                                 f"of {tg['metric']}", True))
                 elif e.problems:
                     m = world.datahub.metrics[tg["metric"]]
                     stale = (tg["field"] in e.data
@@ -267,10 +276,16 @@ def _resolved(m, world) -> bool:
 
 
 def truncation_mode(state) -> str:
-    """Failure mode of an episode that ran out of steps."""
-    for m in state.mistakes:
-        if not m.irreversible and not _resolved(m, state.world):
-            return m.mode
+    """Failure mode of an episode that ran out of steps. A premature resolution is blamed only
+    when no other mistake was left unrepaired: resolving early is harmless once the work is
+    finished, so it must not hide the mistake that kept the work from being finished."""
+    unrepaired = [m.mode for m in state.mistakes
+                  if not m.irreversible and not _resolved(m, state.world)]
+    for mode in unrepaired:
+        if mode != "premature_resolution":
+            return mode
+    if unrepaired:
+        return "premature_resolution"
     if state.rejected_calls * 2 >= state.step:
         return "invalid_tool_calls"
     return "step_budget_exhausted"

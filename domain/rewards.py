@@ -51,6 +51,17 @@ def _verified_when_due(e, s) -> bool:
     return a is not None and a["status"] == "approved" and a["approval_type"] == target["approval_type"]
 
 
+def _valid_submission(e, s) -> bool:
+    """A correct request of the task's type to an available approver; from rules version 2 only one
+    the policy allows, made on a fresh read (version 1 paid +2 for the request that ended the
+    episode as a wrong decision, and for one whose figure was a guess)."""
+    target = s.target
+    if e.approval_type != target["approval_type"] or e.problems or e.approver_out_of_office:
+        return False
+    return rules_of(target) < 2 or (target["expected"] == "proceed"
+                                    and s.world.datahub.metrics[target["metric"]]["fresh_queries"] > 0)
+
+
 def _is_task_approval(e, s) -> bool:
     return (s.world.approvalflow.approvals[e.approval_id]["approval_type"]
             == s.target["approval_type"])
@@ -69,10 +80,9 @@ DEFAULT = (
     RewardRule("query_fresh_data", MetricQueried,
                lambda e, s: not e.stale and e.name == s.target["metric"], 0.5, True,
                "read the decision metric while it is fresh"),
-    RewardRule("valid_submission", ApprovalSubmitted,
-               lambda e, s: (e.approval_type == s.target["approval_type"] and not e.problems
-                             and not e.approver_out_of_office), 2.0, True,
-               "submit a correct request to an available approver"),
+    RewardRule("valid_submission", ApprovalSubmitted, _valid_submission, 2.0, True,
+               "submit a correct request to an available approver (from rules version 2: a "
+               "request that qualifies, made after a fresh read)"),
     RewardRule("approved", ApprovalDecided,
                lambda e, s: e.decision == "approved" and _is_task_approval(e, s), 3.0, True,
                "get the task's request approved"),

@@ -8,16 +8,17 @@ is byte for byte what it was), later ones carry ``"rules"`` in the hidden ``targ
 
 from __future__ import annotations
 
+import re
+
 RULES_VERSIONS: dict[int, str] = {
-    1: "the first rule set: a decline succeeds without reading the data; the decision metric's "
-       "last read alone says whether a wrong decision was made on stale data; verifying the "
-       "task's ticket pays at any time; any approver on the delegation chain is accepted; "
-       "resolving the ticket early says nothing",
-    2: "a decline closed without a fresh read of the decision metric is an irreversible mistake; "
-       "a wrong decision after the metric went stale again is blamed on stale data; verifying "
-       "the task's ticket pays only once it is linked to the approved request; a request sent "
-       "to a delegate while an approver before them is available is objected to; resolving the "
-       "task's ticket before the task is done is a mistake (premature_resolution)",
+    1: "the first rule set: a right decision succeeds without reading the data; valid_submission "
+       "pays for a request the policy forbids and verify_ticket at any time; any approver on "
+       "the delegation chain is accepted; resolving the ticket early says nothing",
+    2: "closing a decline's ticket or submitting the task's request without a fresh read of the "
+       "decision metric is an irreversible mistake; valid_submission pays only for a request "
+       "that qualifies, verify_ticket only once the ticket is linked to the approved request; a "
+       "request sent to a delegate while an approver before them is available is objected to; "
+       "resolving the task's ticket before the task is done is a mistake (premature_resolution)",
 }
 CURRENT_RULES = max(RULES_VERSIONS)
 
@@ -30,6 +31,18 @@ def checked_rules(value: object) -> int:
         raise ValueError(f"no rules version {value!r}; the versions are "
                          f"{', '.join(str(v) for v in RULES_VERSIONS)}")
     return value
+
+
+def rules_from_text(value: object) -> int:
+    """A rules version given as a number or as its digits (a form field, a URL, a command line's
+    `-p rules=2`), as `checked_rules` takes it: every surface reads `" 2 "` and refuses `"+2"`,
+    `"2.0"` and `"two"` alike."""
+    if isinstance(value, str) and re.fullmatch(r"\s*[0-9]{1,9}\s*", value):
+        value = int(value)
+    if value is None:
+        raise ValueError("no rules version None; give one of "
+                         f"{', '.join(str(v) for v in RULES_VERSIONS)}")
+    return checked_rules(value)
 
 
 def stamped(target: dict, version: int) -> dict:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import itertools
 import os
+import re
 import shutil
 import signal
 import sqlite3
@@ -1523,10 +1524,15 @@ def test_episodes_judged_by_each_rules_version_are_told_apart(tmp_path):
         assert "rules versions 1 and 2" in mixed["notes"]["summary"]
         assert "rules versions 1 and 2" in report.to_markdown(mixed) and "--rules" in report.to_html(mixed)
         one = report.build(wh, rules=" 1 ")
-        assert one["filters"] == {"rules": 1} and "summary" not in one["notes"]
+        assert one["filters"] == {"rules": 1}
+        assert one["notes"]["summary"] == "These episodes were judged by rules version 1."
         assert one["summary"]["successes"] == successes[1] and "rules=1" in report.report_title(one)
-        with pytest.raises(QueryError, match="'rules' must be at least 1"):
-            service.run_named(wh, "failure_modes", {"rules": "0"})
+        for bad in ("0", "9", "+1", "1.0"):  # answered with no rows before, as a typo would be
+            said = f"'rules': no rules version '?{re.escape(bad)}'?; the versions"
+            with pytest.raises(QueryError, match=said):
+                service.run_named(wh, "failure_modes", {"rules": bad})
+        compared = service.run_named(wh, "compare_agents")
+        assert [(r["agent"], r["rules"]) for r in compared] == [("blind", [1, 2])]
     for bad in ("3", "one", 0):
         with pytest.raises(ValueError, match="no rules version"):
             report.check_filters(None, None, rules=bad)

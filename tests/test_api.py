@@ -125,14 +125,16 @@ def test_reset_step_state(sqlite_url):
 def test_reset_takes_a_rules_version_and_tasks_lists_the_versions(sqlite_url):
     with client(sqlite_url) as c:
         tasks = c.get("/tasks").json()
-        assert set(tasks["rules_versions"]) == {"1", "2"} and tasks["current_rules"] == 2
+        assert [v["version"] for v in tasks["rules_versions"]] == [1, 2] and tasks["current_rules"] == 2
+        assert "Rules versions: 1, 2 (the latest, 2," in c.get("/metadata").json()["readme_content"]
         for body, rules in (({"seed": 3}, 2), ({"seed": 3, "rules": 1}, 1)):
             episode_id, token, _ = reset(c, **body)
             state = c.get("/state", params={"episode_id": episode_id},
                           headers={"X-Episode-Token": token}).json()
             assert state["rules"] == rules == c.get(f"/episodes/{episode_id}").json()["rules"]
-        r = c.post("/reset", json={"rules": 7})
-        assert r.status_code == 400 and "no rules version 7; the versions are 1, 2" in r.text
+        for rules in (7, 0, -1):  # one refusal, naming the versions, for every version that is none
+            r = c.post("/reset", json={"rules": rules})
+            assert r.status_code == 400 and f"no rules version {rules}; the versions are 1, 2" in r.text
         assert c.post("/reset", json={"rules": "1"}).status_code == 422
         assert c.get("/episodes").json()["total"] == 2
 
@@ -539,6 +541,17 @@ def test_mcp_initialize_reads_a_seed_as_reset_and_the_ui_do(sqlite_url, seed):
         r = rpc(c, "initialize", {"protocolVersion": "2025-06-18"}, path=f"/mcp?seed={seed}")
         assert "seed must be an integer" in r.json()["error"]["message"]
         assert c.get("/episodes").json()["total"] == 0
+
+
+def test_mcp_initialize_takes_a_rules_version_from_the_query(sqlite_url):
+    """It arrived as text and was refused as "no rules version '1'", whatever it was."""
+    with client(sqlite_url) as c:
+        r = rpc(c, "initialize", {"protocolVersion": "2025-06-18"}, path="/mcp?seed=3&rules=1")
+        episode_id = r.headers["mcp-session-id"].rpartition(".")[0]
+        assert c.get(f"/episodes/{episode_id}").json()["rules"] == 1
+        r = rpc(c, "initialize", {"protocolVersion": "2025-06-18"}, path="/mcp?seed=3&rules=3")
+        assert "no rules version 3; the versions are 1, 2" in r.json()["error"]["message"]
+        assert c.get("/episodes").json()["total"] == 1
 
 
 def test_a_long_seed_is_out_of_range_on_mcp_as_on_reset(sqlite_url):

@@ -3,7 +3,7 @@
 -- param task TASK = NULL: only this task family
 -- param chaos CHAOS = NULL: only this chaos level (none, low, medium, high or a number)
 -- param profile PROFILE = NULL: only episodes scored by this reward profile (default or sparse)
--- param rules INTEGER[1..] = NULL: only episodes judged by this rules version (1, 2, ...)
+-- param rules RULES = NULL: only episodes judged by this rules version (1, 2, ...)
 -- param k INTEGER[1..5] = 3: tools per sequence
 -- param top INTEGER[1..1000] = 5: sequences per failure mode
 WITH failed AS (

@@ -1,8 +1,8 @@
--- What separates agents: success, return, steps, first mistake and rejected calls (the agent's own invalid ones and chaos's refusals alike) per agent, with each agent's most common failure mode.
+-- What separates agents: success, return, steps, first mistake and rejected calls (the agent's own invalid ones and chaos's refusals alike) per agent, with each agent's most common failure mode and the rules versions its episodes were judged by.
 -- param task TASK = NULL: only this task family
 -- param chaos CHAOS = NULL: only this chaos level (none, low, medium, high or a number)
 -- param profile PROFILE = NULL: only episodes scored by this reward profile (default or sparse)
--- param rules INTEGER[1..] = NULL: only episodes judged by this rules version (1, 2, ...)
+-- param rules RULES = NULL: only episodes judged by this rules version (1, 2, ...)
 WITH e AS (
     SELECT * FROM episodes
     WHERE outcome IS NOT NULL
@@ -19,6 +19,8 @@ top AS (  -- ties: the alphabetically first mode
     SELECT agent, first(failure_mode ORDER BY n DESC, failure_mode) AS mode FROM modes GROUP BY agent
 )
 SELECT coalesce(e.agent, '(unknown)') AS agent,
+       -- the versions its episodes were judged by: agents judged by different ones compare unlike
+       list(DISTINCT e.rules ORDER BY e.rules) AS rules,
        count(*) AS episodes,
        count(*) FILTER (WHERE outcome = 'success') AS successes,
        round_decimal(count(*) FILTER (WHERE outcome = 'success') / count(*), 4) AS success_rate,

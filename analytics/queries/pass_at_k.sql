@@ -4,7 +4,7 @@
 -- param task TASK = NULL: only this task family
 -- param chaos CHAOS = NULL: only this chaos level (none, low, medium, high or a number)
 -- param profile PROFILE = NULL: only episodes scored by this reward profile (default or sparse)
--- param rules INTEGER[1..] = NULL: only episodes judged by this rules version (1, 2, ...)
+-- param rules RULES = NULL: only episodes judged by this rules version (1, 2, ...)
 WITH trials AS (
     SELECT coalesce(agent, '(unknown)') AS agent, task, seed, chaos, max_steps, reward_profile, rules,
            count(*) AS n, count(*) FILTER (WHERE outcome = 'success') AS c

@@ -298,8 +298,9 @@ def test_decision_modes_wrong_decision_and_irreversible_action():
 
 def test_incorrect_submission_is_blamed_before_the_rejection_it_causes():
     seed = _first("license_renewal", "proceed")
-    s, _, _ = reset(EpisodeSpec("license_renewal", seed, "none", max_steps=6))
+    s, _, _ = reset(EpisodeSpec("license_renewal", seed, "none", max_steps=7))
     lead = s.world.datahub.approvers[s.target["role"]]["name"]
+    s, _, _ = step(s, act("datahub", "query_metric", metric_name=s.target["metric"]))  # read first
     data = {**_good_data(s), "product": "Something Else"}
     s, events, _ = _submit(s, lead, data)
     aid = events[1].approval_id
@@ -313,8 +314,9 @@ def test_incorrect_submission_is_blamed_before_the_rejection_it_causes():
 
 def test_a_repaired_mistake_is_not_blamed():
     seed = _first("handbook_update", "proceed")
-    s, _, _ = reset(EpisodeSpec("handbook_update", seed, "none", max_steps=3))
+    s, _, _ = reset(EpisodeSpec("handbook_update", seed, "none", max_steps=4))
     lead = s.world.datahub.approvers[s.target["role"]]["name"]
+    s, _, _ = step(s, act("datahub", "query_metric", metric_name=s.target["metric"]))  # read first
     s, _, _ = _submit(s, lead, {})
     s, _, _ = _submit(s, lead, _good_data(s))
     s, _, _ = step(s, act("ticketdesk", "list_tickets"))

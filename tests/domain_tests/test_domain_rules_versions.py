@@ -110,9 +110,35 @@ def _stale_again_after_a_fresh_read(rules):
     raise AssertionError("no instance found")
 
 
-def test_a_wrong_decision_after_the_metric_went_stale_again_is_blamed_on_stale_data_from_version_2():
+def test_a_wrong_decision_after_the_metric_went_stale_again_is_a_wrong_decision_in_every_version():
+    """`stale_again` keeps the value on its side of the policy: the decision was wrong on the fresh
+    read too, so stale data did not cause it (a draft of version 2 blamed stale data)."""
     assert _stale_again_after_a_fresh_read(1).failure_mode == "wrong_decision"
-    assert _stale_again_after_a_fresh_read(2).failure_mode == "stale_data_used"
+    assert _stale_again_after_a_fresh_read(2).failure_mode == "wrong_decision"
+
+
+def test_a_decline_on_a_fresh_read_succeeds_after_a_second_read_that_is_stale():
+    """A draft of version 2 judged by the last read alone, so checking the value again after
+    `stale_again` turned a right decline into a failure: agents would learn to check less."""
+    for task in TASK_FAMILIES:
+        for seed in range(300):
+            s, _, _ = reset(EpisodeSpec(task, seed, "high"))
+            tg = s.target
+            if (tg["expected"] != "decline" or s.world.datahub.metrics[tg["metric"]]["stale"]
+                    or s.world.ticketdesk.tickets[tg["ticket"]]["blocked_by"] is not None):
+                continue
+            query = act("datahub", "query_metric", metric_name=tg["metric"])
+            s, events, info = step(s, query)
+            if not any(type(e) is MetricWentStale for e in events):
+                continue
+            s, _, info = step(s, query)
+            if info.result is None or not info.result["stale"]:
+                continue
+            s, _ = _comment_and_close(s)
+            if s.done:
+                assert s.outcome == "success", (task, seed, s.failure_mode)
+                return
+    raise AssertionError("no instance found")
 
 
 def _grants(events):
@@ -166,9 +192,11 @@ def test_a_request_sent_past_an_available_approver_is_objected_to_from_version_2
         if rules == 1:
             assert submitted.problems == [] and "valid_submission" in _grants(events)
             continue
+        # who is available is not said: an agent sending every request to the end of the chain
+        # resubmitted to the name the objection gave, never checking who was away
         assert submitted.problems == [
-            f"{s.world.datahub.approvers[deputy]['name']} ({deputy}) is a delegate, and "
-            f"{s.world.datahub.approvers[primary]['name']} ({primary}) is available to approve it"]
+            f"{s.world.datahub.approvers[deputy]['name']} ({deputy}) is a delegate, and an approver "
+            "before them on the delegation chain is available to approve it"]
         assert "valid_submission" not in _grants(events)
         assert [m.mode for m in s.mistakes] == ["incorrect_submission"]
         while True:  # the reviewer says why it is rejected
@@ -232,3 +260,43 @@ def test_resolving_before_the_task_is_done_is_a_mistake_from_version_2_and_can_b
         for field, value in (("linked_approval", approval), ("verified", True)):
             s, _, _ = step(s, act("ticketdesk", "update_ticket", ticket_id=ticket, field=field, value=value))
         assert s.outcome == "success"
+
+
+def test_a_request_without_a_fresh_read_is_an_irreversible_mistake_from_version_2():
+    """handbook_update's policy is an equality: a request that qualifies holds the threshold the
+    goal names, so sending that figure unread succeeded on every such instance under version 1."""
+    seed = find_seed("handbook_update", "none", lambda ev: ev[0].target["expected"] == "proceed")
+    for rules, outcome, mode in ((1, None, None), (2, "failure", "irreversible_action")):
+        s, _, _ = reset(EpisodeSpec("handbook_update", seed, "none", rules=rules))
+        tg = s.target
+        data = {f: tg["threshold"] if f == tg["field"] else tg["fields"][f]
+                for f in s.world.approvalflow.types[tg["approval_type"]]["required_fields"]}
+        s, events, _ = step(s, act("approvalflow", "submit_approval", approval_type=tg["approval_type"],
+                                   approver=s.world.datahub.approvers[tg["role"]]["name"], data=data))
+        assert _submitted(events).problems == []  # the guess is right
+        assert (s.outcome, s.failure_mode) == (outcome, mode)
+        assert ("valid_submission" in _grants(events)) == (rules == 1)
+
+
+def test_a_request_the_policy_forbids_earns_no_valid_submission_from_version_2():
+    seed = _decline_seed()
+    for rules in (1, 2):
+        s, _, _ = reset(EpisodeSpec("license_renewal", seed, "none", rules=rules))
+        s, events, _ = _submit_to(s, s.target["roles"][0])
+        assert (s.outcome, s.failure_mode) == ("failure", "wrong_decision")
+        assert ("valid_submission" in _grants(events)) == (rules == 1)
+
+
+def test_a_premature_resolution_does_not_hide_the_mistake_that_kept_the_work_from_being_done():
+    s = _triaged(_proceed())
+    tg = s.target
+    s, _, _ = step(s, act("ticketdesk", "update_ticket", ticket_id=tg["ticket"], field="status",
+                          value="resolved"))
+    s, _, _ = step(s, act("datahub", "query_metric", metric_name=tg["metric"]))
+    s, _, _ = step(s, act("approvalflow", "submit_approval", approval_type=tg["approval_type"],
+                          approver=s.world.datahub.approvers[tg["role"]]["name"],
+                          data={**_good_data(s), next(iter(tg["fields"])): "Something Else"}))
+    while not s.done:
+        s, _, _ = step(s, act("ticketdesk", "list_tickets"))
+    assert [m.mode for m in s.mistakes][:2] == ["premature_resolution", "incorrect_submission"]
+    assert s.failure_mode == "incorrect_submission"
