@@ -446,10 +446,13 @@ def _register_log(app: FastAPI, server: Server) -> None:
     def list_episodes(task: Annotated[TaskFamily | None, Query()] = None,
                       agent: Annotated[str | None, Query(max_length=MAX_AGENT_LABEL)] = None,
                       outcome: Annotated[Outcome | None, Query()] = None,
+                      rules: Annotated[int | None, Query(description="only episodes judged by this "
+                                                                     "rules version")] = None,
                       limit: Annotated[EpisodesLimit, Query()] = 50,
                       offset: Annotated[Offset, Query()] = 0) -> JSON:
         """Logged episodes, newest first (`outcome=running` for unfinished ones)."""
-        return JSON(log.list(task=task, agent=agent, outcome=outcome, limit=limit, offset=offset))
+        return JSON(log.list(task=task, agent=agent, outcome=outcome, rules=rules, limit=limit,
+                             offset=offset))
 
     @app.get("/episodes/{episode_id}", dependencies=STRICT_QUERY, response_model=EpisodeSummary,
              tags=["Episode log"],

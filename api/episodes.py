@@ -9,7 +9,6 @@ from typing import Any
 import orjson
 import sqlalchemy as sa
 
-import domain
 from api.sessions import ApiError, log_damaged, public_meta
 from companyos.runtime import episode_id_problem
 from eventstore import CorruptCommit, EventStore
@@ -31,13 +30,13 @@ class EpisodeLog:
         self._runner = ProjectionRunner(store, [EpisodesProjection()])
         self._catch_up_lock = threading.Lock()
 
-    def list(self, *, task: str | None = None, agent: str | None = None,
-             outcome: str | None = None, limit: int = 50, offset: int = 0) -> dict[str, Any]:
+    def list(self, *, task: str | None = None, agent: str | None = None, outcome: str | None = None,
+             rules: int | str | None = None, limit: int = 50, offset: int = 0) -> dict[str, Any]:
         with self._catch_up_lock:  # to the log as asked: steps logged meanwhile are not waited for
             self._runner.catch_up(upto=self.store.last_position())
         table = episodes_table
         try:
-            where = episode_filters(task, agent, outcome)
+            where = episode_filters(task, agent, outcome, rules)
         except ValueError as exc:
             raise ApiError(400, "invalid_filter", str(exc)) from None
         columns = [c for c in table.c if c.name not in _HIDDEN_COLUMNS]
@@ -45,7 +44,7 @@ class EpisodeLog:
                  .order_by(table.c.first_position.desc()).limit(limit).offset(offset))
         with self.store.engine.connect() as conn:
             rows = [{str(k): v for k, v in row.items()} for row in conn.execute(query).mappings()]
-            total = count_episodes(conn, task=task, agent=agent, outcome=outcome)
+            total = count_episodes(conn, task=task, agent=agent, outcome=outcome, rules=rules)
         next_offset = offset + len(rows) if offset + len(rows) < total else None
         return {"episodes": rows, "total": total, "limit": limit, "offset": offset,
                 "next_offset": next_offset}
@@ -125,9 +124,7 @@ def _summary(episode_id: str, records: list) -> dict[str, Any]:
         raise ApiError(404, "episode_not_found", f"{episode_id!r} is not an episode stream")
     for column in _HIDDEN_COLUMNS:
         row.pop(column, None)
-    started = _decoded(records[0], records[0].data_json)
-    row["goal"] = started.get("goal")
-    row["rules"] = domain.rules_of(started.get("target"))
+    row["goal"] = _decoded(records[0], records[0].data_json).get("goal")
     return row
 
 

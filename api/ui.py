@@ -74,8 +74,8 @@ def ui_router(log: EpisodeLog, db: str | Callable[[], str], warehouse: str | Non
     def episodes(request: Request) -> HTMLResponse:
         """The episode list, newest first, filtered and paged like GET /episodes."""
         try:
-            params = _params(request, "task", "agent", "outcome", "limit", "offset")
-            filters = {k: params[k] for k in ("task", "agent", "outcome") if k in params}
+            params = _params(request, "task", "agent", "outcome", "rules", "limit", "offset")
+            filters = {k: params[k] for k in ("task", "agent", "outcome", "rules") if k in params}
             limit = _whole(params, "limit", PAGE_SIZE, 1, MAX_PAGE_SIZE)
             offset = _whole(params, "offset", 0, 0, MAX_OFFSET)
             listing = log.list(**filters, limit=limit, offset=offset)

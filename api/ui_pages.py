@@ -61,6 +61,7 @@ def episode_list(listing: dict[str, Any], filters: dict[str, str]) -> HTMLRespon
         + select("task", "task", TASK_FAMILIES, filters.get("task"))
         + text_input("agent", "agent", filters.get("agent"))
         + select("outcome", "outcome", OUTCOMES, filters.get("outcome"))
+        + select("rules", "rules", [str(v) for v in RULES_VERSIONS], filters.get("rules"))
         + f'<input type="hidden" name="limit" value="{esc(listing["limit"])}">'
         + '<button type="submit">Filter</button>'
         + f'<a href="{esc(ui_href())}">clear</a></form>')

@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 import sqlalchemy as sa
 
-from domain import sim_time, task_family
+from domain import rules_from_text, rules_of, sim_time, task_family
 from domain.labels import control_character
 from eventstore import EventStore, RecordedEvent
 from projections.runner import Projection, fold_records, read_rows, row_of
@@ -30,7 +30,7 @@ class EpisodesProjection(Projection):
     the rewards of an episode only while it is still running (its end carries the return)."""
 
     name = "episodes"
-    version = 1
+    version = 2  # 2: the rules column
     table = episodes
     key = "episode_id"
     types = frozenset({"EpisodeStarted", "ActionTaken", "RewardGranted", "EpisodeEnded"})
@@ -46,7 +46,8 @@ class EpisodesProjection(Projection):
             state = {
                 "task": data.get("task"), "seed": data.get("seed"), "chaos": data.get("chaos"),
                 "agent": _storable_label(meta.get("agent")), "reward_profile": data.get("reward_profile"),
-                "max_steps": data.get("max_steps"), "started_at": meta.get("recorded_at"),
+                "max_steps": data.get("max_steps"), "rules": _rules(data),
+                "started_at": meta.get("recorded_at"),
                 "ended_at": None, "sim_started_at": sim_time(0), "sim_ended_at": None,
                 "steps": 0, "total_return": 0.0, "outcome": None, "failure_mode": None,
                 "first_position": record.position, "_rewards": [],
@@ -119,6 +120,15 @@ _STARTED_FIELDS = {"task": (str, _REQUIRED, 100), "seed": (int, _REQUIRED, _INT6
                    "max_steps": (int, _NULLABLE, _INT32)}
 _ENDED_FIELDS = {"outcome": (str, _NULLABLE, 20), "failure_mode": (str, _NULLABLE, 100),
                  "steps": (int, _MAY_LACK, _INT32), "total_return": (_NUMBER, _MAY_LACK, _INT64)}
+
+
+def _rules(started: dict[str, Any]) -> int:
+    """The rules version an EpisodeStarted names; ValueError, as for the fields above, when an edit
+    behind the store's back made it something the column cannot hold."""
+    rules = rules_of(started.get("target"))
+    if isinstance(rules, bool) or not isinstance(rules, int) or not 1 <= rules <= _INT32[1]:
+        raise ValueError(f"target.rules {rules!r} is no rules version")
+    return rules
 
 
 def _check_fields(data: dict[str, Any], fields: dict[str, tuple]) -> None:
@@ -211,10 +221,12 @@ def new_agent_label_problem(agent: object) -> str | None:
     return None
 
 
-def episode_filters(task: str | None = None, agent: str | None = None,
-                    outcome: str | None = None) -> list[sa.ColumnElement[bool]]:
+def episode_filters(task: str | None = None, agent: str | None = None, outcome: str | None = None,
+                    rules: int | str | None = None) -> list[sa.ColumnElement[bool]]:
     """The WHERE clauses of an episode listing (every reader of the read model uses these);
-    ValueError, in words, for a task or outcome that no episode can have."""
+    ValueError, in words, for a task, outcome or rules version that no episode can have."""
+    if rules is not None:
+        rules = rules_from_text(rules)
     # None is no filter; an empty value (an unset shell variable) is a wrong one, as for agent
     if outcome is not None and outcome not in OUTCOMES:
         raise ValueError(f"unknown outcome {outcome!r}; choose one of {', '.join(OUTCOMES)}")
@@ -233,15 +245,17 @@ def episode_filters(task: str | None = None, agent: str | None = None,
         where.append(episodes.c.outcome.is_(None))
     elif outcome:
         where.append(episodes.c.outcome == outcome)
+    if rules is not None:
+        where.append(episodes.c.rules == rules)
     return where
 
 
 def list_episodes(conn: sa.Connection, task: str | None = None, agent: str | None = None,
                   outcome: str | None = None, limit: int | None = 50,
-                  offset: int = 0) -> list[dict[str, Any]]:
+                  offset: int = 0, rules: int | str | None = None) -> list[dict[str, Any]]:
     """Episodes, newest first (by where they begin in the log), skipping `offset`;
     `outcome="running"` selects episodes that have not ended."""
-    query = sa.select(episodes).where(*episode_filters(task, agent, outcome))
+    query = sa.select(episodes).where(*episode_filters(task, agent, outcome, rules))
     query = query.order_by(episodes.c.first_position.desc()).offset(offset or None)
     if limit:
         query = query.limit(limit)
@@ -249,7 +263,8 @@ def list_episodes(conn: sa.Connection, task: str | None = None, agent: str | Non
 
 
 def count_episodes(conn: sa.Connection, task: str | None = None, agent: str | None = None,
-                   outcome: str | None = None) -> int:
+                   outcome: str | None = None, rules: int | str | None = None) -> int:
     """How many episodes the filters select (a page's "of N")."""
-    query = sa.select(sa.func.count()).select_from(episodes).where(*episode_filters(task, agent, outcome))
+    query = sa.select(sa.func.count()).select_from(episodes).where(
+        *episode_filters(task, agent, outcome, rules))
     return conn.execute(query).scalar_one()

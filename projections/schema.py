@@ -32,6 +32,8 @@ episodes = sa.Table(
     sa.Column("agent", sa.String(200), nullable=True),
     sa.Column("reward_profile", sa.String(100), nullable=False),
     sa.Column("max_steps", sa.Integer(), nullable=True),
+    # the rules version the episode was judged by (1: its log names none; migration 0006)
+    sa.Column("rules", sa.Integer(), nullable=False, server_default="1"),
     sa.Column("started_at", sa.String(40), nullable=True),
     sa.Column("ended_at", sa.String(40), nullable=True),
     sa.Column("sim_started_at", sa.String(40), nullable=True),
@@ -48,6 +50,7 @@ episodes = sa.Table(
     sa.Index("ix_episodes_task", "task"),
     sa.Index("ix_episodes_agent", "agent"),
     sa.Index("ix_episodes_outcome", "outcome"),
+    sa.Index("ix_episodes_rules", "rules"),
     sa.Index("ix_episodes_first_position", "first_position"),
 )
 

@@ -23,6 +23,7 @@ from analytics.named import QueryError, UnknownQuery
 from analytics.sync import sync
 from analytics.warehouse import DERIVE_VERSION, Warehouse, WarehouseError, store_label
 from eventstore import GENESIS_DIGEST, CorruptCommit, EventStore, NewEvent, chain_digest
+from eventstore.migrate import HEAD_REVISION
 from eventstore.packing import SEPARATOR, payload_columns, payload_text
 from tests.conftest import start_slow_sync
 
@@ -767,7 +768,7 @@ def test_a_store_of_json_payloads_upgrades_and_reads_and_syncs_beside_separated_
         assert verify(store).ok
         with store.engine.connect() as conn:
             assert conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalar() \
-                == "0005_separated_payloads"
+                == HEAD_REVISION
     mixed = tmp_path / "mixed.duckdb"
     sync(url, mixed, batch_events=97)
     with Warehouse(mixed, read_only=True) as wh:

@@ -136,6 +136,10 @@ def test_reset_takes_a_rules_version_and_tasks_lists_the_versions(sqlite_url):
             r = c.post("/reset", json={"rules": rules})
             assert r.status_code == 400 and f"no rules version {rules}; the versions are 1, 2" in r.text
         assert c.post("/reset", json={"rules": "1"}).status_code == 422
+        listed = c.get("/episodes", params={"rules": 1}).json()
+        assert listed["total"] == 1 and [e["rules"] for e in listed["episodes"]] == [1]
+        r = c.get("/episodes", params={"rules": 9})
+        assert r.status_code == 400 and "no rules version 9" in r.json()["detail"]
         assert c.get("/episodes").json()["total"] == 2
 
 
@@ -814,7 +818,7 @@ def test_a_query_parameter_a_route_does_not_take_is_refused_in_words(sqlite_url)
         assert c.get("/episodes", params={"outcome": "running"}).json()["total"] == 1
         for path, query, words in (
                 ("/episodes", "outcomes=success", "/episodes has no query parameter 'outcomes'; "
-                                                  "it takes agent, limit, offset, outcome, task"),
+                                                  "it takes agent, limit, offset, outcome, rules, task"),
                 ("/episodes", "limit=2&limit=500", "parameter 'limit' is given more than once"),
                 (f"/episodes/{episode_id}/views", "stpe=0", "has no query parameter 'stpe'; it takes step"),
                 (f"/episodes/{episode_id}/events", "from=3", "has no query parameter 'from'"),

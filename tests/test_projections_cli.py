@@ -641,3 +641,40 @@ def test_output_to_a_terminal_that_cannot_show_every_character(tmp_path, encodin
     assert out.returncode == 0 and b"Traceback" not in out.stderr, out.stderr.decode()
     # JSON in its own encoding, UTF-8, whatever the terminal's
     assert json.loads(out.stdout.decode("utf-8"))["action"]["params"]["text"] == comment
+
+
+def _judged_by_each_version(url: str) -> dict[int, str]:
+    """An episode judged by each rules version; their ids."""
+    from companyos.env import CompanyEnv
+
+    with CompanyEnv(url) as env:
+        return {rules: env.reset(seed=5, options={"rules": rules})[1]["episode_id"] for rules in (1, 2)}
+
+
+def test_episodes_are_listed_with_their_rules_version_and_filtered_by_it(cli, tmp_path):
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    ids = _judged_by_each_version(url)
+    for rules, episode_id in ids.items():
+        out = cli("episodes", "--db", url, "--json", "--rules", str(rules))
+        listed = json.loads(out.stdout)
+        assert [(e["episode_id"], e["rules"]) for e in listed["episodes"]] == [(episode_id, rules)]
+        assert listed["total"] == 1
+    out = cli("episodes", "--db", url, "--rules", "9")
+    assert out.exit_code == 2 and "no rules version 9; the versions are 1, 2" in out.stderr
+
+
+def test_a_store_from_before_rules_versions_is_upgraded_and_lists_each_episode_s_version(cli, tmp_path):
+    """Migration 0006 adds the column (1 for rows already there) and the projection's new version
+    refolds the read model, so an episode judged by version 2 says 2, not the column's default."""
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    ids = _judged_by_each_version(url)
+    assert cli("episodes", "--db", url).exit_code == 0  # the read model as it was then
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:  # as the code before this column left the store
+        conn.execute(sa.text("DROP INDEX ix_episodes_rules"))
+        conn.execute(sa.text("ALTER TABLE episodes DROP COLUMN rules"))
+        conn.execute(sa.text("UPDATE alembic_version SET version_num = '0005_separated_payloads'"))
+        conn.execute(sa.text("UPDATE projection_checkpoints SET version = 1 WHERE name = 'episodes'"))
+    engine.dispose()
+    listed = json.loads(cli("episodes", "--db", url, "--json").stdout)["episodes"]
+    assert {e["episode_id"]: e["rules"] for e in listed} == {i: rules for rules, i in ids.items()}

@@ -58,6 +58,7 @@ def episodes(
                                      callback=utf8_text),
     outcome: str | None = typer.Option(None, "--outcome",
                                        help="success, failure, truncated or running."),
+    rules: int | None = typer.Option(None, "--rules", help="Only episodes judged by this rules version."),
     limit: int = typer.Option(50, "--limit", min=0, max=10**9,
                               help="At most this many, newest first (0: all)."),
     offset: int = typer.Option(0, "--offset", min=0, max=10**12,
@@ -70,7 +71,7 @@ def episodes(
     from projections.episodes import count_episodes, episode_filters, list_episodes
 
     try:
-        episode_filters(task, agent, outcome)  # a wrong filter is told before any catching up
+        episode_filters(task, agent, outcome, rules)  # a wrong filter is told before any catching up
     except ValueError as exc:
         fail(str(exc))
     store = _open(db)
@@ -92,8 +93,8 @@ def episodes(
                 runner.catch_up(progress=advance, upto=upto)
         with store.engine.connect() as conn:
             rows = list_episodes(conn, task=task, agent=agent, outcome=outcome, limit=limit or None,
-                                 offset=offset)
-            total = count_episodes(conn, task=task, agent=agent, outcome=outcome)
+                                 offset=offset, rules=rules)
+            total = count_episodes(conn, task=task, agent=agent, outcome=outcome, rules=rules)
     finally:
         store.close()
     _say_waiting(waiting, "listed", "list")
