@@ -128,23 +128,26 @@ def routing_problem(target: dict, world, approval_type: str, approver: dict, cha
 # --- success -----------------------------------------------------------------------------
 
 
+def approved_request_linked(world, target: dict) -> bool:
+    """Whether the task's ticket is linked to an approved request of the task's type."""
+    t = world.ticketdesk.tickets[target["ticket"]]
+    a = world.approvalflow.approvals.get(t["linked_approval"])
+    return (a is not None and a["status"] == "approved" and not a["problems"]
+            and a["approval_type"] == target["approval_type"])
+
+
 def is_success(world, target: dict) -> bool:
     t = world.ticketdesk.tickets[target["ticket"]]
     status = t["status"]
     if status != "resolved" and status != "closed":
         return False
-    approvals = world.approvalflow.approvals
     if target["expected"] == "proceed":
-        if status != "resolved" or not t["verified"]:
-            return False
-        a = approvals.get(t["linked_approval"])
-        if (a is None or a["status"] != "approved" or a["problems"]
-                or a["approval_type"] != target["approval_type"]):
+        if status != "resolved" or not t["verified"] or not approved_request_linked(world, target):
             return False
         return all(t[k] == v for k, v in target["requirements"].items())
     atype = target["approval_type"]
     return (status == "closed" and bool(t["comments"])
-            and not any(a["approval_type"] == atype for a in approvals.values()))
+            and not any(a["approval_type"] == atype for a in world.approvalflow.approvals.values()))
 
 
 def unfinished(world, target: dict) -> list[str]:
@@ -153,10 +156,8 @@ def unfinished(world, target: dict) -> list[str]:
     if target["expected"] == "decline":
         return ["the request does not qualify: the ticket is to be closed with a comment"]
     t = world.ticketdesk.tickets[target["ticket"]]
-    a = world.approvalflow.approvals.get(t["linked_approval"])
     missing = [] if t["verified"] else ["not verified"]
-    if (a is None or a["status"] != "approved" or a["problems"]
-            or a["approval_type"] != target["approval_type"]):
+    if not approved_request_linked(world, target):
         missing.append("no approved request linked")
     missing += [f"{k} is not {v}" for k, v in target["requirements"].items() if t[k] != v]
     return missing

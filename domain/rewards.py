@@ -24,6 +24,7 @@ from domain.events import (
     TicketUnblocked,
     TicketVerificationChanged,
 )
+from domain.outcomes import approved_request_linked
 from domain.rules import rules_of
 
 
@@ -45,10 +46,7 @@ def _verified_when_due(e, s) -> bool:
     target = s.target
     if not e.verified or e.ticket_id != target["ticket"]:
         return False
-    if rules_of(target) < 2:
-        return True
-    a = s.world.approvalflow.approvals.get(s.world.ticketdesk.tickets[e.ticket_id]["linked_approval"])
-    return a is not None and a["status"] == "approved" and a["approval_type"] == target["approval_type"]
+    return rules_of(target) < 2 or approved_request_linked(s.world, target)
 
 
 def _valid_submission(e, s) -> bool:
