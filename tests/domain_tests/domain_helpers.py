@@ -29,3 +29,17 @@ def find_seed(task: str, chaos, predicate, limit: int = 400) -> int:
             return seed
     raise AssertionError("no seed found")
 
+
+
+def act(app: str, method: str, **params) -> dict:
+    """An action as an agent sends it."""
+    return {"app": app, "method": method, "params": params}
+
+
+def good_data(s) -> dict:
+    """Every field the task's approval type requires, with the ticket's values and the metric's
+    true value (hidden state: what a perfect agent would submit)."""
+    tg = s.target
+    required = s.world.approvalflow.types[tg["approval_type"]]["required_fields"]
+    true = s.world.datahub.metrics[tg["metric"]]["true_value"]
+    return {f: true if f == tg["field"] else tg["fields"][f] for f in required}

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
-from domain_helpers import find_seed, play
+from domain_helpers import act, find_seed, good_data, play
 
 from domain import (
     CHAOS_LEVELS,
@@ -26,11 +26,6 @@ from domain.events import (
     RewardGranted,
     TicketBlocked,
 )
-
-
-def act(app, method, **params):
-    return {"app": app, "method": method, "params": params}
-
 
 # --- chaos -------------------------------------------------------------------------------
 
@@ -268,13 +263,6 @@ def _submit(s, approver, data):
                        approver=approver, data=data))
 
 
-def _good_data(s):
-    tg = s.target
-    required = s.world.approvalflow.types[tg["approval_type"]]["required_fields"]
-    true = s.world.datahub.metrics[tg["metric"]]["true_value"]
-    return {f: true if f == tg["field"] else tg["fields"][f] for f in required}
-
-
 def _first(task, expected):
     return find_seed(task, "none", lambda ev: ev[0].target["expected"] == expected)
 
@@ -283,11 +271,11 @@ def test_decision_modes_wrong_decision_and_irreversible_action():
     seed = _first("vendor_onboarding", "decline")
     s, _, _ = reset(EpisodeSpec("vendor_onboarding", seed, "none"))
     lead = s.world.datahub.approvers[s.target["role"]]["name"]
-    blind, _, _ = _submit(s, lead, _good_data(s))
+    blind, _, _ = _submit(s, lead, good_data(s))
     assert blind.outcome == "failure" and blind.failure_mode == "irreversible_action"
     s, _, info = step(s, act("datahub", "query_metric", metric_name=s.target["metric"]))
     assert not info.result["stale"]
-    s, _, _ = _submit(s, lead, _good_data(s))
+    s, _, _ = _submit(s, lead, good_data(s))
     assert s.outcome == "failure" and s.failure_mode == "wrong_decision"
     seed = _first("expense_report", "proceed")
     s, _, _ = reset(EpisodeSpec("expense_report", seed, "none"))
@@ -301,7 +289,7 @@ def test_incorrect_submission_is_blamed_before_the_rejection_it_causes():
     s, _, _ = reset(EpisodeSpec("license_renewal", seed, "none", max_steps=7))
     lead = s.world.datahub.approvers[s.target["role"]]["name"]
     s, _, _ = step(s, act("datahub", "query_metric", metric_name=s.target["metric"]))  # read first
-    data = {**_good_data(s), "product": "Something Else"}
+    data = {**good_data(s), "product": "Something Else"}
     s, events, _ = _submit(s, lead, data)
     aid = events[1].approval_id
     s, _, info = step(s, act("approvalflow", "check_status", approval_id=aid))
@@ -318,7 +306,7 @@ def test_a_repaired_mistake_is_not_blamed():
     lead = s.world.datahub.approvers[s.target["role"]]["name"]
     s, _, _ = step(s, act("datahub", "query_metric", metric_name=s.target["metric"]))  # read first
     s, _, _ = _submit(s, lead, {})
-    s, _, _ = _submit(s, lead, _good_data(s))
+    s, _, _ = _submit(s, lead, good_data(s))
     s, _, _ = step(s, act("ticketdesk", "list_tickets"))
     assert s.outcome == "truncated" and [m.mode for m in s.mistakes] == [
         "missing_required_fields"]

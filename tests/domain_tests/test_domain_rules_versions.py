@@ -4,7 +4,7 @@ so a log written before versions existed re-runs to the same events."""
 from __future__ import annotations
 
 import pytest
-from domain_helpers import find_seed, play
+from domain_helpers import act, find_seed, good_data, play
 
 from domain import (
     CURRENT_RULES,
@@ -23,10 +23,6 @@ from domain.events import (
     MetricWentStale,
     RewardGranted,
 )
-
-
-def act(app, method, **params):
-    return {"app": app, "method": method, "params": params}
 
 
 def _decline_seed(task="license_renewal", chaos="none"):
@@ -166,19 +162,12 @@ def _proceed(task="expense_report", chaos="none", rules=None):
     return reset(EpisodeSpec(task, seed, chaos, rules=rules))[0]
 
 
-def _good_data(s):
-    tg = s.target
-    required = s.world.approvalflow.types[tg["approval_type"]]["required_fields"]
-    true = s.world.datahub.metrics[tg["metric"]]["true_value"]
-    return {f: true if f == tg["field"] else tg["fields"][f] for f in required}
-
-
 def _submit_to(s, role):
     tg = s.target
     name = s.world.datahub.approvers[role]["name"]
     s, _, _ = step(s, act("datahub", "query_metric", metric_name=tg["metric"]))
     return step(s, act("approvalflow", "submit_approval", approval_type=tg["approval_type"],
-                       approver=name, data=_good_data(s)))
+                       approver=name, data=good_data(s)))
 
 
 def test_a_request_sent_past_an_available_approver_is_objected_to_from_version_2():
@@ -295,7 +284,7 @@ def test_a_premature_resolution_does_not_hide_the_mistake_that_kept_the_work_fro
     s, _, _ = step(s, act("datahub", "query_metric", metric_name=tg["metric"]))
     s, _, _ = step(s, act("approvalflow", "submit_approval", approval_type=tg["approval_type"],
                           approver=s.world.datahub.approvers[tg["role"]]["name"],
-                          data={**_good_data(s), next(iter(tg["fields"])): "Something Else"}))
+                          data={**good_data(s), next(iter(tg["fields"])): "Something Else"}))
     while not s.done:
         s, _, _ = step(s, act("ticketdesk", "list_tickets"))
     assert [m.mode for m in s.mistakes][:2] == ["premature_resolution", "incorrect_submission"]
