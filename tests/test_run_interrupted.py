@@ -16,6 +16,7 @@ import pytest
 
 from companyos import batch, cli
 from companyos.commands.run import seed_ranges
+from domain import CURRENT_RULES
 from tests.conftest import live_children
 
 
@@ -326,7 +327,8 @@ def test_worker_processes_the_system_cannot_start_are_said_in_words(tmp_path, mo
     assert stopped.value.code == 1
     assert out.err.strip().splitlines() == ["error: cannot start the run's worker processes: "
                                             "Too many open files"], out.err
-    assert json.loads(out.out) == {"summary": batch.summarise([]), "episodes": [], "failed": True}
+    assert json.loads(out.out) == {"rules": CURRENT_RULES, "summary": batch.summarise([]), "episodes": [],
+                                   "failed": True}
 
 
 def test_no_more_worker_processes_start_than_there_are_chunks(tmp_path, monkeypatch):
@@ -455,7 +457,8 @@ def test_a_json_run_that_fails_before_any_episode_still_prints_its_document(tmp_
     code, stdout, stderr = _run_json(monkeypatch, capsys, f"sqlite:///{tmp_path / 's.db'}", 0,
                                      database_gone)
     assert code == 1 and stderr.strip() == "error: the store failed: the disk is full"
-    assert json.loads(stdout) == {"summary": batch.summarise([]), "episodes": [], "failed": True}
+    assert json.loads(stdout) == {"rules": CURRENT_RULES, "summary": batch.summarise([]), "episodes": [],
+                                  "failed": True}
 
 
 def test_stop_signals_are_counted_and_a_forcing_one_waits_for_the_workers_to_start():
