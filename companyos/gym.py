@@ -18,7 +18,7 @@ import gymnasium
 from gymnasium import spaces
 from gymnasium.vector.utils import create_shared_memory
 
-from companyos.env import CompanyEnv
+from companyos.env import CompanyEnv, spec_from_options
 from companyos.observation import Observation
 from companyos.runtime import MAX_ACTION_BYTES
 from eventstore.encoding import parse_json
@@ -168,16 +168,19 @@ class CompanyOSGym(gymnasium.Env):
             raise ValueError("this env already backs another CompanyOS Gymnasium env, and one env plays "
                              "one episode at a time (make_vec(env=...) gives every sub-env the same one): "
                              "give each its own, e.g. make_vec(..., url=...) for a server's")
+        defaults = {key: value for key, value in (("task", task), ("chaos", chaos),
+                    ("reward_profile", reward_profile), ("max_steps", max_steps), ("rules", rules))
+                    if value is not None}
+        # a wrong default is refused here, before any store or connection is opened: at the first
+        # reset, Gymnasium's checker would leave the env unusable (see docs/clients.md)
+        spec_from_options(0, defaults)
         self.render_mode = render_mode
         self._owns_env = env is None
         if env is None:
             env = _remote(url, agent, api_key) if url is not None else CompanyEnv(db, durability=durability,
                                                                                   agent=agent)
         self.env = env
-        self.defaults = {key: value for key, value in (("task", task), ("chaos", chaos),
-                         ("reward_profile", reward_profile), ("max_steps", max_steps),
-                         ("rules", rules))
-                         if value is not None}
+        self.defaults = defaults
         self.observation_space = UnicodeText(MAX_OBSERVATION_CHARS, min_length=1, charset=SAMPLE_CHARSET)
         self.action_space = UnicodeText(MAX_ACTION_CHARS, min_length=0, charset=SAMPLE_CHARSET)
         self.episode_id: str | None = None

@@ -206,6 +206,18 @@ def test_a_seeded_reset_plays_the_company_env_episode_of_that_seed(sqlite_url, s
     assert "episode_id" not in gym_info and env.episode_id is not None
 
 
+@pytest.mark.parametrize(("kwargs", "said"), [({"rules": 9}, "no rules version 9"),
+                                              ({"task": "nap"}, "unknown task"),
+                                              ({"chaos": "extreme"}, "chaos")])
+def test_a_wrong_default_is_refused_when_the_adapter_is_made(tmp_path, kwargs, said):
+    """It was refused only at the first reset, which left an env from gymnasium.make unusable."""
+    with pytest.raises(ValueError, match=said):
+        CompanyOSGym(db=f"sqlite:///{tmp_path / 's.db'}", **kwargs)
+    with pytest.raises(ValueError, match=said):
+        gymnasium.make(ENV_ID, db=f"sqlite:///{tmp_path / 's.db'}", **kwargs)
+    assert not (tmp_path / "s.db").exists()  # nothing opened
+
+
 def test_the_rules_version_is_a_default_of_every_reset_that_a_reset_may_override(sqlite_url):
     env = CompanyOSGym(db=sqlite_url, rules=1)
     env.reset(seed=3)
@@ -306,10 +318,8 @@ def test_constructor_arguments_are_checked(sqlite_url):
         CompanyOSGym(db=sqlite_url, render_mode="human")
     with pytest.raises(ValueError, match="either env="):
         CompanyOSGym(db=sqlite_url, env=object())
-    env = CompanyOSGym(db=sqlite_url, task="no_such_task")
-    with pytest.raises(ValueError, match="unknown task"):  # CompanyEnv's refusal, at reset
-        env.reset(seed=1)
-    env.close()
+    with pytest.raises(ValueError, match="unknown task"):  # CompanyEnv's refusal, when it is made
+        CompanyOSGym(db=sqlite_url, task="no_such_task")
 
 
 def test_importing_companyos_does_not_import_gymnasium():
