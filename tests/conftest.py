@@ -269,3 +269,12 @@ def held_sync(monkeypatch):
 
     monkeypatch.setattr(service, "sync", slow_sync)
     return release, calls
+
+
+def two_at_a_time(run, calls):
+    """`run(call)` of each independent call, two at a time, in order: for calls that each start a
+    fresh interpreter (mostly loading modules), which leave the suite's second core idle."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(2) as pool:
+        return list(pool.map(run, calls))

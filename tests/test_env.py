@@ -18,6 +18,7 @@ from companyos.env import CompanyEnv
 from companyos.runtime import EpisodeNotFound, EpisodeRuntime
 from eventstore import EventStore
 from eventstore.engine import normalise_url
+from tests.conftest import two_at_a_time
 
 FAMILIES = list(domain.TASK_FAMILIES)
 
@@ -564,18 +565,16 @@ def _unboxed(text: str) -> str:
     return " ".join(re.sub("[│╭╮╰╯─]", " ", text).split())
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess:
+def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "companyos", *args], capture_output=True,
-                          text=True)
+                          text=True, env=None if env is None else {**os.environ, **env})
 
 
-def _clis(*calls: list[str]) -> list[subprocess.CompletedProcess]:
-    """`_cli` of each independent call, two at a time: each is a fresh interpreter that mostly loads
-    modules, and the suite leaves the second core idle."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(2) as pool:
-        return list(pool.map(lambda args: _cli(*args), calls))
+def _clis(*calls: list[str] | tuple[list[str], dict[str, str]]) -> list[subprocess.CompletedProcess]:
+    """`_cli` of each independent call (its arguments, or its arguments and environment
+    variables), two at a time."""
+    return two_at_a_time(lambda call: _cli(*call[0], env=call[1]) if isinstance(call, tuple)
+                         else _cli(*call), calls)
 
 
 @pytest.mark.parametrize("args", [["verify"], ["episodes"], ["analytics", "query", "failure_modes"]])
@@ -616,9 +615,10 @@ def test_run_refuses_seeds_past_64_bits_before_logging_anything(tmp_path):
     """Seeds are 64-bit in every reader of the log: one past it used to be stored, then break
     `episodes` and `rebuild` for the whole store."""
     url = f"sqlite:///{tmp_path / 'run.db'}"
-    for seed, why in ((2**63 - 1, "past the largest seed"),  # its second episode's seed
-                      (2**64 - 1, "seeds are non-negative and 64-bit")):
-        out = _cli("run", "--episodes", "2", "--seed", str(seed), "--db", url)
+    refused = ((2**63 - 1, "past the largest seed"),  # its second episode's seed
+               (2**64 - 1, "seeds are non-negative and 64-bit"))
+    outs = _clis(*(["run", "--episodes", "2", "--seed", str(seed), "--db", url] for seed, _ in refused))
+    for (_, why), out in zip(refused, outs, strict=True):
         assert out.returncode == 2 and why in _unboxed(out.stderr), out.stderr
     assert _cli("run", "--episodes", "1", "--seed", str(2**63 - 1), "--db", url).returncode == 0
     listed = _cli("episodes", "--db", url, "--json")
@@ -807,21 +807,20 @@ def test_serve_says_in_one_line_why_it_cannot_listen(tmp_path):
         out = _cli("serve", "--port", port, "--db", url)
     assert out.returncode == 1 and out.stdout == ""
     assert out.stderr == f"error: cannot listen on 127.0.0.1:{port}: Address already in use\n"
-    out = _cli("serve", "--host", "no-such-host.invalid", "--db", url)
-    assert out.returncode == 2 and out.stderr.startswith("error: cannot listen on 'no-such-host")
-    out = _cli("serve", "--log-level", "loud", "--db", url)
-    assert out.returncode == 2 and "--log-level must be one of critical" in out.stderr
-    for memory in ("sqlite://", "sqlite:///file:m?mode=memory&cache=shared&uri=true"):
-        out = _cli("serve", "--db", memory)
+    host, level, *memory, spaced, empty = _clis(
+        ["serve", "--host", "no-such-host.invalid", "--db", url],
+        ["serve", "--log-level", "loud", "--db", url],
+        *(["serve", "--db", m] for m in ("sqlite://", "sqlite:///file:m?mode=memory&cache=shared&uri=true")),
+        (["serve", "--db", url], {"COMPANYOS_API_KEY": "two words"}),
+        (["serve", "--db", url], {"COMPANYOS_API_KEY": ""}))
+    assert host.returncode == 2 and host.stderr.startswith("error: cannot listen on 'no-such-host")
+    assert level.returncode == 2 and "--log-level must be one of critical" in level.stderr
+    for out in memory:
         assert out.returncode == 2 and "is an in-memory SQLite store" in _unboxed(out.stderr), out.stderr
     # a key no Authorization header can carry locked out every client with "wrong API key"
-    out = subprocess.run([sys.executable, "-m", "companyos", "serve", "--db", url], capture_output=True,
-                         text=True, env={**os.environ, "COMPANYOS_API_KEY": "two words"})
-    assert out.returncode == 2 and "COMPANYOS_API_KEY" in out.stderr and "' '" in out.stderr, out.stderr
+    assert spaced.returncode == 2 and "COMPANYOS_API_KEY" in spaced.stderr and "' '" in spaced.stderr
     # set but empty (`COMPANYOS_API_KEY=$KEY`, KEY unset) served every route without a key
-    out = subprocess.run([sys.executable, "-m", "companyos", "serve", "--db", url], capture_output=True,
-                         text=True, env={**os.environ, "COMPANYOS_API_KEY": ""})
-    assert out.returncode == 2 and "COMPANYOS_API_KEY is set but empty" in out.stderr, out.stderr
+    assert empty.returncode == 2 and "COMPANYOS_API_KEY is set but empty" in empty.stderr, empty.stderr
 
 
 _SERVE_WITH_FEW_FILES = """

@@ -10,7 +10,7 @@ import sqlalchemy as sa
 from companyos.commands import projections as commands
 from eventstore import EventStore
 from tests import tamper
-from tests.conftest import command_runner
+from tests.conftest import command_runner, two_at_a_time
 
 
 @pytest.fixture(scope="module")
@@ -344,20 +344,21 @@ def test_a_commit_row_edited_by_hand_is_named_against_its_episode(cli, db, tmp_p
     with engine.begin() as conn:
         conn.execute(sa.text(f"UPDATE commits SET {damage} WHERE position = :p"), {"p": position})
     engine.dispose()
-    for workers in ("1", "2"):
-        out = companyos("verify", "--db", url, "--workers", workers, "--json")
+    *verified, replayed = two_at_a_time(lambda args: companyos(*args), (
+        *(("verify", "--db", url, "--workers", workers, "--json") for workers in ("1", "2")),
+        ("replay", ids[1], "--db", url)))
+    for out in verified:
         assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
         doc = json.loads(out.stdout)
         assert [b["episode_id"] for b in doc["broken"]] == [ids[1]]
         assert any(f"the commit at position {position}" in problem and words in problem
                    for problem in doc["broken"][0]["problems"]), doc
+    assert replayed.returncode == 1 and f"the commit at position {position}" in replayed.stderr
     out = companyos("rebuild", "--db", url)
     assert out.returncode == 1 and ids[1] in out.stderr and "Traceback" not in out.stderr
     assert "left out" in out.stderr
     listed = json.loads(companyos("episodes", "--db", url, "--json").stdout)
     assert sorted(e["episode_id"] for e in listed["episodes"]) == sorted(set(ids) - {ids[1]})
-    out = companyos("replay", ids[1], "--db", url)
-    assert out.returncode == 1 and f"the commit at position {position}" in out.stderr
 
 
 @pytest.mark.parametrize(("column", "change", "words"), [
@@ -632,13 +633,13 @@ def test_output_to_a_terminal_that_cannot_show_every_character(tmp_path, encodin
         return subprocess.run([sys.executable, "-m", "companyos", *args, "--db", url],
                               capture_output=True, env={**os.environ, "PYTHONIOENCODING": encoding})
 
-    for args in (("rerun", episode_id), ("replay", episode_id), ("replay", episode_id, "--step", "1"),
-                 ("run", "--agent", "random", "--episodes", "2")):
-        out = run(*args)
+    calls = (("rerun", episode_id), ("replay", episode_id), ("replay", episode_id, "--step", "1"),
+             ("run", "--agent", "random", "--episodes", "2"), ("replay", episode_id, "--step", "1", "--json"))
+    outs = two_at_a_time(lambda args: run(*args), calls)
+    for args, out in zip(calls, outs, strict=True):
         assert out.returncode == 0 and b"Traceback" not in out.stderr, (args, out.stderr.decode())
         assert out.stdout
-    out = run("replay", episode_id, "--step", "1", "--json")
-    assert out.returncode == 0 and b"Traceback" not in out.stderr, out.stderr.decode()
+    out = outs[-1]
     # JSON in its own encoding, UTF-8, whatever the terminal's
     assert json.loads(out.stdout.decode("utf-8"))["action"]["params"]["text"] == comment
 
