@@ -36,12 +36,9 @@ def checked_rules(value: object) -> int:
 def rules_from_text(value: object) -> int:
     """A rules version given as a number or as its digits (a form field, a URL, a command line's
     `-p rules=2`), as `checked_rules` takes it: every surface reads `" 2 "` and refuses `"+2"`,
-    `"2.0"` and `"two"` alike."""
+    `"2.0"` and `"two"` alike. Filters, where None means "any version", check for None first."""
     if isinstance(value, str) and re.fullmatch(r"\s*[0-9]{1,9}\s*", value):
         value = int(value)
-    if value is None:
-        raise ValueError("no rules version None; give one of "
-                         f"{', '.join(str(v) for v in RULES_VERSIONS)}")
     return checked_rules(value)
 
 

@@ -123,12 +123,11 @@ _ENDED_FIELDS = {"outcome": (str, _NULLABLE, 20), "failure_mode": (str, _NULLABL
 
 
 def _rules(started: dict[str, Any]) -> int:
-    """The rules version an EpisodeStarted names; ValueError, as for the fields above, when an edit
-    behind the store's back made it something the column cannot hold."""
-    rules = rules_of(started.get("target"))
-    if isinstance(rules, bool) or not isinstance(rules, int) or not 1 <= rules <= _INT32[1]:
-        raise ValueError(f"target.rules {rules!r} is no rules version")
-    return rules
+    """The rules version an EpisodeStarted names, checked as the fields above are (an edit behind
+    the store's back could make it something the column cannot hold)."""
+    named = {"target.rules": rules_of(started.get("target"))}
+    _check_fields(named, {"target.rules": (int, _REQUIRED, (1, _INT32[1]))})
+    return named["target.rules"]
 
 
 def _check_fields(data: dict[str, Any], fields: dict[str, tuple]) -> None:

@@ -48,6 +48,11 @@ def run(
         validate(plan)
     except ValueError as exc:  # one `error:` line (exit 2), as every command says a wrong value
         fail(str(exc))
+    from dataclasses import replace
+
+    from domain import checked_rules
+
+    plan = replace(plan, rules=checked_rules(plan.rules))  # the version it runs, named in its report
     try:
         if as_json or not sys.stdout.isatty():
             results = run_plan(plan, workers)
@@ -85,7 +90,6 @@ def _report(plan, results: list, as_json: bool, cut_short: str | None = None) ->
     """The run's summary and, with --json, every episode's result, on stdout; a run cut short is
     marked `"interrupted": true` (Ctrl-C) or `"failed": true` (an error)."""
     from companyos.batch import stop_signals_deferred, summarise
-    from domain import checked_rules
 
     # a stop signal (a second Ctrl-C, a SIGTERM as the run ends) takes effect once the report
     # is out: cutting it short left a reader of --json a truncated document, or none. A run
@@ -93,7 +97,7 @@ def _report(plan, results: list, as_json: bool, cut_short: str | None = None) ->
     with stop_signals_deferred(stopping=cut_short == "interrupted"):
         summary = summarise(results)
         if as_json:
-            document = {"rules": checked_rules(plan.rules), "summary": summary,
+            document = {"rules": plan.rules, "summary": summary,
                         "episodes": [r.to_json() for r in results]}
             if cut_short:
                 document[cut_short] = True
@@ -120,10 +124,8 @@ def seed_ranges(seeds: list[int], shown: int | None = 6) -> str:
 def _print_summary(plan, summary: dict) -> None:
     from rich.table import Table
 
-    from domain import checked_rules
-
     table = Table(title=f"{plan.agent} agent, task {plan.task}, chaos {plan.chaos}, "
-                        f"rules {checked_rules(plan.rules)}")
+                        f"rules {plan.rules}")
     table.add_column("metric")
     table.add_column("value", justify="right")
     table.add_row("episodes", str(summary["episodes"]))
