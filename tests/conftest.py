@@ -22,6 +22,27 @@ def pytest_configure(config) -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 PG_URL = os.environ.get("COMPANYOS_TEST_PG_URL")
+PG_FIXTURES = frozenset({"pg_database_url", "fresh_pg_url"})
+
+
+def _uses_postgresql(item: pytest.Item) -> bool:
+    callspec = getattr(item, "callspec", None)
+    params = callspec.params.values() if callspec else ()
+    return (item.get_closest_marker("pg") is not None
+            or not PG_FIXTURES.isdisjoint(getattr(item, "fixturenames", ()))
+            or any(isinstance(p, str) and p == "postgresql" for p in params))
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups off the marks
+def pytest_collection_modifyitems(config, items) -> None:
+    """Mark every PostgreSQL test `pg` and put them all in one xdist group, so they run one after
+    another on one worker. A PostgreSQL reader sees only commits below the oldest transaction
+    still running anywhere on the server (README, Storage): another worker's open transaction,
+    even in its own database, would hold a test's reads back (late, never wrong)."""
+    for item in items:
+        if _uses_postgresql(item):
+            item.add_marker(pytest.mark.pg)
+            item.add_marker(pytest.mark.xdist_group("postgresql"))
 
 
 def _pg_engine(database: str | None = None) -> sa.Engine:

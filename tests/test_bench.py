@@ -7,9 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import sqlalchemy as sa
 
 from tests.conftest import PG_URL, _pg_engine
+
+pytestmark = pytest.mark.pg  # it lists the server's databases before and after
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 

@@ -21,7 +21,8 @@ from tests.conftest import _pg_engine, _throwaway_pg_database, append_behind_a_h
 
 POOLER_URL = os.environ.get("COMPANYOS_TEST_PGBOUNCER_URL")
 
-pytestmark = pytest.mark.skipif(not POOLER_URL, reason="COMPANYOS_TEST_PGBOUNCER_URL is not set")
+pytestmark = [pytest.mark.pg,
+              pytest.mark.skipif(not POOLER_URL, reason="COMPANYOS_TEST_PGBOUNCER_URL is not set")]
 
 
 @pytest.fixture
