@@ -102,6 +102,29 @@ def test_tasks_json_on_the_command_line_is_what_get_tasks_serves(sqlite_url):
         "vendor_onboarding", "expense_report", "bug_escalation", "license_renewal", "handbook_update"}
 
 
+def test_tasks_as_text_lists_the_whole_catalogue(sqlite_url):
+    """`companyos tasks` printed only the task families: the chaos levels, reward profiles, rules
+    versions (which one is current) and failure modes were in `--json` alone."""
+    from companyos.catalogue import task_catalogue
+    from companyos.commands import run
+    from tests.conftest import command_runner
+
+    printed = command_runner(run.register)("tasks")
+    assert printed.exit_code == 0, printed.output
+    cells = [cell.strip() for line in printed.stdout.splitlines() for cell in line.split("│")]
+    catalogue = task_catalogue()
+    assert {t["name"] for t in catalogue["tasks"]} <= set(cells)
+    assert {f"{name}" for name in catalogue["chaos_levels"]} <= set(cells)
+    assert {"0.25", "0.5", "0.8"} <= set(cells)
+    assert set(catalogue["reward_profiles"]) <= set(cells)
+    assert set(catalogue["failure_modes"]) <= set(cells)
+    current = catalogue["current_rules"]
+    assert f"{current} (current)" in cells
+    assert {str(r["version"]) for r in catalogue["rules_versions"] if r["version"] != current} <= set(cells)
+    for title in ("task families", "chaos levels", "reward profiles", "rules versions", "failure modes"):
+        assert title in [line.strip() for line in printed.stdout.splitlines()]
+
+
 def test_reset_step_state(sqlite_url):
     with client(sqlite_url) as c:
         episode_id, token, first = reset(c)

@@ -144,21 +144,34 @@ def _print_summary(plan, summary: dict) -> None:
 
 
 def tasks(as_json: bool = JsonOption) -> None:
-    """List the task families; --json prints the catalogue GET /tasks serves.
+    """List the task families, chaos levels, reward profiles, rules versions and failure modes;
+    --json prints the catalogue GET /tasks serves.
 
-    The catalogue includes the chaos levels, reward profiles and failure modes, so a script reads
-    one shape from either.
+    The text and the JSON hold the same catalogue, so what a person reads is what a script gets.
     """
-    import domain
+    from companyos.catalogue import task_catalogue
 
+    catalogue = task_catalogue()
     if as_json:
-        from companyos.catalogue import task_catalogue
-
-        typer.echo(orjson.dumps(task_catalogue()).decode())
+        typer.echo(orjson.dumps(catalogue).decode())
         return
-    for name, family in domain.TASK_FAMILIES.items():
-        typer.echo(f"{name:20} {_describe(family)}")
+    from rich.table import Table
 
-
-def _describe(family) -> str:
-    return getattr(family, "description", "") or str(family)
+    console = stdout_console()
+    sections = [
+        ("task families", ("task", "goal"), [(t["name"], t["description"]) for t in catalogue["tasks"]]),
+        ("chaos levels", ("level", "probability"),
+         [(name, f"{p:g}") for name, p in catalogue["chaos_levels"].items()]),
+        ("reward profiles", ("reward profile",), [(name,) for name in catalogue["reward_profiles"]]),
+        ("rules versions", ("version", "rules"),
+         [(f"{r['version']}" + (" (current)" if r["version"] == catalogue["current_rules"] else ""),
+           r["description"]) for r in catalogue["rules_versions"]]),
+        ("failure modes", ("failure mode", "meaning"), list(catalogue["failure_modes"].items())),
+    ]
+    for title, columns, rows in sections:
+        table = Table(title=title, title_justify="left")
+        for column in columns:
+            table.add_column(column, no_wrap=column != columns[-1])
+        for row in rows:
+            table.add_row(*row)
+        console.print(table)
