@@ -1078,3 +1078,34 @@ def test_episodes_logged_before_rules_versions_existed_replay_to_their_digests(t
     assert outcomes[1] == [e["outcome"] for e in logged]
     changed = [(a, b) for a, b in zip(outcomes[1], outcomes[2], strict=True) if a != b]
     assert changed.count(("success", "failure")) == 10  # the blind declines
+
+
+def test_episodes_judged_by_rules_version_2_replay_to_their_digests(tmp_path):
+    """tests/data/rules_v2_episodes.jsonl holds 48 episodes `companyos run` logged under rules
+    version 2 when it was new (random, expert and noop agents; chaos none to high; both reward
+    profiles; every outcome and ten failure modes, premature_resolution among them): their specs,
+    actions, judgements and stream digests. Played again under version 2 they give the same
+    events, byte for byte, and the same judgement: a change to version 2's rules must be a new
+    version, as the README says, not an edit of this one."""
+    from pathlib import Path
+
+    from companyos.env import CompanyEnv
+
+    logged = [orjson.loads(line) for line in
+              (Path(__file__).parent / "data" / "rules_v2_episodes.jsonl").read_text().splitlines()]
+    assert len(logged) == 48 and {e["rules"] for e in logged} == {2}
+    assert len({e["failure_mode"] for e in logged}) == 10
+    with CompanyEnv(f"sqlite:///{tmp_path / 'store.db'}", durability="episode") as env:
+        for e in logged:
+            _, info = env.reset(seed=e["seed"], options={
+                "task": e["task"], "chaos": e["chaos"], "reward_profile": e["reward_profile"],
+                "max_steps": e["max_steps"], "rules": e["rules"]})
+            for action in e["actions"]:
+                assert not env.state["done"], e
+                env.step(action)
+            judged = env.state
+            assert (judged["outcome"], judged["failure_mode"]) == (e["outcome"], e["failure_mode"]), e
+            assert judged["total_return"] == e["total_return"], e
+            env.reset(seed=0)  # writes the episode, held back with durability "episode"
+            assert env.store.stream_digest(info["episode_id"]) == e["digest"], e
+            assert env.store.stream_version(info["episode_id"]) + 1 == e["events"], e
