@@ -40,7 +40,7 @@ COMMAND_MODULES: tuple[str, ...] = ("run", "projections", "serve", "analytics")
 def main() -> None:
     import sys
 
-    from companyos.commands.output import OutputFailed, discard_stdout, guard_stdout, say_error
+    from companyos.commands.output import OutputFailed, discard_stdout, guard_stdout, say_error, with_notes
     from eventstore import CorruptCommit, StoreUnavailable, StoreUnreachable
     from eventstore.engine import pooler_hint
 
@@ -53,10 +53,10 @@ def main() -> None:
         finally:
             sys.stdout.flush()  # what the buffer still holds fails here, not at exit
     except StoreUnavailable as exc:  # a bad --db is the user's input, not a crash; a database
-        say_error(str(exc))  # server that does not answer is the world's fault (exit 1)
+        say_error(with_notes(str(exc), exc))  # server that does not answer is the world's fault (exit 1)
         raise SystemExit(1 if isinstance(exc, StoreUnreachable) else 2) from None
     except CorruptCommit as exc:  # the log was damaged behind the store's back
-        say_error(f"{exc}; `companyos verify` names every damaged episode")
+        say_error(with_notes(f"{exc}; `companyos verify` names every damaged episode", exc))
         raise SystemExit(1) from None
     except BrokenPipeError:  # the reader left (`| head`): stop quietly, as Unix tools do
         discard_stdout()
@@ -76,7 +76,8 @@ def main() -> None:
         if not _store_error(exc):
             raise
         hint = pooler_hint(exc) or _missing_read_model_hint(exc)
-        say_error(f"the store failed: {getattr(exc, 'orig', None) or exc}" + (f"; {hint}" if hint else ""))
+        say_error(with_notes(f"the store failed: {getattr(exc, 'orig', None) or exc}"
+                             + (f"; {hint}" if hint else ""), exc))
         raise SystemExit(1) from None
 
 

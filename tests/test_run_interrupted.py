@@ -211,6 +211,10 @@ def test_a_worker_that_dies_ends_the_run_in_words_not_a_hang(tmp_path):
     assert err.strip().splitlines() == [err.strip()] and err.startswith("error: a worker process died")
     report = json.loads(out)
     assert report["failed"] is True
+    reported = sorted(e["seed"] for e in report["episodes"])  # none, often: chunks of 2,000
+    said = (f"; {len(reported)} episode(s) finished and were logged before it (seeds "
+            f"{seed_ranges(reported, shown=None)})") if reported else "lists all the log holds"
+    assert err.rstrip().endswith(said)
     logged = {(e["seed"], e["digest"]) for e in _logged(url) if e["outcome"]}
     assert {(e["seed"], e["digest"]) for e in report["episodes"]} <= logged
     assert not live_children(run.pid)  # the other worker was stopped too
@@ -410,7 +414,8 @@ def test_a_run_the_store_fails_under_reports_the_episodes_that_finished(tmp_path
 
     code, stdout, stderr = _run_json(monkeypatch, capsys, url, 5, database_gone)  # at the sixth
     assert code == 1
-    assert stderr.strip().splitlines() == ["error: the store failed: the connection is lost"]
+    assert stderr.strip().splitlines() == ["error: the store failed: the connection is lost; 5 episode(s) "
+                                           "finished and were logged before it (seeds 100..104)"]
     report = json.loads(stdout)
     assert report["failed"] is True and report["summary"]["episodes"] == 5
     assert {(e["seed"], e["digest"]) for e in report["episodes"]} == {

@@ -17,6 +17,12 @@ def say_error(message: str) -> None:
     typer.echo(f"error: {' '.join(message.split())}", err=True)
 
 
+def with_notes(message: str, exc: BaseException) -> str:
+    """`message` followed by the notes a command added to `exc` (`add_note`: what it had done
+    before the error, say), so they are said in the error's one line."""
+    return "; ".join([message, *getattr(exc, "__notes__", ())])
+
+
 def say_waiting(upto: int, what: str, where: str, again: str) -> None:
     """A note on stderr (JSON on stdout stays whole) that what the answer holds stops at `upto`:
     `what` logged after it waits behind an older transaction (PostgreSQL). Without it, episodes a

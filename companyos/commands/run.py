@@ -8,7 +8,7 @@ import orjson
 import typer
 
 from companyos.commands.options import DbOption, JsonOption
-from companyos.commands.output import fail, stdout_console
+from companyos.commands.output import fail, stdout_console, with_notes
 from companyos.config import resolve_db
 
 MAX_EPISODES = 10**8
@@ -80,9 +80,14 @@ def run(
         # said as every command says it (exit 1 for a store)
         if failed.results or as_json:
             _report(plan, failed.results, as_json, cut_short="failed")
-        if isinstance(failed.__cause__, WorkerDied):
-            fail(str(failed.__cause__), code=1)
-        raise failed.__cause__ from None
+        cause = failed.__cause__
+        if failed.results:  # what a resumed run can skip, in the error's one line
+            done = sorted(r.seed for r in failed.results)
+            cause.add_note(f"{len(done)} episode(s) finished and were logged before it (seeds "
+                           f"{seed_ranges(done, shown=None)})")
+        if isinstance(cause, WorkerDied):
+            fail(with_notes(str(cause), cause), code=1)
+        raise cause from None
     _report(plan, results, as_json)
 
 
