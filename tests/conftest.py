@@ -37,7 +37,7 @@ def _uses_postgresql(item: pytest.Item) -> bool:
 def pytest_collection_modifyitems(config, items) -> None:
     """Mark every PostgreSQL test `pg` and put them all in one xdist group, so they run one after
     another on one worker. A PostgreSQL reader sees only commits below the oldest transaction
-    still running anywhere on the server (README, Storage): another worker's open transaction,
+    still running anywhere on the server (README, "The event store"): another worker's open transaction,
     even in its own database, would hold a test's reads back (late, never wrong)."""
     for item in items:
         if _uses_postgresql(item):
