@@ -78,6 +78,7 @@ EpisodesLimit = whole_number_in(1, 500)
 EventsLimit = whole_number_in(1, 1000)
 Offset = whole_number_in(0, 10**9)
 StepNumber = whole_number_in(0, 10**6)
+RulesFilter = whole_number_in(0, 10**9)  # digits only here; the episode log names the versions
 IDLE_SWEEP_MIN_S = 1.0
 
 
@@ -446,8 +447,8 @@ def _register_log(app: FastAPI, server: Server) -> None:
     def list_episodes(task: Annotated[TaskFamily | None, Query()] = None,
                       agent: Annotated[str | None, Query(max_length=MAX_AGENT_LABEL)] = None,
                       outcome: Annotated[Outcome | None, Query()] = None,
-                      rules: Annotated[int | None, Query(description="only episodes judged by this "
-                                                                     "rules version")] = None,
+                      rules: Annotated[RulesFilter | None, Query(description="only episodes judged by "
+                                                                             "this rules version")] = None,
                       limit: Annotated[EpisodesLimit, Query()] = 50,
                       offset: Annotated[Offset, Query()] = 0) -> JSON:
         """Logged episodes, newest first (`outcome=running` for unfinished ones)."""

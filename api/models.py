@@ -149,8 +149,8 @@ class EpisodeSummary(BaseModel):
     agent: str | None = None
     reward_profile: str
     max_steps: int | None = None
-    rules: int | None = Field(default=None, description="the rules version it was judged by "
-                                                        "(GET /episodes/{id} only)")
+    rules: int | None = Field(default=None, description="the rules version it was judged by (1 for "
+                                                        "logs written before versions existed)")
     started_at: str | None = None
     ended_at: str | None = None
     steps: int

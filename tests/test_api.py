@@ -163,6 +163,9 @@ def test_reset_takes_a_rules_version_and_tasks_lists_the_versions(sqlite_url):
         assert listed["total"] == 1 and [e["rules"] for e in listed["episodes"]] == [1]
         r = c.get("/episodes", params={"rules": 9})
         assert r.status_code == 400 and "no rules version 9" in r.json()["detail"]
+        for written in ("2.0", "+2", "0_2"):  # as every other whole number in a query: digits only
+            r = c.get("/episodes", params={"rules": written})
+            assert r.status_code == 422 and "whole number written in digits" in r.text, written
         assert c.get("/episodes").json()["total"] == 2
 
 
