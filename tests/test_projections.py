@@ -1081,20 +1081,23 @@ def test_episodes_logged_before_rules_versions_existed_replay_to_their_digests(t
 
 
 def test_episodes_judged_by_rules_version_2_replay_to_their_digests(tmp_path):
-    """tests/data/rules_v2_episodes.jsonl holds 48 episodes `companyos run` logged under rules
-    version 2 when it was new (random, expert and noop agents; chaos none to high; both reward
-    profiles; every outcome and ten failure modes, premature_resolution among them): their specs,
-    actions, judgements and stream digests. Played again under version 2 they give the same
-    events, byte for byte, and the same judgement: a change to version 2's rules must be a new
-    version, as the README says, not an edit of this one."""
+    """tests/data/rules_v2_episodes.jsonl holds 60 episodes logged under rules version 2 when it
+    was new: 48 by `companyos run` (random, expert and noop agents at chaos 0.25 to 0.8, both
+    reward profiles) and 12 scripted (the expert sending its request to a delegate while the
+    approver before them is available and then only reading; ignoring a rejection; succeeding at
+    chaos none): their specs, actions, judgements and stream digests, every outcome and every
+    failure mode. Played again under version 2 they give the same events, byte for byte, and the
+    same judgement: a change to version 2's rules must be a new version, not an edit of this one."""
     from pathlib import Path
 
     from companyos.env import CompanyEnv
+    from domain import FAILURE_MODES
 
     logged = [orjson.loads(line) for line in
               (Path(__file__).parent / "data" / "rules_v2_episodes.jsonl").read_text().splitlines()]
-    assert len(logged) == 48 and {e["rules"] for e in logged} == {2}
-    assert len({e["failure_mode"] for e in logged}) == 10
+    assert len(logged) == 60 and {e["rules"] for e in logged} == {2}
+    assert {e["failure_mode"] for e in logged} == {None, *FAILURE_MODES}
+    objected = 0
     with CompanyEnv(f"sqlite:///{tmp_path / 'store.db'}", durability="episode") as env:
         for e in logged:
             _, info = env.reset(seed=e["seed"], options={
@@ -1109,3 +1112,6 @@ def test_episodes_judged_by_rules_version_2_replay_to_their_digests(tmp_path):
             env.reset(seed=0)  # writes the episode, held back with durability "episode"
             assert env.store.stream_digest(info["episode_id"]) == e["digest"], e
             assert env.store.stream_version(info["episode_id"]) + 1 == e["events"], e
+            objected += any("is a delegate" in problem for ev in env.store.read_stream(info["episode_id"])
+                            if ev.type == "ApprovalSubmitted" for problem in ev.data["problems"])
+    assert objected == 5  # version 2's routing objection: the four scripted misroutings and one random
