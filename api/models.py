@@ -202,6 +202,8 @@ class EpisodeRerun(BaseModel):
     rerun: dict[str, Any] | None = Field(None, description="the re-simulated event there")
     error: str | None = Field(None, description="why the re-simulation itself failed")
     notes: list[str] = []
+    rules: int | None = Field(None, description="the rules version it was re-simulated under, the one "
+                                                "its start names (null: no start to read)")
 
 
 class EpisodeViews(BaseModel):

@@ -67,7 +67,7 @@ def episode_list(listing: dict[str, Any], filters: dict[str, str]) -> HTMLRespon
         + f'<a href="{esc(ui_href())}">clear</a></form>')
     rows = [[link(episode_url(e["episode_id"]), e["episode_id"]), e["task"], e["agent"] or "",
              _outcome(e["outcome"]), _failure(e["failure_mode"]), e["steps"],
-             number(e["total_return"]), e["seed"], level(e["chaos"]), e["started_at"]]
+             number(e["total_return"]), e["seed"], level(e["chaos"]), e["rules"], e["started_at"]]
             for e in listing["episodes"]]
     offset, total = listing["offset"], listing["total"]
     shown = (f"episodes {offset + 1}–{offset + len(rows)} of {total}" if rows
@@ -75,7 +75,7 @@ def episode_list(listing: dict[str, Any], filters: dict[str, str]) -> HTMLRespon
     body = [f"<h1>Episodes</h1>{form}<p>{esc(shown)}</p>"]
     if rows:
         body.append(table(["episode", "task", "agent", "outcome", "failure mode", "steps", "return",
-                           "seed", "chaos", "started"], rows, numeric=frozenset({5, 6, 7, 8}),
+                           "seed", "chaos", "rules", "started"], rows, numeric=frozenset({5, 6, 7, 8, 9}),
                            free_text=frozenset({0, 2})))
     body.append(_pager(listing, filters))
     return page("Episodes", "".join(body))
@@ -231,7 +231,8 @@ def rerun_page(result: dict[str, Any]) -> HTMLResponse:
     episode_id = result["episode_id"]
     if result["match"]:
         verdict = (f"<p class='ok'><b>Match.</b> Re-simulated from its seed, options and "
-                   f"{result['actions']} actions, the episode gives the stored stream: "
+                   f"{result['actions']} actions under rules version {esc(result['rules'])}, the "
+                   "episode gives the stored stream: "
                    f"{result['rerun_events']} events, digest <code>{esc(result['rerun_digest'])}</code>.</p>")
     else:
         verdict = (f"<p class='error'><b>Mismatch.</b> Stored digest "

@@ -127,7 +127,7 @@ def render_replay(result: dict[str, Any]) -> str:
     """The replay as text: header, action, result, rewards, chaos, then the three apps."""
     ep = result["episode"]
     lines = [f"episode {result['episode_id']} — {ep['task']} seed {ep['seed']} chaos {ep['chaos']}"
-             f" agent {ep['agent'] or '-'}",
+             f" agent {ep['agent'] or '-'} rules {ep['rules']}",
              f"step {result['step']} of {result['steps']} (stream version {result['version']})"]
     if result["step"] > 0:  # an agent may have sent null: that is its action, shown as such
         lines.append(f"action: {orjson.dumps(result['action']).decode()}")

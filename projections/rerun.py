@@ -57,6 +57,7 @@ class RerunResult:
     rerun: Envelope | None = None
     error: str | None = None  # the re-simulation itself failed (bad log or changed code)
     notes: list[str] = field(default_factory=list)
+    rules: int | None = None  # the rules version it was re-simulated under (None: no start to read)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -66,7 +67,7 @@ class RerunResult:
             "actions": self.actions, "first_difference": self.first_difference,
             "stored": self.stored.to_json() if self.stored else None,
             "rerun": self.rerun.to_json() if self.rerun else None,
-            "error": self.error, "notes": self.notes,
+            "error": self.error, "notes": self.notes, "rules": self.rules,
         }
 
 
@@ -78,28 +79,32 @@ def spec_of(started: dict[str, Any]) -> Any:
                               rules=domain.rules_of(started.get("target")))
 
 
-def resimulate(records: list[RecordedEvent]) -> tuple[list[Any], int, str | None]:
-    """(events produced, actions replayed, error) for a stored stream, purely in memory."""
+def resimulate(records: list[RecordedEvent]) -> tuple[list[Any], int, str | None, int | None]:
+    """(events produced, actions replayed, error, rules version) for a stored stream, purely in
+    memory; the version is the one its start names (None when it has no start to read)."""
     first = records[0]
     if first.type != "EpisodeStarted":
-        return [], 0, f"the stream starts with {first.type}, not EpisodeStarted"
+        return [], 0, f"the stream starts with {first.type}, not EpisodeStarted", None
     produced: list[Any] = []
     # each action is decoded just before its step: the events before one that does not decode
     # are still re-simulated, so the first difference is that event, not the stream's start
     actions = [r for r in records if r.type == "ActionTaken"]
+    rules = None
     try:
-        state, events, _info = domain.reset(spec_of(orjson.loads(first.data_json)))
+        spec = spec_of(orjson.loads(first.data_json))
+        rules = spec.rules
+        state, events, _info = domain.reset(spec)
         produced.extend(events)
         for i, record in enumerate(actions):
             if getattr(state, "done", False):
-                return produced, i, f"the re-simulated episode ended before action {i + 1}"
+                return produced, i, f"the re-simulated episode ended before action {i + 1}", rules
             state, events, _info = domain.step(state, decode(record).action)
             produced.extend(events)
     except CorruptCommit as exc:  # an event that decodes into nothing: say which
-        return produced, len(actions), f"the log is damaged: {exc}"
+        return produced, len(actions), f"the log is damaged: {exc}", rules
     except Exception as exc:  # the log names something this code cannot re-run
-        return produced, len(actions), f"re-simulation failed: {type(exc).__name__}: {exc}"
-    return produced, len(actions), None
+        return produced, len(actions), f"re-simulation failed: {type(exc).__name__}: {exc}", rules
+    return produced, len(actions), None, rules
 
 
 def envelopes(events: list[Any]) -> list[Envelope]:
@@ -128,8 +133,10 @@ def rerun(store: EventStore, episode_id: str) -> RerunResult:
 
 def rerun_records(episode_id: str, records: list[RecordedEvent]) -> RerunResult:
     """`rerun` over a stream already read (a caller that reads it for other reasons too)."""
-    produced, actions, error = resimulate(records)
-    return compare(episode_id, stored_envelopes(records), envelopes(produced), actions, error)
+    produced, actions, error, rules = resimulate(records)
+    result = compare(episode_id, stored_envelopes(records), envelopes(produced), actions, error)
+    result.rules = rules
+    return result
 
 
 def _same_value(stored: str, fresh: str) -> bool:

@@ -1040,7 +1040,7 @@ def test_rerun_proves_determinism_and_finds_an_event_altered_in_the_log(sqlite_u
         summary = c.get(f"/episodes/{episode_id}").json()
         assert result["match"] is True and result["first_difference"] is None
         assert result["rerun_digest"] == result["stored_digest"] == summary["digest"]
-        assert result["actions"] == 3
+        assert result["actions"] == 3 and result["rules"] == summary["rules"] == 2
         assert result["rerun_events"] == result["stored_events"] == summary["events"]
         missing = c.get("/episodes/no-such-episode/rerun")
         assert missing.status_code == 404 and missing.json()["code"] == "episode_not_found"

@@ -1043,9 +1043,10 @@ def test_rerun_judges_each_episode_by_the_rules_version_it_was_logged_with(tmp_p
                       "params": {"ticket_id": ticket, "field": "status", "value": "closed"}})
             ended[rules] = (info["episode_id"], env.state["outcome"])
         assert ended[1][1] == "success" and ended[2][1] == "failure"
-        for episode_id, _ in ended.values():
+        for rules, (episode_id, _) in ended.items():
             result = rerun(env.store, episode_id)
             assert result.match and result.rerun_digest == env.store.stream_digest(episode_id)
+            assert result.rules == rules == result.to_json()["rules"]  # it says which it re-ran under
 
 
 def test_episodes_logged_before_rules_versions_existed_replay_to_their_digests(tmp_path):

@@ -660,8 +660,16 @@ def test_episodes_are_listed_with_their_rules_version_and_filtered_by_it(cli, tm
         listed = json.loads(out.stdout)
         assert [(e["episode_id"], e["rules"]) for e in listed["episodes"]] == [(episode_id, rules)]
         assert listed["total"] == 1
+    table = cli("episodes", "--db", url).stdout.splitlines()  # the table says it too, not only --json
+    header = table[0].split()
+    assert header[:5] == ["episode", "task", "seed", "chaos", "rules"]
+    assert {line.split()[0]: int(line.split()[4]) for line in table[1:]} == {v: k for k, v in ids.items()}
     out = cli("episodes", "--db", url, "--rules", "9")
     assert out.exit_code == 2 and "no rules version 9; the versions are 1, 2" in out.stderr
+    for rules, episode_id in ids.items():  # re-run and replayed under the version each names
+        assert f"rules version {rules}, digest" in cli("rerun", episode_id, "--db", url).stdout
+        assert json.loads(cli("rerun", episode_id, "--db", url, "--json").stdout)["rules"] == rules
+        assert cli("replay", episode_id, "--db", url).stdout.splitlines()[0].endswith(f" rules {rules}")
 
 
 def test_a_store_from_before_rules_versions_is_upgraded_and_lists_each_episode_s_version(cli, tmp_path):

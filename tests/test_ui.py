@@ -115,6 +115,9 @@ def test_list_shows_every_logged_episode_newest_first_with_its_facts(ui):
         assert f"<td class=\"num\">{number_text(e['total_return'])}</td>" in row
         if e["failure_mode"]:
             assert f">{e['failure_mode']}</span>" in row
+        assert re.findall(r"<td[^>]*>(.*?)</td>", row)[8] == str(e["rules"])  # after the chaos
+    head = re.findall(r"<th>(.*?)</th>", page)
+    assert head[head.index("chaos") + 1] == "rules"
     assert html.escape(HOSTILE) in page and "expert-agent" in page
 
 
@@ -273,6 +276,7 @@ def test_an_episode_re_simulated_from_its_seed_matches_and_an_altered_one_does_n
     digest = c.get(f"/episodes/{ids['success']}").json()["digest"]
     page = _html_ok(c.get(f"/ui/episodes/{ids['success']}/rerun"))
     assert "<b>Match.</b>" in page and f"digest <code>{digest}</code>" in page
+    assert "actions under rules version 2, the episode gives the stored stream" in page
     assert "no episode" in _html_ok(c.get("/ui/episodes/nope/rerun"), 404)
 
     with CompanyEnv(sqlite_url, agent="expert") as env:

@@ -122,12 +122,12 @@ def episodes(
     from domain.chaos import level_text
 
     table = Table(box=None, header_style="bold")
-    for title in ("episode", "task", "seed", "chaos", "agent", "outcome", "failure mode", "steps",
-                  "return", "started"):
-        table.add_column(title, no_wrap=title == "episode",
-                         justify="right" if title in ("seed", "chaos", "steps", "return") else "left")
+    for title in ("episode", "task", "seed", "chaos", "rules", "agent", "outcome", "failure mode",
+                  "steps", "return", "started"):
+        numeric = title in ("seed", "chaos", "rules", "steps", "return")
+        table.add_column(title, no_wrap=title == "episode", justify="right" if numeric else "left")
     for r in rows:
-        table.add_row(r["episode_id"], r["task"], str(r["seed"]), level_text(r["chaos"]),
+        table.add_row(r["episode_id"], r["task"], str(r["seed"]), level_text(r["chaos"]), str(r["rules"]),
                       r["agent"] or "-", r["outcome"] or "running", r["failure_mode"] or "-",
                       str(r["steps"]), f"{r['total_return']:.2f}", (r["started_at"] or "")[:19])
     stdout_console().print(table)
@@ -197,7 +197,7 @@ def rerun(
         print_json(result.to_json())
     elif result.match:
         typer.echo(f"{episode}: match — {result.rerun_events} events, {result.actions} actions, "
-                   f"digest {result.rerun_digest}")
+                   f"rules version {result.rules}, digest {result.rerun_digest}")
     else:
         _print_mismatch(result)
     if not result.match:
@@ -211,7 +211,8 @@ def _print_mismatch(result) -> None:
     console = stdout_console()
     console.print(f"{result.episode_id}: MISMATCH — stored digest "
                   f"{result.stored_digest}, re-simulated {result.rerun_digest} "
-                  f"({result.stored_events} stored events, {result.rerun_events} re-simulated)",
+                  f"({result.stored_events} stored events, {result.rerun_events} re-simulated"
+                  + (f" under rules version {result.rules})" if result.rules is not None else ")"),
                   style="bold red")
     if result.error:
         console.print(result.error, style="red")
