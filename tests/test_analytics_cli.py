@@ -528,6 +528,12 @@ def test_the_report_narrows_to_one_rules_version_and_says_when_it_mixes_them(tmp
     out = cli("report", "--rules", "9", "--db", url, "--warehouse", str(tmp_path / "x.duckdb"))
     assert out.exit_code == 2 and "no rules version 9; the versions are 1, 2" in out.output, out.output
     assert not (tmp_path / "x.duckdb").exists()
+    # a named query pooled them without a word; JSON stays one document on stdout
+    out = cli("query", "failure_modes", "--format", "json", "--db", url, "--warehouse", wh)
+    assert json.loads(out.stdout) and "judged by rules versions 1 and 2" in out.stderr, out.stderr
+    assert "`-p rules=V` keeps one" in out.stderr
+    out = cli("query", "failure_modes", "-p", "rules=2", "--format", "json", "--db", url, "--warehouse", wh)
+    assert out.exit_code == 0 and json.loads(out.stdout) and "rules versions" not in out.stderr
 
 
 def test_a_report_over_no_matching_episodes_says_n_a_not_none(logged, tmp_path, cli):

@@ -171,14 +171,28 @@ def query_command(
         cursor = wh.con.execute(query.sql, bound)
         names = [d[0] for d in cursor.description]
         rows = cursor.fetchall()
+        pooled = _versions_pooled(wh, bound) if rows else []
     finally:
         wh.close()
     _print_rows(names, rows, fmt, title=f"{name}: {query.description}")
+    if len(pooled) > 1:  # as the report says it: rates over two rule sets compare unlike things
+        typer.echo(f"note: the warehouse's finished episodes were judged by rules versions "
+                   f"{' and '.join(map(str, pooled))}, which count success and mistakes differently, "
+                   "and these rows pool them: `-p rules=V` keeps one", err=True)
     if name == "pass_at_k" and rows and not any(row[names.index("instances")] for row in rows):
         k = bound["k"]
         typer.echo("note: no instance (agent, task, seed, chaos, step budget, reward profile, rules "
                    f"version) has {k} trials, so every row is empty: run the same seeds {k} times "
                    "(`companyos run --seed S` again), or ask for a smaller k", err=True)
+
+
+def _versions_pooled(wh, bound: dict) -> list[int]:
+    """The rules versions of the warehouse's finished episodes, when the query could narrow to one
+    (it takes `rules`) and was not asked to; else none."""
+    if "rules" not in bound or bound["rules"] is not None:
+        return []
+    return [v for (v,) in wh.con.execute(
+        "SELECT DISTINCT rules FROM episodes WHERE outcome IS NOT NULL ORDER BY rules").fetchall()]
 
 
 @analytics_app.command("sql")
