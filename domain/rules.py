@@ -27,9 +27,11 @@ def checked_rules(value: object) -> int:
     """`value` as a rules version (None: the current one); a ValueError naming the versions otherwise."""
     if value is None:
         return CURRENT_RULES
-    if isinstance(value, bool) or not isinstance(value, int) or value not in RULES_VERSIONS:
-        raise ValueError(f"no rules version {value!r}; the versions are "
-                         f"{', '.join(str(v) for v in RULES_VERSIONS)}")
+    versions = ", ".join(str(v) for v in RULES_VERSIONS)
+    if isinstance(value, bool) or not isinstance(value, int):  # True, 2.0, "2": said as given
+        raise ValueError(f"rules must be a whole number, one of the versions {versions}, not {value!r}")
+    if value not in RULES_VERSIONS:
+        raise ValueError(f"no rules version {value}; the versions are {versions}")
     return value
 
 

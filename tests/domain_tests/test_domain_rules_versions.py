@@ -45,8 +45,12 @@ def test_the_latest_rules_are_the_default_and_version_1_leaves_the_start_as_it_w
     assert "rules" not in old.target and rules_of(old.target) == 1  # as every log before versions
     assert type(events[0]) is EpisodeStarted and events[0].target["rules"] == 2 == rules_of(new.target)
     assert {k: v for k, v in new.target.items() if k != "rules"} == old.target
-    for bad in (0, 3, True, "2", 2.0):
-        with pytest.raises(ValueError, match="no rules version"):
+    for bad in (0, 3):
+        with pytest.raises(ValueError, match=f"no rules version {bad}; the versions are 1, 2"):
+            reset(EpisodeSpec("expense_report", 3, "medium", rules=bad))
+    for bad, shown in ((True, "True"), ("2", "'2'"), (2.0, "2.0")):  # not a version: said as given
+        with pytest.raises(ValueError, match=f"rules must be a whole number, one of the versions 1, 2, "
+                                             f"not {shown}$"):
             reset(EpisodeSpec("expense_report", 3, "medium", rules=bad))
 
 
