@@ -534,6 +534,11 @@ def test_the_report_narrows_to_one_rules_version_and_says_when_it_mixes_them(tmp
     assert "`-p rules=V` keeps one" in out.stderr
     out = cli("query", "failure_modes", "-p", "rules=2", "--format", "json", "--db", url, "--warehouse", wh)
     assert out.exit_code == 0 and json.loads(out.stdout) and "rules versions" not in out.stderr
+    run_plan(RunPlan(url, "noop", "all", "none", 2, 20, "episode", "default", None), workers=1)
+    out = cli("query", "failure_modes", "-p", "agent=noop", "--format", "json",
+              "--db", url, "--warehouse", wh)
+    assert out.exit_code == 0 and json.loads(out.stdout)[0]["episodes"] == 2
+    assert "rules versions" not in out.stderr  # the episodes it covers were judged by one
 
 
 def test_a_report_over_no_matching_episodes_says_n_a_not_none(logged, tmp_path, cli):

@@ -176,7 +176,7 @@ def query_command(
         wh.close()
     _print_rows(names, rows, fmt, title=f"{name}: {query.description}")
     if len(pooled) > 1:  # as the report says it: rates over two rule sets compare unlike things
-        typer.echo(f"note: the warehouse's finished episodes were judged by rules versions "
+        typer.echo(f"note: the finished episodes these rows cover were judged by rules versions "
                    f"{' and '.join(map(str, pooled))}, which count success and mistakes differently, "
                    "and these rows pool them: `-p rules=V` keeps one", err=True)
     if name == "pass_at_k" and rows and not any(row[names.index("instances")] for row in rows):
@@ -186,13 +186,20 @@ def query_command(
                    "(`companyos run --seed S` again), or ask for a smaller k", err=True)
 
 
+_EPISODE_FILTERS = {"agent": "agent", "task": "task", "chaos": "chaos", "profile": "reward_profile"}
+"""A named query's episode filters and the `episodes` columns they compare, as every query has them."""
+
+
 def _versions_pooled(wh, bound: dict) -> list[int]:
-    """The rules versions of the warehouse's finished episodes, when the query could narrow to one
-    (it takes `rules`) and was not asked to; else none."""
+    """The rules versions of the finished episodes the query's other filters keep, when it could
+    narrow to one (it takes `rules`) and was not asked to; else none."""
     if "rules" not in bound or bound["rules"] is not None:
         return []
+    kept = {name: bound[name] for name in _EPISODE_FILTERS if bound.get(name) is not None}
+    where = "".join(f" AND {_EPISODE_FILTERS[name]} = ${name}" for name in kept)
     return [v for (v,) in wh.con.execute(
-        "SELECT DISTINCT rules FROM episodes WHERE outcome IS NOT NULL ORDER BY rules").fetchall()]
+        f"SELECT DISTINCT rules FROM episodes WHERE outcome IS NOT NULL{where} ORDER BY rules",
+        kept).fetchall()]
 
 
 @analytics_app.command("sql")
