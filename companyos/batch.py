@@ -215,7 +215,8 @@ class RunInterrupted(KeyboardInterrupt):
 
 class RunFailed(Exception):
     """The run stopped on an error (its cause, e.g. a lost database) after these episodes had
-    finished and been logged; with several processes, some others may have finished too."""
+    finished and been logged: every one the log holds, but when a worker died (WorkerDied), whose
+    chunk's episodes not yet reported are missing here."""
 
     def __init__(self, results: list[EpisodeResult]) -> None:
         super().__init__(f"the run stopped after {len(results)} episode(s)")
