@@ -78,7 +78,9 @@ EpisodesLimit = whole_number_in(1, 500)
 EventsLimit = whole_number_in(1, 1000)
 Offset = whole_number_in(0, 10**9)
 StepNumber = whole_number_in(0, 10**6)
-RulesFilter = whole_number_in(0, 10**9)  # digits only here; the episode log names the versions
+RulesFilter = whole_number_in(0, 10**9)
+"""A rules version in a query: digits, as every whole number there; no range, so a version that is
+none is refused by the episode log in the words every surface uses (400), not as a bound (422)."""
 IDLE_SWEEP_MIN_S = 1.0
 
 

@@ -215,8 +215,8 @@ class RunInterrupted(KeyboardInterrupt):
 
 class RunFailed(Exception):
     """The run stopped on an error (its cause, e.g. a lost database) after these episodes had
-    finished and been logged: every one the log holds, but when a worker died (WorkerDied), whose
-    chunk's episodes not yet reported are missing here."""
+    finished and been logged. They are every episode the log holds, unless a worker died
+    (WorkerDied): the episodes of its chunk that it had not reported yet are not among them."""
 
     def __init__(self, results: list[EpisodeResult]) -> None:
         super().__init__(f"the run stopped after {len(results)} episode(s)")

@@ -92,8 +92,8 @@ def resimulate(records: list[RecordedEvent]) -> tuple[list[Any], int, str | None
     rules = None
     try:
         spec = spec_of(orjson.loads(first.data_json))
-        rules = spec.rules
         state, events, _info = domain.reset(spec)
+        rules = spec.rules  # once reset took it: a damaged start's "9" or "2" was never run under
         produced.extend(events)
         for i, record in enumerate(actions):
             if getattr(state, "done", False):
@@ -134,9 +134,7 @@ def rerun(store: EventStore, episode_id: str) -> RerunResult:
 def rerun_records(episode_id: str, records: list[RecordedEvent]) -> RerunResult:
     """`rerun` over a stream already read (a caller that reads it for other reasons too)."""
     produced, actions, error, rules = resimulate(records)
-    result = compare(episode_id, stored_envelopes(records), envelopes(produced), actions, error)
-    result.rules = rules
-    return result
+    return compare(episode_id, stored_envelopes(records), envelopes(produced), actions, error, rules)
 
 
 def _same_value(stored: str, fresh: str) -> bool:
@@ -147,13 +145,13 @@ def _same_value(stored: str, fresh: str) -> bool:
 
 
 def compare(episode_id: str, stored: list[Envelope], fresh: list[Envelope], actions: int,
-            error: str | None = None) -> RerunResult:
+            error: str | None = None, rules: int | None = None) -> RerunResult:
     """Match when both chains end in the same digest; otherwise locate the first difference."""
     stored_digest = stored[-1].digest if stored else GENESIS_DIGEST
     rerun_digest = fresh[-1].digest if fresh else GENESIS_DIGEST
     result = RerunResult(episode_id, match=False, stored_digest=stored_digest,
                          rerun_digest=rerun_digest, stored_events=len(stored),
-                         rerun_events=len(fresh), actions=actions, error=error)
+                         rerun_events=len(fresh), actions=actions, error=error, rules=rules)
     for i in range(max(len(stored), len(fresh))):
         a = stored[i] if i < len(stored) else None
         b = fresh[i] if i < len(fresh) else None

@@ -46,6 +46,10 @@ def pytest_collection_modifyitems(config, items) -> None:
 
 
 def _pg_engine(database: str | None = None) -> sa.Engine:
+    current = os.environ.get("PYTEST_CURRENT_TEST", "")
+    if os.environ.get("PYTEST_XDIST_WORKER") and current and "@postgresql" not in current:
+        # a test that reaches the server by hand, not through the fixtures, ran beside the group
+        raise RuntimeError(f"{current.split(' ')[0]} uses PostgreSQL: mark it `pg` (tests/conftest.py)")
     url = sa.make_url(PG_URL).set(drivername="postgresql+psycopg")
     if database:
         url = url.set(database=database)

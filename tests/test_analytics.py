@@ -1537,8 +1537,10 @@ def test_episodes_judged_by_each_rules_version_are_told_apart(tmp_path):
                 service.run_named(wh, "failure_modes", {"rules": bad})
         compared = service.run_named(wh, "compare_agents")
         assert [(r["agent"], r["rules"]) for r in compared] == [("blind", [1, 2])]
-    for bad in ("3", "one", 0):
-        with pytest.raises(ValueError, match="no rules version|rules must be a whole number"):
+    for bad, said in (("3", "no rules version 3; the versions are 1, 2"),
+                      ("one", "rules must be a whole number, one of the versions 1, 2, not 'one'"),
+                      (0, "no rules version 0; the versions are 1, 2")):
+        with pytest.raises(ValueError, match=re.escape(said)):
             report.check_filters(None, None, rules=bad)
 
 

@@ -532,8 +532,9 @@ def test_the_report_narrows_to_one_rules_version_and_says_when_it_mixes_them(tmp
     out = cli("query", "failure_modes", "--format", "json", "--db", url, "--warehouse", wh)
     assert json.loads(out.stdout) and "judged by rules versions 1 and 2" in out.stderr, out.stderr
     assert "`-p rules=V` keeps one" in out.stderr
-    out = cli("query", "failure_modes", "-p", "rules=2", "--format", "json", "--db", url, "--warehouse", wh)
-    assert out.exit_code == 0 and json.loads(out.stdout) and "rules versions" not in out.stderr
+    for narrowed in (["failure_modes", "-p", "rules=2"], ["compare_agents"]):  # one, or each row says
+        out = cli("query", *narrowed, "--format", "json", "--db", url, "--warehouse", wh)
+        assert out.exit_code == 0 and json.loads(out.stdout) and "rules versions" not in out.stderr
     run_plan(RunPlan(url, "noop", "all", "none", 2, 20, "episode", "default", None), workers=1)
     out = cli("query", "failure_modes", "-p", "agent=noop", "--format", "json",
               "--db", url, "--warehouse", wh)

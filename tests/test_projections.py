@@ -1047,6 +1047,13 @@ def test_rerun_judges_each_episode_by_the_rules_version_it_was_logged_with(tmp_p
             result = rerun(env.store, episode_id)
             assert result.match and result.rerun_digest == env.store.stream_digest(episode_id)
             assert result.rules == rules == result.to_json()["rules"]  # it says which it re-ran under
+        started = next(iter(env.store.read_stream(ended[2][0])))
+        for named in (9, "2", 2.0):  # a start edited to name a version that is none is run under none
+            damaged = {**started.data, "target": {**started.data["target"], "rules": named}}
+            stream = f"damaged-{named!r}"
+            env.store.append(stream, [NewEvent("EpisodeStarted", damaged)], expected_version=None)
+            result = rerun(env.store, stream)
+            assert not result.match and result.rules is None and "rules" in result.error, result.error
 
 
 def test_episodes_logged_before_rules_versions_existed_replay_to_their_digests(tmp_path):

@@ -871,6 +871,7 @@ def test_postgresql_text_round_trips_whatever_client_encoding_the_environment_se
 _ENCODED = "ENCODING '{}' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0"
 
 
+@pytest.mark.pg
 @pytest.mark.parametrize("encoding", ["LATIN1", "WIN1252"])
 def test_a_postgresql_database_that_cannot_hold_every_character_is_refused_at_open(encoding):
     """A LATIN1 database took the first episodes and then failed a step whose action held an
@@ -890,6 +891,7 @@ def test_a_postgresql_database_that_cannot_hold_every_character_is_refused_at_op
             engine.dispose()
 
 
+@pytest.mark.pg
 def test_a_sql_ascii_postgresql_database_keeps_any_text_as_sent():
     """SQL_ASCII stores the bytes it is sent, so UTF-8 text round-trips: it serves as a store."""
     from tests.conftest import _throwaway_pg_database

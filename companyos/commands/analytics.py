@@ -171,14 +171,14 @@ def query_command(
         cursor = wh.con.execute(query.sql, bound)
         names = [d[0] for d in cursor.description]
         rows = cursor.fetchall()
-        pooled = _versions_pooled(wh, bound) if rows else []
+        pooled = _versions_pooled(wh, name, bound) if rows else []
     finally:
         wh.close()
     _print_rows(names, rows, fmt, title=f"{name}: {query.description}")
     if len(pooled) > 1:  # as the report says it: rates over two rule sets compare unlike things
-        typer.echo(f"note: the finished episodes these rows cover were judged by rules versions "
+        typer.echo(f"note: the finished episodes matching these filters were judged by rules versions "
                    f"{' and '.join(map(str, pooled))}, which count success and mistakes differently, "
-                   "and these rows pool them: `-p rules=V` keeps one", err=True)
+                   "and this query counts them together: `-p rules=V` keeps one", err=True)
     if name == "pass_at_k" and rows and not any(row[names.index("instances")] for row in rows):
         k = bound["k"]
         typer.echo("note: no instance (agent, task, seed, chaos, step budget, reward profile, rules "
@@ -190,10 +190,11 @@ _EPISODE_FILTERS = {"agent": "agent", "task": "task", "chaos": "chaos", "profile
 """A named query's episode filters and the `episodes` columns they compare, as every query has them."""
 
 
-def _versions_pooled(wh, bound: dict) -> list[int]:
+def _versions_pooled(wh: Warehouse, name: str, bound: dict[str, Any]) -> list[int]:
     """The rules versions of the finished episodes the query's other filters keep, when it could
-    narrow to one (it takes `rules`) and was not asked to; else none."""
-    if "rules" not in bound or bound["rules"] is not None:
+    narrow to one (it takes `rules`), was not asked to, and does not tell them apart itself
+    (`compare_agents` gives each agent's versions); else none."""
+    if name == "compare_agents" or "rules" not in bound or bound["rules"] is not None:
         return []
     kept = {name: bound[name] for name in _EPISODE_FILTERS if bound.get(name) is not None}
     where = "".join(f" AND {_EPISODE_FILTERS[name]} = ${name}" for name in kept)

@@ -66,9 +66,8 @@ def run(
         # what finished is reported as a whole run's would be (JSON marked "interrupted"), so a
         # caller piping --json keeps those episodes' results; the exit code says the run was cut
         _report(plan, stop.results, as_json, cut_short="interrupted")
-        done = sorted(r.seed for r in stop.results)
-        fail(f"interrupted: {len(done)} episode(s) finished, logged and reported"
-             + (f" (seeds {seed_ranges(done, shown=None)})" if done else "")
+        fail(f"interrupted: {len(stop.results)} episode(s) finished, logged and reported"
+             + (f" (seeds {_seeds_of(stop.results)})" if stop.results else "")
              + ("; a second Ctrl-C stopped it at once: the episodes under way were cut short "
                 "(each " + ("lost" if durability == "episode" else "left running in the log")
                 + ") and, with --workers, some finished ones may be unreported; `companyos "
@@ -82,9 +81,8 @@ def run(
             _report(plan, failed.results, as_json, cut_short="failed")
         cause = failed.__cause__
         if failed.results:  # what a resumed run can skip, in the error's one line
-            done = sorted(r.seed for r in failed.results)
-            cause.add_note(f"{len(done)} episode(s) finished and were logged before it (seeds "
-                           f"{seed_ranges(done, shown=None)})")
+            cause.add_note(f"{len(failed.results)} episode(s) finished and were logged before it "
+                           f"(seeds {_seeds_of(failed.results)})")
         if isinstance(cause, WorkerDied):
             fail(with_notes(str(cause), cause), code=1)
         raise cause from None
@@ -110,6 +108,11 @@ def _report(plan, results: list, as_json: bool, cut_short: str | None = None) ->
             sys.stdout.flush()
             return
         _print_summary(plan, summary)
+
+
+def _seeds_of(results: list) -> str:
+    """Every seed of a run cut short's finished episodes, as ranges: what a resumed run skips."""
+    return seed_ranges(sorted(r.seed for r in results), shown=None)
 
 
 def seed_ranges(seeds: list[int], shown: int | None = 6) -> str:
