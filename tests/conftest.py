@@ -120,6 +120,8 @@ def poll_count(conn: sa.Connection, sql: str, tries: int = 200) -> int:
         count = conn.execute(sa.text(sql)).scalar()
         if count:
             return count
+        if conn.in_transaction():  # PostgreSQL keeps one view of pg_stat_activity per transaction:
+            conn.rollback()        # polled inside one, it never saw the other session arrive
         time.sleep(0.05)
     return 0
 
