@@ -422,6 +422,20 @@ def test_a_run_the_store_fails_under_reports_the_episodes_that_finished(tmp_path
         (e["seed"], e["digest"]) for e in _logged(url)}
 
 
+def test_a_store_outage_that_stops_a_run_names_the_seeds_it_finished(tmp_path, monkeypatch, capsys):
+    """The finished seeds ride on the error as a note, so every kind of error line says them: here
+    an outage (StoreUnreachable, exit 1), said by the command line's own branch for it."""
+    from eventstore import StoreUnreachable
+
+    def outage():
+        raise StoreUnreachable("the database server is not answering")
+
+    code, stdout, stderr = _run_json(monkeypatch, capsys, f"sqlite:///{tmp_path / 'store.db'}", 3, outage)
+    assert code == 1 and json.loads(stdout)["summary"]["episodes"] == 3
+    assert stderr.strip().splitlines() == ["error: the database server is not answering; 3 episode(s) "
+                                           "finished and were logged before it (seeds 100..102)"]
+
+
 def test_a_prepared_statement_a_pooler_lost_is_said_with_the_url_that_fixes_it(tmp_path, monkeypatch, capsys):
     """Behind PgBouncer's transaction pooling psycopg's prepared statements go missing: the error
     line said only `prepared statement "_pg3_0" does not exist`, which names neither the cause
