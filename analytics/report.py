@@ -24,6 +24,13 @@ from domain.labels import control_character
 PALETTE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7",
            "#9c755f", "#bab0ac")
 
+_FILTERED = """
+WHERE ($agent IS NULL OR agent = $agent) AND ($task IS NULL OR task = $task)
+  AND ($chaos IS NULL OR chaos = $chaos) AND ($profile IS NULL OR reward_profile = $profile)
+  AND ($rules IS NULL OR rules = $rules)
+"""
+"""The episodes the report's filters (and every named query's) keep."""
+
 _SUMMARY = """
 SELECT count(*) AS episodes,
        count(*) FILTER (WHERE outcome IS NOT NULL) AS finished,
@@ -38,10 +45,9 @@ SELECT count(*) AS episodes,
        count(DISTINCT task) FILTER (WHERE outcome IS NOT NULL) AS tasks,
        list(DISTINCT rules ORDER BY rules) FILTER (WHERE outcome IS NOT NULL) AS rules_versions
 FROM episodes
-WHERE ($agent IS NULL OR agent = $agent) AND ($task IS NULL OR task = $task)
-  AND ($chaos IS NULL OR chaos = $chaos) AND ($profile IS NULL OR reward_profile = $profile)
-  AND ($rules IS NULL OR rules = $rules)
-"""
+""" + _FILTERED
+
+_RULES_VERSIONS = "SELECT DISTINCT rules FROM episodes" + _FILTERED + "AND outcome IS NOT NULL ORDER BY rules"
 
 # Success per agent and chaos level, for the report's chart when it covers several agents: one
 # bar per agent at each level, so an easy level run by a strong agent never reads as chaos helping.
@@ -83,6 +89,13 @@ def rules_version(value: str | int | None) -> int | None:
     """A rules-version filter as its number (text from a form or URL too, read as the named
     queries read it); a ValueError naming the versions when it is none of them."""
     return None if value is None else rules_from_text(value)
+
+
+def rules_versions(wh: Warehouse, filters: dict[str, Any]) -> list[int]:
+    """The rules versions of the finished episodes `filters` keep (agent, task, chaos as a number,
+    profile, rules; a missing one is no filter), as the report's summary counts them."""
+    keys = ("agent", "task", "chaos", "profile", "rules")
+    return [v for (v,) in wh.con.execute(_RULES_VERSIONS, {k: filters.get(k) for k in keys}).fetchall()]
 
 
 def build(wh: Warehouse, agent: str | None = None, task: str | None = None,

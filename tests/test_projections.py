@@ -1056,25 +1056,34 @@ def test_rerun_judges_each_episode_by_the_rules_version_it_was_logged_with(tmp_p
             assert not result.match and result.rules is None and "rules" in result.error, result.error
 
 
+def _fixture_episodes(name: str) -> list[dict]:
+    """A fixture of logged episodes in tests/data: their specs, actions, judgements and digests."""
+    from pathlib import Path
+
+    return [orjson.loads(line) for line in (Path(__file__).parent / "data" / name).read_text().splitlines()]
+
+
+def _reset_as_logged(env, e: dict, rules: int) -> dict:
+    """Start logged episode `e` again, under rules version `rules`; the reset's info."""
+    return env.reset(seed=e["seed"], options={
+        "task": e["task"], "chaos": e["chaos"], "reward_profile": e["reward_profile"],
+        "max_steps": e["max_steps"], "rules": rules})[1]
+
+
 def test_episodes_logged_before_rules_versions_existed_replay_to_their_digests(tmp_path):
     """tests/data/pre_versions_episodes.jsonl holds 46 episodes the code before rules versions
     logged (random and expert agents at four chaos levels; blind declines, which that code let
     succeed; early verifications): their specs, actions and stream digests. Played again under
     version 1 they give the same events, byte for byte; version 2 judges the blind declines apart."""
-    from pathlib import Path
-
     from companyos.env import CompanyEnv
 
-    logged = [orjson.loads(line) for line in
-              (Path(__file__).parent / "data" / "pre_versions_episodes.jsonl").read_text().splitlines()]
+    logged = _fixture_episodes("pre_versions_episodes.jsonl")
     assert len(logged) == 46
     outcomes: dict[int, list] = {1: [], 2: []}
     with CompanyEnv(f"sqlite:///{tmp_path / 'store.db'}", durability="episode") as env:
         for rules in outcomes:
             for e in logged:
-                _, info = env.reset(seed=e["seed"], options={
-                    "task": e["task"], "chaos": e["chaos"], "reward_profile": e["reward_profile"],
-                    "max_steps": e["max_steps"], "rules": rules})
+                info = _reset_as_logged(env, e, rules)
                 for action in e["actions"]:
                     if not env.state["done"]:
                         env.step(action)
@@ -1096,21 +1105,16 @@ def test_episodes_judged_by_rules_version_2_replay_to_their_digests(tmp_path):
     chaos none): their specs, actions, judgements and stream digests, every outcome and every
     failure mode. Played again under version 2 they give the same events, byte for byte, and the
     same judgement: a change to version 2's rules must be a new version, not an edit of this one."""
-    from pathlib import Path
-
     from companyos.env import CompanyEnv
     from domain import FAILURE_MODES
 
-    logged = [orjson.loads(line) for line in
-              (Path(__file__).parent / "data" / "rules_v2_episodes.jsonl").read_text().splitlines()]
+    logged = _fixture_episodes("rules_v2_episodes.jsonl")
     assert len(logged) == 60 and {e["rules"] for e in logged} == {2}
     assert {e["failure_mode"] for e in logged} == {None, *FAILURE_MODES}
     objected = 0
     with CompanyEnv(f"sqlite:///{tmp_path / 'store.db'}", durability="episode") as env:
         for e in logged:
-            _, info = env.reset(seed=e["seed"], options={
-                "task": e["task"], "chaos": e["chaos"], "reward_profile": e["reward_profile"],
-                "max_steps": e["max_steps"], "rules": e["rules"]})
+            info = _reset_as_logged(env, e, e["rules"])
             for action in e["actions"]:
                 assert not env.state["done"], e
                 env.step(action)

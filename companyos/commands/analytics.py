@@ -186,21 +186,15 @@ def query_command(
                    "(`companyos run --seed S` again), or ask for a smaller k", err=True)
 
 
-_EPISODE_FILTERS = {"agent": "agent", "task": "task", "chaos": "chaos", "profile": "reward_profile"}
-"""A named query's episode filters and the `episodes` columns they compare, as every query has them."""
-
-
 def _versions_pooled(wh: Warehouse, name: str, bound: dict[str, Any]) -> list[int]:
     """The rules versions of the finished episodes the query's other filters keep, when it could
     narrow to one (it takes `rules`), was not asked to, and does not tell them apart itself
     (`compare_agents` gives each agent's versions); else none."""
     if name == "compare_agents" or "rules" not in bound or bound["rules"] is not None:
         return []
-    kept = {name: bound[name] for name in _EPISODE_FILTERS if bound.get(name) is not None}
-    where = "".join(f" AND {_EPISODE_FILTERS[name]} = ${name}" for name in kept)
-    return [v for (v,) in wh.con.execute(
-        f"SELECT DISTINCT rules FROM episodes WHERE outcome IS NOT NULL{where} ORDER BY rules",
-        kept).fetchall()]
+    from analytics.report import rules_versions
+
+    return rules_versions(wh, bound)
 
 
 @analytics_app.command("sql")
