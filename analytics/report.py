@@ -253,10 +253,13 @@ def number_text(value: float) -> str:
     return f"{value:.6f}".rstrip("0").rstrip(".")
 
 
+TITLE = "CompanyOS failure-mode report"  # every report's title begins so: how a file is known as one
+
+
 def report_title(data: dict[str, Any], shown: Callable[[str, Any], str] = "{}={}".format) -> str:
     """The report's title naming its filters, each as `shown(name, value)` writes it."""
     filters = ", ".join(shown(k, v) for k, v in data["filters"].items())
-    return "CompanyOS failure-mode report" + (f" ({filters})" if filters else "")
+    return TITLE + (f" ({filters})" if filters else "")
 
 
 def _html_title(data: dict[str, Any]) -> str:
@@ -690,9 +693,18 @@ th{background:#f5f5f5;white-space:nowrap}
 """
 
 
+REPORT_HEAD = "<!doctype html><html><head><meta charset='utf-8'><title>"
+
+
+def is_report(head: bytes) -> bool:
+    """Whether a file beginning with `head` is a report `to_html` wrote (its title says so), which
+    another report may replace; any other page is someone's, and stays."""
+    return head.lstrip().startswith((REPORT_HEAD + TITLE).encode())
+
+
 def to_html(data: dict[str, Any]) -> str:
     """The report as one self-contained HTML document (`analytics report --html`)."""
-    return ("<!doctype html><html><head><meta charset='utf-8'><title>" + _esc(report_title(data)) +
+    return (REPORT_HEAD + _esc(report_title(data)) +
             f"</title><style>{REPORT_CSS}</style></head><body>" + html_body(data) + "</body></html>")
 
 

@@ -332,8 +332,10 @@ def test_a_report_never_overwrites_the_store_the_warehouse_or_another_file(logge
     store = pathlib.Path(url.removeprefix("sqlite:///"))
     notes = tmp_path / "notes.txt"
     notes.write_text("my notes")
+    dashboard = tmp_path / "index.html"  # a page of someone's own: HTML, but no report
+    dashboard.write_text("<!doctype html><html><head><title>CompanyOS dashboard</title></head></html>")
     assert cli("sync", "--db", url, "--warehouse", str(wh)).exit_code == 0
-    for target in (store, wh, notes):
+    for target in (store, wh, notes, dashboard):
         before = target.read_bytes()
         out = cli("report", "--html", str(target), "--db", url, "--warehouse", str(wh))
         assert out.exit_code == 2 and f"--html {target}: it is " in out.output, out.output
@@ -348,7 +350,7 @@ def test_a_report_never_overwrites_the_store_the_warehouse_or_another_file(logge
     assert out.exit_code == 0 and loop.read_text().startswith("<!doctype html"), out.output
     link = tmp_path / "latest.html"
     link.symlink_to(page)
-    page.write_text("<!doctype html><p>the last one</p>")
+    page.write_text(page.read_text().replace("</body>", "<p>the last one</p></body>"))
     out = cli("report", "--html", str(link), "--db", url, "--warehouse", str(wh))
     assert out.exit_code == 0 and link.is_symlink() and "the last one" not in page.read_text()
     (tmp_path / "adir.html").mkdir()

@@ -252,8 +252,10 @@ def _not_a_report(path: Path) -> str | None:
         return None
     if head.startswith(b"SQLite format 3\0") or head[8:12] == b"DUCK":
         return "it is a database (the event store, or a warehouse), which a report would overwrite"
-    if not head.lstrip().lower().startswith((b"<!doctype html", b"<html")):
-        return "it is a file that is no HTML report, which a report would overwrite"
+    from analytics.report import is_report
+
+    if not is_report(head):  # a hand-written page was as lost as any other file
+        return "it is a file that is no report of this command, which a report would overwrite"
     return None
 
 
