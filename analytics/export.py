@@ -143,5 +143,6 @@ def _swapped_in_by_a_killed_export(root: Path) -> set[str]:
 
 
 def _quote(path: Path) -> str:
-    """A path as a SQL string literal (COPY's target cannot be a bound parameter)."""
-    return str(path).replace("'", "''")
+    """A path as a SQL string literal (COPY's target cannot be a bound parameter), absolute: DuckDB
+    reads a leading `~` as the home directory, and wrote there while Python made a directory `~`."""
+    return str(path.absolute()).replace("'", "''")

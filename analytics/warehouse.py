@@ -299,7 +299,9 @@ def _connect(path: Path, read_only: bool, config: dict, wait: float,
     while True:
         new = not path.exists()
         try:
-            return duckdb.connect(str(path), read_only=read_only, config=config)
+            # absolute: DuckDB reads a leading `~` as the home directory, where the checks above
+            # looked at a directory named `~`
+            return duckdb.connect(str(path.absolute()), read_only=read_only, config=config)
         except duckdb.IOException as exc:
             if COULD_NOT_WRITE in str(exc):  # a full disk: a condition of the machine, not the path
                 if new:  # DuckDB made the file, then could not write it whole: every later open

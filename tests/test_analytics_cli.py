@@ -1486,3 +1486,29 @@ def test_a_warehouse_this_process_may_not_write_answers_while_it_is_up_to_date(t
     assert "events after its checkpoint" in stale.stderr and not stale.stdout
     rebuild = cli("sync", "--rebuild", "--db", url, "--warehouse", wh)
     assert rebuild.exit_code == 1 and "cannot rebuild the warehouse" in rebuild.stderr, rebuild.output
+
+
+def test_a_path_beginning_with_a_tilde_means_one_place(logged, tmp_path, cli, monkeypatch):
+    """A quoted `'~/exports'` reached Python as a directory named `~` and DuckDB as the home
+    directory: the export failed, leaving four tables' staging copies in the home directory, and
+    `--warehouse '~/w.duckdb'` built a file the messages placed elsewhere. The command line expands
+    `~` as a shell would; the Python API takes a path literally, DuckDB included."""
+    from analytics.export import export
+
+    url, reported = logged
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(work)
+    out = cli("export", "~/exports", "--db", url, "--warehouse", "~/w.duckdb")
+    assert out.exit_code == 0, out.output
+    assert (home / "w.duckdb").exists() and (home / "exports" / "_companyos_export.json").exists()
+    assert list(work.iterdir()) == []
+    with Warehouse(pathlib.Path("~/literal.duckdb")) as wh:  # a directory named `~`, here
+        sync(url, wh)
+        export(wh, pathlib.Path("~") / "exports")
+        assert wh.counts()["episodes"] == len(reported)
+    assert sorted(p.name for p in (work / "~").iterdir()) == ["exports", "literal.duckdb"]
+    assert sorted(p.name for p in home.iterdir()) == ["exports", "w.duckdb"]
+    assert not [p for p in home.rglob(".*.tmp")]

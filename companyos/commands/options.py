@@ -24,11 +24,13 @@ def utf8_text(value: str | None) -> str | None:
 
 
 def named_path(value: str) -> Path:
-    """A path the user named. An empty one (usually an unset shell variable) would otherwise be
-    the current directory: an export or report written there, a warehouse refused as "."."""
+    """A path the user named, `~` expanded as a shell would (a quoted `'~/x'` reached DuckDB, which
+    expands it, and Python, which did not: two places for one name). An empty one (usually an unset
+    shell variable) would otherwise be the current directory: an export or report written there, a
+    warehouse refused as "."."""
     if not value:
         raise typer.BadParameter("is empty (an unset shell variable?); name a path")
-    return Path(value)
+    return Path(value).expanduser()
 
 
 EpisodeArgument = typer.Argument(..., help="Episode id (its stream id).", callback=utf8_text)
