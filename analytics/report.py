@@ -9,6 +9,7 @@ from __future__ import annotations
 import html
 import math
 import re
+import shlex
 import time
 import unicodedata
 from collections.abc import Callable, Iterable
@@ -85,6 +86,13 @@ def check_filters(agent: str | None, task: str | None, chaos: str | None = None,
                          f"(it holds {control!r})")
 
 
+def _query_command(name: str, filters: dict[str, Any]) -> str:
+    """The command that runs a named query with the report's filters (the report's own names for
+    them are the queries' parameters), quoted for a shell."""
+    return shlex.join(["companyos", "analytics", "query", name,
+                       *(arg for k, v in filters.items() for arg in ("-p", f"{k}={v}"))])
+
+
 def rules_version(value: str | int | None) -> int | None:
     """A rules-version filter as its number (text from a form or URL too, read as the named
     queries read it); a ValueError naming the versions when it is none of them."""
@@ -151,8 +159,8 @@ def build(wh: Warehouse, agent: str | None = None, task: str | None = None,
             f"lists all {agents}.")
     if len(tools) > TOOL_ROWS:  # agents that invent tool names can make this list long
         data["notes"]["tool_error_rates"] = (
-            f"{len(tools) - TOOL_ROWS} more tools with lower error rates are not shown: "
-            "`companyos analytics query tool_error_rates` lists them all")
+            f"{len(tools) - TOOL_ROWS} more tools, with the same or lower error rates, are not shown: "
+            f"`{_query_command('tool_error_rates', data['filters'])}` lists them all")
     data["seconds"] = round(time.perf_counter() - started, 3)
     return data
 

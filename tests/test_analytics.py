@@ -1272,9 +1272,16 @@ def test_the_report_says_what_it_leaves_out_and_keeps_the_steps_axis_whole(tmp_p
     with _warehouse_of(tmp_path, write) as wh:
         data = report.build(wh)
         every_tool = service.run_named(wh, "tool_error_rates", {"min_calls": 1})
+        narrowed = report.build(wh, agent="a", chaos="0.5")
     assert len(every_tool) == 35 and data["tool_error_rates"] == every_tool[:report.TOOL_ROWS]
-    note = f"{35 - report.TOOL_ROWS} more tools with lower error rates are not shown"
+    # the tools left out have the same or lower rates (here all 35 have none), and the command that
+    # lists them carries the report's filters (it listed another set)
+    note = f"{35 - report.TOOL_ROWS} more tools, with the same or lower error rates, are not shown"
     assert note in report.to_markdown(data) and note in report.to_html(data)
+    assert data["notes"]["tool_error_rates"].endswith(
+        "`companyos analytics query tool_error_rates` lists them all")
+    assert narrowed["notes"]["tool_error_rates"].endswith(
+        "`companyos analytics query tool_error_rates -p agent=a -p chaos=0.5` lists them all")
     bars = report.first_mistake_bars(data["first_mistake_step"])
     assert [label for label, _, _ in bars] == [str(step) for step in range(2, 10)]
     assert [label for label, share, _ in bars if share] == ["2", "3", "9"]
