@@ -44,7 +44,9 @@ SELECT count(*) AS episodes,
        -- as compare_agents labels and counts them: agents with a finished episode
        count(DISTINCT coalesce(agent, '(unknown)')) FILTER (WHERE outcome IS NOT NULL) AS agents,
        count(DISTINCT task) FILTER (WHERE outcome IS NOT NULL) AS tasks,
-       list(DISTINCT rules ORDER BY rules) FILTER (WHERE outcome IS NOT NULL) AS rules_versions
+       list(DISTINCT rules ORDER BY rules) FILTER (WHERE outcome IS NOT NULL) AS rules_versions,
+       list(DISTINCT reward_profile ORDER BY reward_profile) FILTER (WHERE outcome IS NOT NULL)
+           AS reward_profiles
 FROM episodes
 """ + _FILTERED
 
@@ -143,6 +145,12 @@ def build(wh: Warehouse, agent: str | None = None, task: str | None = None,
             "version (--rules, or ?rules= in the UI) to compare like with like.")
     elif versions:
         data["notes"]["summary"] = f"These episodes were judged by rules version {versions[0]}."
+    profiles = summary.pop("reward_profiles") or []
+    if len(profiles) > 1:  # a sparse episode's return is not a dense one's: the mean mixes scales
+        data["notes"]["summary"] = " ".join(filter(None, [data["notes"].get("summary"), (
+            f"They were scored by reward profiles {' and '.join(profiles)}, whose returns are on "
+            "different scales: the mean return mixes them. Narrow the report to one profile "
+            "(--profile, or ?profile= in the UI) to compare returns.")]))
     agents = agent_count(data["success_by_agent_and_chaos"])
     levels = {r["chaos"] for r in data["success_by_chaos"]}
     if data["chaos_impact"] and (agents or len(levels) > 1):

@@ -1567,3 +1567,23 @@ def test_a_warehouse_derived_by_older_code_is_rebuilt_with_the_columns_now_deriv
         sync(url, wh)
         assert {name: wh.con.execute(sql).fetchall() for name, sql in TABLES.items()} == fresh
         assert wh.state()["derive_version"] == str(DERIVE_VERSION)
+
+
+def test_the_report_says_when_its_mean_return_mixes_reward_profiles(tmp_path):
+    """A sparse episode's return is on another scale than a default one's; the report pooled them
+    into one mean return without a word (it warns of mixed rules versions)."""
+    from analytics import report
+
+    def write(store):
+        _episode(store, "dense", [[]], ("success", None), profile="default", total_return=3.0)
+        _episode(store, "sparse", [[]], ("success", None), profile="sparse", total_return=1.0)
+        _episode(store, "running", [[]], None, profile="other")  # not finished: not in the mean
+
+    with _warehouse_of(tmp_path, write) as wh:
+        mixed = report.build(wh)
+        one = report.build(wh, profile="sparse")
+    said = "They were scored by reward profiles default and sparse, whose returns are on different scales"
+    assert said in mixed["notes"]["summary"] and said in report.to_markdown(mixed)
+    assert mixed["notes"]["summary"].startswith("These episodes were judged by rules version 1. ")
+    assert "--profile" in report.to_html(mixed) and "reward_profiles" not in mixed["summary"]
+    assert one["notes"]["summary"] == "These episodes were judged by rules version 1."
