@@ -543,28 +543,38 @@ class RemoteCompanyEnv:
     def _reset_data(self, seed: Any, options: dict[str, Any] | None) -> dict[str, Any]:
         """The server's reset fields. Unknown options are refused here in CompanyEnv's words, since
         the server has fields (agent, text) that are not options in process; values are the
-        server's to judge. NumPy integer seeds travel as ints, as CompanyEnv logs them."""
-        options = dict(options or {})
-        unknown = set(options) - RESET_OPTIONS
+        server's to judge. NumPy scalars travel as the Python numbers CompanyEnv reads from them."""
+        given = dict(options or {})
+        unknown = set(given) - RESET_OPTIONS
         if unknown:
             raise ValueError(f"unknown reset options: {sorted(unknown)}")
-        if any(map(_not_finite, (seed, *options.values()))):
+        if any(map(_unsendable, (seed, *given.values()))):
             # JSON has no NaN or infinity (orjson writes null, which the server reads as "the
-            # default"): refuse in CompanyEnv's own words rather than start another episode
-            spec_from_options(seed, options)
-            raise ValueError("NaN and infinity cannot be sent to the server")
+            # default"), nor orjson an integer beyond 64 bits: refuse in CompanyEnv's own words
+            # rather than start another episode
+            spec_from_options(seed, given)
+            raise ValueError("NaN, infinity and integers beyond 64 bits cannot be sent to the server")
+        data = {name: _python_scalar(value) for name, value in given.items()}
+        seed = _python_scalar(seed)
         if isinstance(seed, numbers.Integral) and not isinstance(seed, bool):
             seed = int(seed)
-        data = {**options, "seed": seed}
+        data["seed"] = seed
         if self.agent is not None:
             data["agent"] = self.agent
         return data
 
 
-def _not_finite(value: Any) -> bool:
-    """A float NaN or infinity (NumPy's too), which has no JSON form."""
-    return (isinstance(value, numbers.Real) and not isinstance(value, numbers.Integral)
-            and not math.isfinite(value))
+def _python_scalar(value: Any) -> Any:
+    """A NumPy scalar as the Python value it holds, as CompanyEnv reads it (`float(np.float32(0.3))`
+    is 0.30000001192092896, where orjson writes 0.3: another chaos level, another episode)."""
+    return value.item() if type(value).__module__ == "numpy" and hasattr(value, "item") else value
+
+
+def _unsendable(value: Any) -> bool:
+    """A float NaN or infinity, which has no JSON form, or an integer orjson cannot write."""
+    if isinstance(value, numbers.Integral):
+        return not isinstance(value, bool) and not -2**63 <= int(value) < 2**64
+    return isinstance(value, numbers.Real) and not math.isfinite(value)
 
 
 def _observation(payload: dict[str, Any]) -> Observation:

@@ -173,6 +173,16 @@ def test_numpy_values_travel_as_their_numbers(server, local, transport):
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_float32_chaos_level_is_the_one_company_env_plays(server, local, transport):
+    """CompanyEnv reads np.float32(0.3) as 0.30000001192092896, orjson wrote it as 0.3: the same
+    seed and actions gave another episode, another digest, over the network."""
+    options = {"task": "license_renewal", "chaos": np.float32(0.3), "max_steps": np.int32(12)}
+    with RemoteCompanyEnv(server[0], transport=transport, agent="expert") as remote:
+        play_agent(local, remote, "random", 3, options)
+        assert remote.state["chaos"] == local.state["chaos"] == float(np.float32(0.3)) != 0.3
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
 def test_before_reset_it_behaves_as_company_env(server, local, transport):
     with RemoteCompanyEnv(server[0], transport=transport) as remote:
         assert remote.state == local.state == {"episode_id": None, "step_count": 0}
@@ -233,17 +243,20 @@ def test_an_unknown_option_is_refused_as_company_env_refuses_it(server, local, t
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
-@pytest.mark.parametrize("options", [{"chaos": float("nan")}, {"chaos": np.float64("inf")},
-                                     {"max_steps": float("nan")}, {"task": float("-inf")}])
-def test_nan_and_infinity_are_refused_not_sent_as_null(server, local, transport, options):
+@pytest.mark.parametrize("seed, options", [(5, {"chaos": float("nan")}), (5, {"chaos": np.float64("inf")}),
+                                           (5, {"max_steps": float("nan")}), (5, {"task": float("-inf")}),
+                                           (2**70, {}), (5, {"max_steps": -2**70})])
+def test_values_json_cannot_carry_are_refused_in_company_envs_words(server, local, transport, seed,
+                                                                    options):
     """JSON has no NaN: sent as null, the server took it for "the default" and logged another
-    episode (chaos 0.5, 32 steps) where CompanyEnv refuses the value."""
+    episode (chaos 0.5, 32 steps) where CompanyEnv refuses the value. An integer beyond 64 bits
+    was refused as "Integer exceeds 64-bit range" where CompanyEnv names the seed's range."""
     logged_before = local.store.last_position()
     with RemoteCompanyEnv(server[0], transport=transport) as remote:
         with pytest.raises(ValueError) as in_process:
-            local.reset(seed=5, options={"task": "expense_report", **options})
+            local.reset(seed=seed, options={"task": "expense_report", **options})
         with pytest.raises(ValueError) as over_network:
-            remote.reset(seed=5, options={"task": "expense_report", **options})
+            remote.reset(seed=seed, options={"task": "expense_report", **options})
         assert str(over_network.value) == str(in_process.value)
         assert remote.episode_id is None
     assert local.store.last_position() == logged_before
