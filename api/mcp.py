@@ -41,6 +41,9 @@ class McpContext:
     episode_token: str | None = None  # X-Episode-Token
     query: list[tuple[str, str]] | None = None  # reset options for `initialize`, as given
     bound: Session | None = None  # the WebSocket connection's episode
+    # the bound episode's step the socket last answered (None: no claim), moved by each tools/call
+    # on it as by a plain step: every tools/call on a socket is a step of the socket's own
+    seen_step: int | None = None
 
 
 @dataclass(slots=True)
@@ -228,7 +231,16 @@ def _call(manager: SessionManager, params: dict, ctx: McpContext) -> dict[str, A
                        "Mcp-Session-Id it returns names the episode), or pass episode_id and "
                        "episode_token in params (or the X-Episode-Id / X-Episode-Token headers)")
     action = catalog.action_from_tool_call(name, arguments)
-    payload = manager.step(session, action, check_fresh=ctx.bound is None)
+    own = session is ctx.bound  # cached right here; any other episode may have moved elsewhere
+    try:
+        payload = manager.step(session, action, check_fresh=not own,
+                               after_step=ctx.seen_step if own else None)
+    except ApiError as exc:
+        if own and exc.code == "conflict":  # refused on a world that moved: the next acts on it
+            ctx.seen_step = None
+        raise
+    if own:
+        ctx.seen_step = payload["metadata"]["step"]
     return tool_result(payload)
 
 

@@ -220,12 +220,14 @@ class _Connection:
         return _dumps({"type": "state", "data": state}).decode()
 
     async def _mcp(self, message: dict) -> str:
-        ctx = mcp.McpContext(bound=self.session)
+        ctx = mcp.McpContext(bound=self.session, seen_step=self.seen_step)
         reply = await self.server.run(mcp.handle, self.server.sessions, message.get("data"), ctx)
         if reply.session is not None and reply.session is not self.session:
             # `initialize` started this socket's episode: its tools/call act there (steps the socket
             # is not answered as its own, so a plain step after them is not held to a seen step)
             self._bind(reply.session, None)
+        else:  # its tools/call on the socket's episode were the socket's own steps
+            self.seen_step = ctx.seen_step
         if reply.body is None:  # a notification: JSON-RPC answers none (a reply without an id was
             return NO_REPLY  # no JSON-RPC message at all)
         return _dumps({"type": "mcp", "data": reply.body}).decode()

@@ -424,6 +424,45 @@ def test_a_socket_resuming_an_episode_another_process_stepped_steps_on_from_the_
         assert reply["data"]["metadata"]["step"] == 3
 
 
+
+def _tool_call(ws, name: str, **params) -> dict:
+    ws.send_json({"type": "mcp", "data": {"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                                          "params": {"name": name, **params}}})
+    return ws.receive_json()["data"]
+
+
+def test_a_sockets_tool_calls_are_its_own_steps(sqlite_url):
+    """A tools/call on the socket's episode is a step of the socket's: its next plain step was
+    refused as "another client stepped this episode", and another client's step before a tools/call
+    went unnoticed, where a plain step is refused."""
+    with client(sqlite_url) as c, c.websocket_connect("/ws") as ws:
+        ws.send_json({"type": "reset", "data": RESET})
+        meta = ws.receive_json()["data"]["metadata"]
+        assert _tool_call(ws, "datahub_list_metrics")["result"]["structuredContent"]["metadata"]["step"] == 1
+        ws.send_json({"type": "step", "data": ACTIONS[0]})
+        reply = ws.receive_json()
+        assert reply["type"] == "observation" and reply["data"]["metadata"]["step"] == 2, reply
+        assert step(c, meta["episode_id"], meta["episode_token"], ACTIONS[1]).status_code == 200
+        refused = _tool_call(ws, "datahub_list_metrics")
+        assert refused["error"]["data"] == {"status": 409, "code": "conflict"}, refused
+        assert "another client stepped" in refused["error"]["message"]
+        answer = _tool_call(ws, "datahub_list_metrics")  # on the world as logged now
+        assert answer["result"]["structuredContent"]["metadata"]["step"] == 4, answer
+
+
+def test_a_sockets_tool_call_on_another_episode_reads_it_from_the_log(sqlite_url):
+    """A tools/call naming another episode took this process's cached copy of it as fresh: one that
+    another server process had stepped since was refused as a conflict (3 of 6 on `--workers 3`)."""
+    with client(sqlite_url) as a, client(sqlite_url) as b, a.websocket_connect("/ws") as ws:
+        ws.send_json({"type": "reset", "data": RESET})
+        ws.receive_json()
+        other, token, _ = reset(a, seed=2)  # a caches it
+        assert step(b, other, token, ACTIONS[0]).status_code == 200
+        answer = _tool_call(ws, "datahub_list_metrics", episode_id=other, episode_token=token)
+        content = answer["result"]["structuredContent"]["metadata"]
+        assert (content["episode_id"], content["step"]) == (other, 2), answer
+
+
 # -- access ----------------------------------------------------------------------------------
 
 
