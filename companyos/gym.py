@@ -152,7 +152,7 @@ class CompanyOSGym(gymnasium.Env):
     # render_fps only paces video recorders; declared so Gymnasium's checker has one
     metadata = {"render_modes": ["ansi"], "render_fps": 1}
 
-    def __init__(self, db: Any = None, durability: str = "step", task: str | None = None,
+    def __init__(self, db: Any = None, durability: str | None = None, task: str | None = None,
                  chaos: str | float | None = None, reward_profile: str | None = None,
                  max_steps: int | None = None, *, env: Any = None, agent: str | None = None,
                  render_mode: str | None = None, url: str | None = None,
@@ -164,6 +164,12 @@ class CompanyOSGym(gymnasium.Env):
             raise ValueError("pass either env= or the arguments to build one (db=, url=, agent=), not both")
         if url is not None and db is not None:
             raise ValueError("pass either url= (a server's episodes) or db= (a store here), not both")
+        # taken and ignored, they read as obeyed: a server logs every step before it answers
+        if durability is not None and (env is not None or url is not None):
+            raise ValueError("durability= is for a store here (db=): a server (url=) logs every step "
+                             "before it answers, and an env= was made with its own")
+        if api_key is not None and url is None:
+            raise ValueError("api_key= is for a server's episodes (url=); an env= was made with its own")
         if env is not None and any(other.env is env for other in _OPEN if not other._closed):
             raise ValueError("this env already backs another CompanyOS Gymnasium env, and one env plays "
                              "one episode at a time (make_vec(env=...) gives every sub-env the same one): "
@@ -177,8 +183,8 @@ class CompanyOSGym(gymnasium.Env):
         self.render_mode = render_mode
         self._owns_env = env is None
         if env is None:
-            env = _remote(url, agent, api_key) if url is not None else CompanyEnv(db, durability=durability,
-                                                                                  agent=agent)
+            env = (_remote(url, agent, api_key) if url is not None
+                   else CompanyEnv(db, durability=durability or "step", agent=agent))
         self.env = env
         self.defaults = defaults
         self.observation_space = UnicodeText(MAX_OBSERVATION_CHARS, min_length=1, charset=SAMPLE_CHARSET)

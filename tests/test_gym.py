@@ -318,6 +318,13 @@ def test_constructor_arguments_are_checked(sqlite_url):
         CompanyOSGym(db=sqlite_url, render_mode="human")
     with pytest.raises(ValueError, match="either env="):
         CompanyOSGym(db=sqlite_url, env=object())
+    # accepted and ignored, they read as obeyed
+    for wrong, words in (({"url": "http://127.0.0.1:9", "durability": "episode"}, "durability= is for"),
+                         ({"env": object(), "durability": "step"}, "durability= is for"),
+                         ({"env": object(), "api_key": "k"}, "api_key= is for"),
+                         ({"db": sqlite_url, "api_key": "k"}, "api_key= is for")):
+        with pytest.raises(ValueError, match=words):
+            CompanyOSGym(**wrong)
     with pytest.raises(ValueError, match="unknown task"):  # CompanyEnv's refusal, when it is made
         CompanyOSGym(db=sqlite_url, task="no_such_task")
 
