@@ -70,10 +70,14 @@ async def websocket_app(server: Any, scope: dict, receive: Any, send: Any) -> No
         # a repeated session_id resumed the first silently, and a misspelt one (`sesion_id`)
         # started without the session: the other routes refuse both
         try:
-            query = single_valued(parse_qsl(scope.get("query_string", b"").decode("latin-1")))
+            query = single_valued(parse_qsl(scope.get("query_string", b"").decode("latin-1"),
+                                            keep_blank_values=True))
             problem = unknown_parameter("/ws", query, WS_QUERY)
         except RepeatedParameter as exc:
             problem = str(exc)
+        if not problem and query.get("session_id") == "":  # an unset variable: not a fresh start
+            problem = ("session_id is empty; give <episode_id>.<token> to resume an episode, or "
+                       "leave it out to start afresh")
         if problem:
             await send({"type": "websocket.send", "text": _error(
                 problem, SESSION_ERROR, reason="invalid_query", status=400)})

@@ -901,6 +901,10 @@ def test_a_query_parameter_a_route_does_not_take_is_refused_in_words(sqlite_url)
             error = ws.receive_json()
         assert error["data"]["reason"] == "invalid_query", error
         assert "/ws has no query parameter 'sesion_id'" in error["data"]["message"]
+        with c.websocket_connect("/ws?session_id=") as ws:  # an unset variable: it started afresh
+            error = ws.receive_json()
+        assert error["data"]["reason"] == "invalid_query", error
+        assert error["data"]["message"].startswith("session_id is empty; give <episode_id>.<token>")
 
 
 def test_numbers_in_query_strings_are_digits_as_on_the_ui_pages(sqlite_url):
