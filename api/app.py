@@ -304,8 +304,13 @@ def _said(error: dict, json_body: bool) -> str:
     return msg
 
 
-def _token(header: str | None, body: str | None) -> str | None:
-    return body or header
+def _token(header: str | None, given: str | None) -> str | None:
+    """The episode token from the body or query, or the X-Episode-Token header; two that differ
+    are refused (the body's won without a word, so a stale header went unnoticed)."""
+    if header and given and header != given:
+        raise ApiError(400, "conflicting_tokens", "the episode_token given and the X-Episode-Token "
+                       "header differ; send the episode's token once")
+    return given or header
 
 
 def _register_openenv(app: FastAPI, server: Server) -> None:

@@ -475,6 +475,18 @@ def test_episode_token_rules(sqlite_url):
         r = step(c, episode_id, other_token, ACTIONS[0])
         assert r.status_code == 403 and r.json()["code"] == "wrong_token"
         assert c.get("/state", params={"episode_id": episode_id}).status_code == 401
+        # the body's token and the header's, different: the body's won without a word
+        for headers in ({"X-Episode-Token": other_token}, {"X-Episode-Token": token}):
+            body_token = token if headers["X-Episode-Token"] == other_token else other_token
+            r = c.post("/step", json={"episode_id": episode_id, "episode_token": body_token,
+                                      "action": ACTIONS[0]}, headers=headers)
+            assert r.status_code == 400 and r.json()["code"] == "conflicting_tokens", r.text
+            r = c.get("/state", params={"episode_id": episode_id, "episode_token": body_token},
+                      headers=headers)
+            assert r.status_code == 400 and "differ; send the episode's token once" in r.json()["detail"]
+        r = c.post("/step", json={"episode_id": episode_id, "episode_token": token, "action": ACTIONS[0]},
+                   headers={"X-Episode-Token": token})
+        assert r.status_code == 200 and r.json()["metadata"]["step"] == 1  # the same one twice is fine
 
 
 def test_episode_logged_elsewhere_cannot_be_acted_on(sqlite_url):
