@@ -145,7 +145,7 @@ def build(wh: Warehouse, agent: str | None = None, task: str | None = None,
             "version (--rules, or ?rules= in the UI) to compare like with like.")
     elif versions:
         data["notes"]["summary"] = f"These episodes were judged by rules version {versions[0]}."
-    profiles = summary.pop("reward_profiles") or []
+    profiles = [str(p) for p in summary.pop("reward_profiles") or []]  # (a log naming none: None)
     if len(profiles) > 1:  # a sparse episode's return is not a dense one's: the mean mixes scales
         data["notes"]["summary"] = " ".join(filter(None, [data["notes"].get("summary"), (
             f"They were scored by reward profiles {' and '.join(profiles)}, whose returns are on "

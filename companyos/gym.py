@@ -169,7 +169,7 @@ class CompanyOSGym(gymnasium.Env):
             raise ValueError("durability= is for a store here (db=): a server (url=) logs every step "
                              "before it answers, and an env= was made with its own")
         if api_key is not None and url is None:
-            raise ValueError("api_key= is for a server's episodes (url=); an env= was made with its own")
+            raise ValueError("api_key= is for a server's episodes (url=)")
         if env is not None and any(other.env is env for other in _OPEN if not other._closed):
             raise ValueError("this env already backs another CompanyOS Gymnasium env, and one env plays "
                              "one episode at a time (make_vec(env=...) gives every sub-env the same one): "
