@@ -20,7 +20,7 @@ from analytics.service import rows_of, run_named
 from analytics.warehouse import Warehouse
 from domain import CHAOS_LEVELS, reward_profile, rules_from_text, task_family
 from domain.chaos import level_text, parse_chaos
-from domain.labels import control_character
+from domain.labels import BIDI_CONTROL_RANGES, control_character, visible_bidi_controls
 
 PALETTE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7",
            "#9c755f", "#bab0ac")
@@ -353,7 +353,7 @@ def _md(text: str) -> str:
     return _CONTROL.sub(_escaped, _MARKUP.sub(lambda m: "\\" + m.group(), text))
 
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+_CONTROL = re.compile(f"[\\x00-\\x1f\\x7f-\\x9f\\u2028\\u2029{BIDI_CONTROL_RANGES}]")
 _NAMED_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 
@@ -395,7 +395,9 @@ def text_note(data: dict[str, Any], key: str) -> str | None:
 # -- SVG charts ------------------------------------------------------------------------------------
 
 def _esc(text: Any) -> str:
-    return html.escape(str(text), quote=True)
+    """Stored text as HTML, bidirectional controls as escapes (an agent's label with an override
+    read backwards in legends and tables)."""
+    return html.escape(visible_bidi_controls(str(text)), quote=True)
 
 
 def _nice_ceiling(value: float) -> float:

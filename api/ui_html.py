@@ -23,6 +23,7 @@ from fastapi.responses import HTMLResponse
 
 from analytics.report import number_text
 from domain.chaos import level_text
+from domain.labels import visible_bidi_controls
 
 CSP = ("default-src 'none'; style-src 'unsafe-inline'; img-src data:; "
        "form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
@@ -79,8 +80,10 @@ class Markup(str):
 
 
 def esc(value: Any) -> str:
-    """Text as HTML (quotes too, so the result is also safe inside an attribute)."""
-    return html.escape("" if value is None else str(value), quote=True)
+    """Text as HTML (quotes too, so the result is also safe inside an attribute), bidirectional
+    controls shown as escapes (domain.labels.visible_bidi_controls): an override reversed what a
+    step's parameters, a rejection or an agent's label read as."""
+    return html.escape(visible_bidi_controls("" if value is None else str(value)), quote=True)
 
 
 def text_cell(value: Any) -> str:
@@ -174,7 +177,9 @@ def select(name: str, label: str, choices: Iterable[str], chosen: str | None) ->
 
 
 def text_input(name: str, label: str, value: str | None) -> Markup:
-    return Markup(f'<label>{esc(label)}<input type="text" name="{esc(name)}" value="{esc(value)}"></label>')
+    # the value as typed (html.escape, not esc): a filter sent back must match the label it names
+    typed = html.escape("" if value is None else value, quote=True)
+    return Markup(f'<label>{esc(label)}<input type="text" name="{esc(name)}" value="{typed}"></label>')
 
 
 def nav() -> Markup:

@@ -2,6 +2,20 @@
 
 from __future__ import annotations
 
+import re
+
+BIDI_CONTROL_RANGES = "\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"
+"""Unicode's explicit bidirectional formatting characters (marks, embeddings, overrides, isolates),
+as the inside of a regular expression's character class."""
+BIDI_CONTROLS = re.compile(f"[{BIDI_CONTROL_RANGES}]")
+
+
+def visible_bidi_controls(text: str) -> str:
+    """`text` with its bidirectional controls written as escapes (`\\u202e`). Shown raw, an override
+    turns the text after it around: a logged amount of 00001 read as 10000, a tool name backwards,
+    so what a reviewer read was not what the log holds. Letters of right-to-left scripts stay."""
+    return BIDI_CONTROLS.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
 
 def control_character(text: str) -> str | None:
     """The first control character in `text` (C0, DEL or C1), if any: a label holding one breaks

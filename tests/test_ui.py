@@ -324,7 +324,37 @@ def test_an_agents_label_cannot_turn_the_pages_own_words_around(ui):
     assert f"agent <bdi>{html.escape(HOSTILE)}</bdi>;" in page
     assert re.search(r"td b,td code\{unicode-bidi:isolate\}", _CSS)
     title = _html_title({"filters": {"agent": "\u202eevil", "chaos": "high"}})
-    assert title == "CompanyOS failure-mode report (agent=<bdi>\u202eevil</bdi>, chaos=high)"
+    assert title == "CompanyOS failure-mode report (agent=<bdi>\\u202eevil</bdi>, chaos=high)"
+
+
+def test_bidirectional_controls_show_as_escapes_not_as_reversed_text(sqlite_url):
+    """A right-to-left override inside a logged value turned it around on the page: a comment's
+    amount of 00001 read 10000, a ticket id read as the real one though the step was refused for
+    it, an agent's label backwards in the list and the report. The page writes each such control as
+    an escape, right-to-left letters stay, and the filter form keeps the label as typed."""
+    from analytics import report
+
+    agent = "bidi-\u202eagent"
+    with CompanyEnv(sqlite_url, agent=agent) as env:
+        obs, info = env.reset(seed=7100, options={"chaos": "none", "max_steps": 3, "episode_id": "bidi-1"})
+        ticket = re.search(r"T-\d+", obs["goal"]).group(0)
+        env.step({"app": "ticketdesk", "method": "add_comment",
+                  "params": {"ticket_id": ticket, "text": "approved amount \u202e00001\u202c USD שלום"}})
+        env.step({"app": "ticketdesk", "method": "get_ticket", "params": {"ticket_id": "\u202e724-T\u202c"}})
+        assert any(env.step({"app": "ticketdesk", "method": "list_tickets", "params": {}})[2:4])  # over
+    with TestClient(create_app(ServerConfig(db=sqlite_url))) as c:
+        pages = [_html_ok(c.get("/ui/episodes/bidi-1")), _html_ok(c.get("/ui", params={"agent": agent})),
+                 _html_ok(c.get("/ui/episodes/bidi-1/views", params={"step": 2})),
+                 _html_ok(c.get("/ui/analytics"))]
+        timeline, listing = pages[0], pages[1]
+        assert "approved amount \\u202e00001\\u202c USD שלום" in timeline
+        assert "\\u202e724-T\\u202c" in timeline and "bidi-\\u202eagent" in listing
+        assert 'href="/ui/episodes/bidi-1"' in listing  # the filter by the raw label matched it
+        assert f'name="agent" value="{agent}"' in listing  # and the form sends it back as typed
+        for page in pages:
+            assert "\u202e" not in page.replace(f'value="{agent}"', "")
+    assert "bidi-\\u202eagent" in pages[3]  # in the report's tables and legends
+    assert report._md(agent) == "bidi-\\u202eagent"  # and in its Markdown
 
 
 def test_a_method_a_page_does_not_take_is_a_405_page_naming_the_one_it_does(ui):
