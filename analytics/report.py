@@ -668,9 +668,12 @@ def _together(by_agent: list[dict[str, Any]] | None) -> str:
 def _agents_by_chaos_chart(rows: list[dict[str, Any]]) -> str:
     levels = sorted({r["chaos"] for r in rows}, key=lambda c: (c is None, c or 0.0))
     rate = {(r["agent"], r["chaos"]): exact_rate(r) for r in rows}
+    drawn, every = chart_agents(rows), agent_count(rows)
+    # the agents left out, said where the eye is (the note under the table was a screen away)
+    some = f" (the {len(drawn)} busiest of {every})" if len(drawn) < every else ""
     return grouped_bar_chart([_chaos_label(c) for c in levels],
-                             {a: [rate.get((a, c)) for c in levels] for a in chart_agents(rows)},
-                             title="Success rate by chaos level and agent")
+                             {a: [rate.get((a, c)) for c in levels] for a in drawn},
+                             title="Success rate by chaos level and agent" + some)
 
 
 def first_mistake_bars(rows: list[dict[str, Any]], most: int = 40) -> list[tuple[str, float, str]]:

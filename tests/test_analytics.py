@@ -1421,6 +1421,8 @@ def test_the_per_agent_chart_draws_the_busiest_agents_and_keeps_its_legend_insid
     note = data["notes"]["success_by_agent_and_chaos"]
     assert note in report.to_html(data) and note not in report.to_markdown(data)  # no chart there
     chart = report.charts(data)[0]
+    # said where the eye is, too: the note under the table was a screen away from the chart
+    assert "Success rate by chaos level and agent (the 8 busiest of 12)" in chart
     width, height = (float(v) for v in re.search(r'viewBox="0 0 ([\d.]+) ([\d.]+)"', chart).groups())
     legend = re.findall(r'<rect x="([\d.]+)" y="([\d.]+)" width="10" height="10"', chart)
     assert len(legend) == report.CHART_AGENTS
