@@ -46,6 +46,7 @@ from api.ui_pages import (
     views_page,
 )
 from api.ui_timeline import build_timeline
+from domain import CHAOS_LEVELS
 from eventstore import CorruptCommit, StoreUnavailable
 
 PAGE_SIZE = 50
@@ -83,7 +84,7 @@ def ui_router(log: EpisodeLog, db: str | Callable[[], str], warehouse: str | Non
             return error_page(400, str(exc))
         except ApiError as exc:
             return error_page(exc.status, exc.message)
-        return episode_list(listing, filters)
+        return episode_list(listing, _as_the_form_shows(filters))
 
     @router.get(UI + "/episodes/{episode_id}", response_class=HTMLResponse)
     def episode(episode_id: str, request: Request) -> HTMLResponse:
@@ -132,6 +133,7 @@ def ui_router(log: EpisodeLog, db: str | Callable[[], str], warehouse: str | Non
             filters = _params(request, "agent", "task", "chaos", "profile", "rules")
             report.check_filters(filters.get("agent"), filters.get("task"), filters.get("chaos"),
                                  filters.get("profile"), filters.get("rules"))
+            filters = _as_the_form_shows(filters)  # the report's title says them as the form does
         except ValueError as exc:  # BadParameter included
             return error_page(400, str(exc))
         try:
@@ -181,7 +183,19 @@ def _params(request: Request, *takes: str) -> dict[str, str]:
     problem = unknown_parameter("this page", params, takes)
     if problem:
         raise BadParameter(problem)
-    return {k: v for k, v in params.items() if v.strip() != ""}
+    return {k: v.strip() for k, v in params.items() if v.strip() != ""}
+
+
+def _as_the_form_shows(filters: dict[str, str]) -> dict[str, str]:
+    """Accepted filters as the form's choices write them (`rules=01` is version 1, `chaos=LOW` is
+    low): as given, the select showed "any" beside a filtered list, or offered LOW beside low, and
+    the next Filter dropped or doubled the filter."""
+    shown = dict(filters)
+    if "rules" in shown and (version := whole_number(shown["rules"])) is not None:
+        shown["rules"] = str(version)
+    if shown.get("chaos", "").lower() in CHAOS_LEVELS:
+        shown["chaos"] = shown["chaos"].lower()
+    return shown
 
 
 def _whole(params: dict[str, str], name: str, default: Any, lo: int, hi: int) -> Any:

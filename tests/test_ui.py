@@ -134,6 +134,21 @@ def test_list_filters_and_drops_the_empty_fields_a_form_sends(ui):
     assert f'value="{html.escape(HOSTILE)}"' in page
     page = _html_ok(c.get("/ui", params={"task": "", "agent": "", "outcome": ""}))
     assert all(i in page for i in ids.values())
+    # a filter accepted as written otherwise is shown as the form writes it: the select showed
+    # "any" beside a filtered list, and the next Filter dropped the filter
+    page = _html_ok(c.get("/ui", params={"rules": "02", "task": " expense_report", "outcome": "failure "}))
+    assert ids["failure"] in page and ids["success"] not in page
+    for chosen in ('<option value="2" selected>', '<option value="expense_report" selected>',
+                   '<option value="failure" selected>'):
+        assert chosen in page
+
+
+def test_the_report_page_shows_a_chaos_level_as_the_form_writes_it(ui):
+    """`?chaos=LOW` filtered as low but the select offered a second choice, LOW, beside low."""
+    c, _, _ = ui
+    page = _html_ok(c.get("/ui/analytics", params={"chaos": "LOW", "rules": "02"}))
+    assert '<option value="low" selected>' in page and "LOW" not in page
+    assert '<option value="2" selected>' in page
 
 
 def test_list_pages_forward_and_back_keeping_the_filters(ui):
