@@ -320,6 +320,11 @@ def test_hostile_agent_label_and_action_arguments_are_escaped(ui):
 
 
 def test_missing_episode_is_a_404_page(ui):
+    """Also: a long id echoed in the message wraps (a 200-character one made a phone's page 2,064
+    pixels wide), as does a long value in a select."""
+    from api.ui_html import _CSS
+
+    assert re.search(r"\.error\{[^}]*overflow-wrap:anywhere", _CSS) and "select{max-width:100%}" in _CSS
     c, _, _ = ui
     for path in ("/ui/episodes/no-such-episode", "/ui/episodes/no-such-episode/views",
                  "/ui/episodes/%3Cbad%3E"):
