@@ -394,6 +394,12 @@ def text_note(data: dict[str, Any], key: str) -> str | None:
 
 # -- SVG charts ------------------------------------------------------------------------------------
 
+def scroll_region(label: str) -> str:
+    """The attributes of a box that scrolls sideways (a wide table on a narrow screen): reachable
+    by Tab, so a keyboard can scroll it in every browser, and named for a screen reader."""
+    return f'tabindex="0" role="region" aria-label="{_esc(label)}"'
+
+
 def _esc(text: Any) -> str:
     """Stored text as HTML, bidirectional controls as escapes (an agent's label with an override
     read backwards in legends and tables)."""
@@ -751,7 +757,8 @@ def html_body(data: dict[str, Any], episode_href: Callable[[str], str] | None = 
             continue
         cols = list(rows[0])
         head = "".join(f"<th>{_esc(c)}</th>" for c in cols)
-        body.append(f'<h2>{_esc(title)}</h2><div class="scroll"><table><tr>{head}</tr>')
+        body.append(f'<h2>{_esc(title)}</h2>'
+                    f'<div class="scroll" {scroll_region(title)}><table><tr>{head}</tr>')
         for r in rows:
             cells = (f"<td{_FREE_TEXT.get(c, '')}>{_html_cell(c, r[c], episode_href)}</td>" for c in cols)
             body.append("<tr>" + "".join(cells) + "</tr>")

@@ -21,7 +21,7 @@ from urllib.parse import quote, urlencode
 
 from fastapi.responses import HTMLResponse
 
-from analytics.report import number_text
+from analytics.report import number_text, scroll_region
 from domain.chaos import level_text
 from domain.labels import visible_bidi_controls
 
@@ -149,6 +149,7 @@ def table(headers: Iterable[str], rows: Iterable[Iterable[Any]], *,
     """A table; cells go through `text_cell`. `row_attrs` are trusted attribute strings. Columns
     in `free_text` (labels and ids the user chose) may break anywhere: 100 characters without a
     space pushed the other columns off the screen."""
+    headers = list(headers)
     head = "".join(f"<th>{esc(h)}</th>" for h in headers)
     attrs = iter(row_attrs) if row_attrs is not None else None
     body = []
@@ -158,9 +159,11 @@ def table(headers: Iterable[str], rows: Iterable[Iterable[Any]], *,
                         else f'<td class="free">{text_cell(c)}</td>' if i in free_text
                         else f"<td>{text_cell(c)}</td>" for i, c in enumerate(row))
         body.append(f"<tr{' ' + attr if attr else ''}>{cells}</tr>")
-    # in a box that scrolls sideways on a narrow screen, rather than squeezing every column
-    return Markup(f'<div class="scroll"><table><thead><tr>{head}</tr></thead>'
-                  f"<tbody>{''.join(body)}</tbody></table></div>")
+    # in a box that scrolls sideways on a narrow screen, rather than squeezing every column; a
+    # focusable, named region, so a keyboard can scroll it in every browser
+    return Markup(f'<div class="scroll" {scroll_region("table of " + ", ".join(headers))}><table>'
+                  f"<thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table></div>")
+
 
 
 def summary_list(pairs: Iterable[tuple[str, Any]]) -> Markup:

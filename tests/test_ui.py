@@ -377,6 +377,16 @@ def test_bidirectional_controls_show_as_escapes_not_as_reversed_text(sqlite_url)
     assert report._md(agent) == "bidi-\\u202eagent"  # and in its Markdown
 
 
+def test_every_box_that_scrolls_sideways_can_be_reached_by_the_keyboard(ui):
+    """A wide table on a narrow screen scrolls in its box, which older browsers do not let Tab
+    reach (axe: scrollable-region-focusable): each box is focusable and named."""
+    c, _, ids = ui
+    for path in ("/ui", f"/ui/episodes/{ids['failure']}", "/ui/analytics"):
+        boxes = re.findall(r'<div class="scroll"([^>]*)>', _html_ok(c.get(path)))
+        assert boxes and all(re.fullmatch(r' tabindex="0" role="region" aria-label="[^"]+"', b)
+                             for b in boxes), (path, boxes)
+
+
 def test_a_method_a_page_does_not_take_is_a_405_page_naming_the_one_it_does(ui):
     """POST /ui answered 405 in the API's JSON, where every other refusal of a page is a page."""
     c, _, ids = ui
@@ -732,10 +742,10 @@ def test_pages_fit_a_narrow_screen_and_keep_numbers_whole(ui):
     from analytics.report import REPORT_CSS
     from api.ui_html import _CSS
 
-    # no cell breaks anywhere; headings, the summary list and a page's line of facts (a 100-
-    # character agent label made a step page scroll sideways at 375 px) do
-    assert "overflow-wrap:anywhere}" not in re.sub(r"(h1|dl\.summary dd|dl\.summary code|p\.muted)\{[^}]*\}",
-                                                   "", _CSS)
+    # no cell breaks anywhere; headings, the summary list, a page's line of facts (a 100-
+    # character agent label made a step page scroll sideways at 375 px) and an error message do
+    assert "overflow-wrap:anywhere}" not in re.sub(
+        r"(h1|dl\.summary dd|dl\.summary code|p\.muted|\.error)\{[^}]*\}", "", _CSS)
     assert re.search(r"p\.muted\{[^}]*overflow-wrap:anywhere", _CSS)
     for rule in (r"td\.num\{[^}]*white-space:nowrap", r"th\{[^}]*white-space:nowrap"):
         assert re.search(rule, _CSS), rule
