@@ -687,3 +687,31 @@ def test_a_store_from_before_rules_versions_is_upgraded_and_lists_each_episode_s
     engine.dispose()
     listed = json.loads(cli("episodes", "--db", url, "--json").stdout)["episodes"]
     assert {e["episode_id"]: e["rules"] for e in listed} == {i: rules for rules, i in ids.items()}
+
+
+def test_verify_json_on_a_terminal_is_json_alone(db, tmp_path):
+    """With a terminal for stdout whose output is kept (`docker run -t … > file`, `script`), the
+    progress bar's escape codes were written into the JSON of `verify --json`. The bar is drawn on
+    stderr, and only when stderr is a terminal."""
+    import os
+    import pty
+    import subprocess
+    import sys
+
+    url, _ = db
+    main, child = pty.openpty()
+    done = subprocess.run([sys.executable, "-m", "companyos", "verify", "--db", url, "--json"],
+                          stdout=child, stderr=subprocess.DEVNULL, timeout=120)
+    os.close(child)
+    out = b""
+    while True:
+        try:
+            chunk = os.read(main, 65536)
+        except OSError:  # the terminal closed: all is read
+            break
+        if not chunk:
+            break
+        out += chunk
+    os.close(main)
+    assert done.returncode == 0
+    assert json.loads(out.decode())["ok"] is True, out[:200]

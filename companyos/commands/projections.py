@@ -36,15 +36,18 @@ def _open(db: str | None):
 
 @contextmanager
 def _progress(total: int, label: str) -> Iterator[Callable[[int], None] | None]:
-    """A rich progress bar on a terminal; nothing (None) when stdout is piped or captured."""
-    if not sys.stdout.isatty() or total <= 0:
+    """A rich progress bar on stderr when it is a terminal; nothing (None) otherwise. Drawn on
+    stdout, its escape codes went into the JSON of `verify --json` run with a terminal for stdout
+    whose output was kept (`docker run -t … > file`, `script`)."""
+    if not sys.stderr.isatty() or total <= 0:
         yield None
         return
+    from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                TextColumn("events"), TimeRemainingColumn())
-    with Progress(*columns, transient=True) as bar:
+    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
         task = bar.add_task(label, total=total)
         yield lambda n: bar.advance(task, n)
 
