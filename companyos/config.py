@@ -14,7 +14,13 @@ def resolve_db(db: str | None) -> str:
     if db is not None and not db.strip():
         raise StoreUnavailable(f"the store URL (--db) is empty; pass one such as {DEFAULT_URL}, or none "
                                "at all for $COMPANYOS_DB, else that default")
-    return db or os.environ.get("COMPANYOS_DB") or DEFAULT_URL
+    if db:
+        return db
+    from_env = os.environ.get("COMPANYOS_DB")
+    if from_env is not None and not from_env.strip():  # set to an unset variable, as --db "" is
+        raise StoreUnavailable(f"COMPANYOS_DB is set but empty; set it to a store URL such as "
+                               f"{DEFAULT_URL}, or unset it for that default")
+    return from_env or DEFAULT_URL
 
 
 def in_memory_store(url: str) -> bool:

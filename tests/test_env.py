@@ -726,6 +726,25 @@ def test_run_refuses_an_in_memory_store_and_outsized_counts(tmp_path):
         assert words is None or words in _unboxed(out.stderr), (call, out.stderr)
 
 
+def test_an_empty_companyos_db_is_refused_as_an_empty_db_option_is(monkeypatch, tmp_path):
+    """`COMPANYOS_DB=$UNSET companyos run` wrote into ./companyos.db, where `--db ""` is refused."""
+    from companyos.config import resolve_db
+    from eventstore import StoreUnavailable
+
+    monkeypatch.chdir(tmp_path)
+    for blank in ("", "   "):
+        monkeypatch.setenv("COMPANYOS_DB", blank)
+        with pytest.raises(StoreUnavailable, match="COMPANYOS_DB is set but empty; set it to a store URL"):
+            resolve_db(None)
+        assert resolve_db("sqlite:///given.db") == "sqlite:///given.db"  # --db still wins
+    monkeypatch.delenv("COMPANYOS_DB")
+    assert resolve_db(None) == "sqlite:///companyos.db"
+    monkeypatch.setenv("COMPANYOS_DB", "")
+    out = _cli("run", "--episodes", "1")
+    assert out.returncode == 2 and "COMPANYOS_DB is set but empty" in out.stderr, out.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_store_the_database_refuses_is_one_error_line(tmp_path):
     """A damaged file (or a read-only one, or a driver that is not installed) is the world's
     problem: one `error:` line, no traceback."""
