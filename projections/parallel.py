@@ -94,9 +94,10 @@ def _worker_store(where: tuple[str, Any, int]) -> EventStore:
     """Set up a worker process and open its own connection to the store.
 
     Ctrl-C reaches the whole process group: the parent stops its workers, so a worker ignores it
-    (no traceback from each).
+    (no traceback from each); SIGTERM, which the parent stops them with, ends a worker outright.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the parent's handler would raise here instead
     gc.disable()  # see runner.bulk: a short-lived process folding fresh tuples
     return EventStore.open(where[0], upcasters=where[1])
 

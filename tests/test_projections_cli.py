@@ -715,3 +715,63 @@ def test_verify_json_on_a_terminal_is_json_alone(db, tmp_path):
     os.close(main)
     assert done.returncode == 0
     assert json.loads(out.decode())["ok"] is True, out[:200]
+
+
+@pytest.mark.parametrize("command", [["rebuild"], ["verify"], ["episodes"], ["analytics", "sync"]])
+def test_sigterm_stops_a_long_command_as_ctrl_c_does(db, tmp_path, monkeypatch, capsys, command):
+    """SIGTERM (`timeout`, `docker stop`, systemd) ended `rebuild`, `verify`, `episodes` catching
+    up and the analytics' sync in silence (exit 143); they now stop as for Ctrl-C: `error:
+    interrupted`, exit 130."""
+    import os
+    import shutil
+    import signal
+    import time
+
+    import analytics.sync
+    from companyos import cli
+    from projections import runner, verify
+
+    url, _ = db
+    copy = tmp_path / "store.db"
+    shutil.copy(url.removeprefix("sqlite:///"), copy)
+    if command == ["episodes"]:  # its read models behind the log, so it catches up first
+        with EventStore.open(f"sqlite:///{copy}") as store, store.engine.begin() as conn:
+            conn.exec_driver_sql("DELETE FROM projection_checkpoints")
+
+    def terminated(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the handler runs at once; were it the default, the process would be gone
+        raise AssertionError("SIGTERM did not stop the command")
+
+    monkeypatch.setattr(runner.ProjectionRunner, "rebuild", terminated)
+    monkeypatch.setattr(runner.ProjectionRunner, "catch_up", terminated)
+    monkeypatch.setattr(verify, "verify", terminated)
+    monkeypatch.setattr(analytics.sync, "sync", terminated)
+    monkeypatch.setattr("sys.argv", ["companyos", *command, "--db", f"sqlite:///{copy}"])
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(SystemExit) as stopped:
+        cli.main()
+    assert stopped.value.code == 130
+    assert capsys.readouterr().err == "error: interrupted\n"
+    assert signal.getsignal(signal.SIGTERM) is before  # put back once the work is done
+
+
+def test_a_forked_worker_ends_at_sigterm_as_it_would_without_the_parents_handler():
+    """The parent stops its workers with SIGTERM; inheriting the parent's handler, a worker would
+    raise KeyboardInterrupt (a traceback each) instead of ending."""
+    import multiprocessing
+    import os
+    import signal
+
+    from companyos.commands.output import sigterm_as_ctrl_c
+    from projections import parallel
+
+    def worker(where) -> None:
+        parallel._worker_store(where)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    with sigterm_as_ctrl_c():
+        proc = multiprocessing.get_context("fork").Process(target=worker, args=(("sqlite://", {}, 0),))
+        proc.start()
+        proc.join(30)
+    assert proc.exitcode == -signal.SIGTERM

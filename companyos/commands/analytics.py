@@ -16,7 +16,14 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import typer
 
 from companyos.commands.options import DbOption, named_path
-from companyos.commands.output import csv_text, fail, print_json, say_waiting, stdout_console
+from companyos.commands.output import (
+    csv_text,
+    fail,
+    print_json,
+    say_waiting,
+    sigterm_as_ctrl_c,
+    stdout_console,
+)
 from companyos.config import resolve_db
 
 if TYPE_CHECKING:
@@ -92,16 +99,18 @@ def _warehouse_failed(exc: Exception) -> NoReturn:
 @contextmanager
 def _progress_bar(quiet: bool) -> Iterator[Progress]:
     """How far a sync got, as a bar on a terminal: this command's sync, and before it another
-    process's sync of the same warehouse, which the command waits for (however long it takes)."""
+    process's sync of the same warehouse, which the command waits for (however long it takes).
+    Around it, SIGTERM stops the sync as Ctrl-C does (its last whole batch kept)."""
     if quiet or not sys.stderr.isatty():
-        yield lambda done, total: None
+        with sigterm_as_ctrl_c():
+            yield lambda done, total: None
         return
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     console = Console(stderr=True)
-    with Progress(TextColumn("syncing events"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                  console=console, transient=True) as bar:
+    with sigterm_as_ctrl_c(), Progress(TextColumn("syncing events"), BarColumn(), MofNCompleteColumn(),
+                                       TimeRemainingColumn(), console=console, transient=True) as bar:
         job = bar.add_task("sync", total=None)
         yield lambda done, total: bar.update(job, completed=done, total=total)
 

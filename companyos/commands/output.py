@@ -5,10 +5,33 @@ from __future__ import annotations
 import codecs
 import io
 import os
+import signal
 import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, NoReturn
 
 import typer
+
+
+def _stop(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+@contextmanager
+def sigterm_as_ctrl_c() -> Iterator[None]:
+    """SIGTERM (`timeout`, `docker stop`, systemd) stops the block as Ctrl-C does: the command says
+    `error: interrupted` and exits 130, leaving what Ctrl-C leaves, where it died in silence (143).
+    Forked workers put SIGTERM back to its default (projections.parallel), so stopping them works."""
+    if threading.current_thread() is not threading.main_thread():  # signals reach the main thread
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def say_error(message: str) -> None:

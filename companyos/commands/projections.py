@@ -13,7 +13,14 @@ from contextlib import contextmanager
 import typer
 
 from companyos.commands.options import DbOption, EpisodeArgument, JsonOption, utf8_text
-from companyos.commands.output import fail, print_json, say_error, say_waiting, stdout_console
+from companyos.commands.output import (
+    fail,
+    print_json,
+    say_error,
+    say_waiting,
+    sigterm_as_ctrl_c,
+    stdout_console,
+)
 from companyos.config import READ_ONLY_WORDS, read_only_refusal, resolve_db
 
 
@@ -38,16 +45,18 @@ def _open(db: str | None):
 def _progress(total: int, label: str) -> Iterator[Callable[[int], None] | None]:
     """A rich progress bar on stderr when it is a terminal; nothing (None) otherwise. Drawn on
     stdout, its escape codes went into the JSON of `verify --json` run with a terminal for stdout
-    whose output was kept (`docker run -t … > file`, `script`)."""
+    whose output was kept (`docker run -t … > file`, `script`). Around the long work it measures,
+    SIGTERM stops the command as Ctrl-C does (sigterm_as_ctrl_c)."""
     if not sys.stderr.isatty() or total <= 0:
-        yield None
+        with sigterm_as_ctrl_c():
+            yield None
         return
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                TextColumn("events"), TimeRemainingColumn())
-    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
+    with sigterm_as_ctrl_c(), Progress(*columns, console=Console(stderr=True), transient=True) as bar:
         task = bar.add_task(label, total=total)
         yield lambda n: bar.advance(task, n)
 
