@@ -150,10 +150,12 @@ def ui_router(log: EpisodeLog, db: str | Callable[[], str], warehouse: str | Non
         return analytics_page(report.html_body(data, episode_href=episode_url), filters)
 
     @router.get(UI + "/{rest:path}", response_class=HTMLResponse)
-    def not_found(rest: str) -> Response:
-        """Any other /ui/... path: a page that says so (and /ui/ is the list)."""
-        if not rest:
-            return RedirectResponse(ui_href())
+    def not_found(rest: str, request: Request) -> Response:
+        """Any other /ui/... path: a page that says so; one ending in a slash leads to the page
+        without it (`/ui/` is the list, `/ui/episodes/x/` the episode: it was a 404)."""
+        if not rest or rest.endswith("/"):
+            target, query = rest.rstrip("/"), request.url.query
+            return RedirectResponse(ui_href(f"/{target}" if target else "") + (f"?{query}" if query else ""))
         return error_page(404, f"there is no UI page at {ui_href('/' + rest)}")
 
     return router

@@ -406,6 +406,17 @@ def test_the_server_root_and_ui_slash_lead_to_the_episode_list(ui):
         assert "<h1>Episodes</h1>" in c.get(path).text
 
 
+def test_a_page_asked_for_with_a_trailing_slash_leads_to_the_page(ui):
+    """`/ui/` led to the list, but `/ui/episodes/<id>/` (a hand-edited or pasted address) was a 404."""
+    c, _, ids = ui
+    episode = ids["success"]
+    moved = c.get(f"/ui/episodes/{episode}/views/?step=1", follow_redirects=False)
+    assert moved.status_code in (302, 307)
+    assert moved.headers["location"] == f"/ui/episodes/{episode}/views?step=1"
+    assert episode in _html_ok(c.get(f"/ui/episodes/{episode}/"))
+    assert "no UI page" in _html_ok(c.get("/ui/nothing/here/"), 404)  # still a 404, said in words
+
+
 # -- the apps at a step -------------------------------------------------------------------------
 
 
