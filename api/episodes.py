@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 import sqlalchemy as sa
 
-from api.sessions import ApiError, log_damaged, public_meta
+from api.sessions import ApiError, log_damaged, public_meta, writes_refused
 from companyos.runtime import episode_id_problem
 from eventstore import CorruptCommit, EventStore
 from projections.episodes import EpisodesProjection, count_episodes, episode_filters, summarize
@@ -32,8 +32,17 @@ class EpisodeLog:
 
     def list(self, *, task: str | None = None, agent: str | None = None, outcome: str | None = None,
              rules: int | str | None = None, limit: int = 50, offset: int = 0) -> dict[str, Any]:
+        behind = 0
         with self._catch_up_lock:  # to the log as asked: steps logged meanwhile are not waited for
-            self._runner.catch_up(upto=self.store.last_position())
+            try:
+                self._runner.catch_up(upto=self.store.last_position())
+            except Exception as exc:
+                if not writes_refused(exc):
+                    raise
+                # a database that takes no writes (a standby, a read-only role): what the read
+                # models hold, and how much of the log they miss, as `companyos episodes` lists it
+                # (this was a 503 once the log had moved past them)
+                behind = self.store.count_events(min(self._runner.stored_checkpoints().values()))
         table = episodes_table
         try:
             where = episode_filters(task, agent, outcome, rules)
@@ -47,7 +56,7 @@ class EpisodeLog:
             total = count_episodes(conn, task=task, agent=agent, outcome=outcome, rules=rules)
         next_offset = offset + len(rows) if offset + len(rows) < total else None
         return {"episodes": rows, "total": total, "limit": limit, "offset": offset,
-                "next_offset": next_offset}
+                "next_offset": next_offset, "read_models_behind": behind}
 
     def _records(self, episode_id: str) -> list:
         if episode_id_problem(episode_id):

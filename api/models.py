@@ -167,6 +167,10 @@ class EpisodeList(BaseModel):
     limit: int
     offset: int
     next_offset: int | None = None
+    read_models_behind: int = Field(0, description="events of the log the list leaves out: above 0 "
+                                    "only when the store's database takes no writes (a standby), so "
+                                    "the read models cannot be brought up to date and the list shows "
+                                    "what they hold")
 
 
 class StoredEvent(BaseModel):

@@ -98,7 +98,7 @@ def store_outage(exc: BaseException) -> ApiError | None:
     any other exception. Without it such a request was a bare "Internal Server Error", and a
     WebSocket dropped with no frame. A prepared statement a transaction pooler lost is one too
     (the store's URL lacks `?prepare_threshold=none`): it was a 500 that read as a server bug."""
-    if _writes_refused(exc):
+    if writes_refused(exc):
         log.warning("the store's database refuses this server's writes", exc_info=exc)
         return ApiError(503, "store_read_only", "the store's database refuses writes "
                         f"({type(getattr(exc, 'orig', None) or exc).__name__}): this server can read "
@@ -127,7 +127,7 @@ _WRITES_REFUSED = frozenset({"25006", "42501"})
 role, which the server opened as a store and could serve reads from; a write was a bare 500."""
 
 
-def _writes_refused(exc: BaseException) -> bool:
+def writes_refused(exc: BaseException) -> bool:
     """A database that takes no writes: PostgreSQL's two SQLSTATEs, or SQLite's SQLITE_READONLY
     (a store file or folder this process may not write), which retrying never mends."""
     error = getattr(exc, "orig", None) or exc

@@ -73,6 +73,10 @@ def episode_list(listing: dict[str, Any], filters: dict[str, str]) -> HTMLRespon
     shown = (f"episodes {offset + 1}–{offset + len(rows)} of {total}" if rows
              else f"no episodes on this page ({total} match)")
     body = [f"<h1>Episodes</h1>{form}<p>{esc(shown)}</p>"]
+    if behind := listing.get("read_models_behind"):
+        body.append(f"<p class='muted'>The read models are {behind} events behind the log, and the "
+                    "store's database takes no writes (a standby?), so they cannot be brought up to "
+                    "date: the episodes logged since are not listed.</p>")
     if rows:
         body.append(table(["episode", "task", "agent", "outcome", "failure mode", "steps", "return",
                            "seed", "chaos", "rules", "started"], rows, numeric=frozenset({5, 6, 7, 8, 9}),

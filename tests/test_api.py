@@ -17,7 +17,7 @@ from starlette.testclient import WebSocketDenialResponse
 from api.app import create_app
 from api.config import ServerConfig
 from companyos.env import CompanyEnv
-from eventstore import EventStore
+from eventstore import EventStore, NewEvent
 from eventstore.backends import SqliteBackend
 from tests import tamper
 
@@ -1743,6 +1743,8 @@ def test_a_read_only_postgresql_store_serves_reads_and_refuses_steps_in_words(fr
     try:
         with client(fresh_pg_url) as c:
             assert c.get(f"/episodes/{episode_id}/events").status_code == 200
+            listing = c.get("/episodes").json()  # the read models never folded it: listed as they are
+            assert listing["total"] == 0 and listing["read_models_behind"] > 0, listing
             r = c.post("/reset", json=RESET)
             assert r.status_code == 503 and r.json()["code"] == "store_read_only", r.text
             assert "refuses writes (ReadOnlySqlTransaction)" in r.json()["detail"]
@@ -1773,3 +1775,35 @@ def test_a_sqlite_store_this_process_may_not_write_refuses_steps_as_read_only(tm
             assert r.status_code == 503 and r.json()["code"] == "store_read_only", r.text
     finally:
         store.close()
+
+
+def test_a_store_that_takes_no_writes_lists_what_its_read_models_hold(tmp_path):
+    """A standby (or a file this process may not write) whose log had moved past its read models
+    answered the episode list 503 `store_read_only` with a traceback in the log, though the server
+    serves the log: it lists what the read models hold and says how much of the log they miss."""
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    with client(url) as c:
+        first, _, _ = reset(c)
+        assert c.get("/episodes").json()["total"] == 1  # the read models fold it
+    second = "logged-elsewhere"  # past the read models, as a primary logs while a standby serves
+    with EventStore.open(url) as store:
+        store.append(second, [NewEvent(r.type, json.loads(r.data_json)) for r in store.read_stream(first)],
+                     None)
+    store = EventStore.open(url)
+    sa.event.listen(store.engine, "connect", lambda conn, _: conn.execute("PRAGMA query_only = ON"))
+    store.engine.dispose()  # the connections opened before it
+    try:
+        with TestClient(create_app(ServerConfig(db=url), store=store)) as c:
+            r = c.get("/episodes")
+            assert r.status_code == 200, r.text
+            listing = r.json()
+            assert [e["episode_id"] for e in listing["episodes"]] == [first]
+            assert listing["read_models_behind"] == len(list(store.read_stream(second))) > 0
+            assert c.get(f"/episodes/{second}").status_code == 200  # read from the log itself
+            page = c.get("/ui")
+            assert page.status_code == 200 and "events behind the log" in page.text
+    finally:
+        store.close()
+    with client(url) as c:  # a store that takes writes again catches up, and leaves nothing out
+        listing = c.get("/episodes").json()
+        assert listing["total"] == 2 and listing["read_models_behind"] == 0
