@@ -392,13 +392,13 @@ def text_note(data: dict[str, Any], key: str) -> str | None:
     return None if key in CHART_NOTES else data["notes"].get(key)
 
 
-# -- SVG charts ------------------------------------------------------------------------------------
-
 def scroll_region(label: str) -> str:
     """The attributes of a box that scrolls sideways (a wide table on a narrow screen): reachable
     by Tab, so a keyboard can scroll it in every browser, and named for a screen reader."""
     return f'tabindex="0" role="region" aria-label="{_esc(label)}"'
 
+
+# -- SVG charts ------------------------------------------------------------------------------------
 
 def _esc(text: Any) -> str:
     """Stored text as HTML, bidirectional controls as escapes (an agent's label with an override

@@ -165,7 +165,6 @@ def table(headers: Iterable[str], rows: Iterable[Iterable[Any]], *,
                   f"<thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table></div>")
 
 
-
 def summary_list(pairs: Iterable[tuple[str, Any]]) -> Markup:
     return Markup('<dl class="summary">' + "".join(f"<dt>{esc(k)}</dt><dd>{text_cell(v)}</dd>"
                                                    for k, v in pairs) + "</dl>")
