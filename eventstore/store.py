@@ -261,8 +261,9 @@ class EventStore:
         if len(events) > MAX_EVENTS_PER_APPEND:
             raise ValueError(f"one append takes at most {MAX_EVENTS_PER_APPEND} events")
         types, schemas, datas, given_ids, metas = _encode(events)
-        if SEPARATOR in "".join(types):  # one check per append; `_separated` names the culprit
-            raise ValueError(_separated(next(t for t in types if SEPARATOR in t), "event type"))
+        joined = "".join(types)  # one check per append; `_unstorable` names the culprit
+        if SEPARATOR in joined or "\x00" in joined or not (joined.isascii() or _utf8(joined)):
+            raise ValueError(next(problem for t in types if (problem := _unstorable(t, "event type"))))
         supplied_ids = [event_id for event_id in given_ids if event_id is not None]
         if len(set(supplied_ids)) != len(supplied_ids):
             raise ValueError("one append names the same event_id twice")
@@ -582,9 +583,16 @@ def _check_stream_id(stream_id: Any) -> None:
                          "database of the store can hold")
 
 
-def _separated(text: str, what: str) -> str:
-    return (f"{what} {text!r} holds U+001E (the record separator), which the store's commit "
-            "format keeps for itself")
+def _unstorable(text: str, what: str) -> str | None:
+    """Why an event type or id cannot be stored, or None: U+001E, which the commit format keeps
+    for itself, or what a database cannot hold (PostgreSQL's text no NUL, UTF-8 no lone surrogate:
+    SQLite took them, PostgreSQL failed in its driver's words, and a surrogate failed in a codec's)."""
+    if SEPARATOR in text:
+        return (f"{what} {text!r} holds U+001E (the record separator), which the store's commit "
+                "format keeps for itself")
+    if "\x00" in text or not (text.isascii() or _utf8(text)):
+        return f"{what} {text!r} holds a NUL or a lone surrogate, which no database of the store can hold"
+    return None
 
 
 def _utf8(text: str) -> bool:
@@ -598,9 +606,13 @@ def _utf8(text: str) -> bool:
 def _checked_expected_version(expected_version: Any) -> int | None:
     """None or a version (NumPy's integers too); "0" or True used to be compared as they were,
     and a string made a ConcurrencyError that contradicted itself."""
-    if expected_version is None or type(expected_version) is int:
-        return expected_version
-    if isinstance(expected_version, numbers.Integral) and not isinstance(expected_version, bool):
+    if expected_version is None:
+        return None
+    if type(expected_version) is int or (isinstance(expected_version, numbers.Integral)
+                                         and not isinstance(expected_version, bool)):
+        if expected_version < 0:  # -1 made a new stream, as None does; -5 a self-contradicting conflict
+            raise ValueError(f"expected_version must be a version (0 or more), or None for a new "
+                             f"stream; not {expected_version}")
         return int(expected_version)
     raise ValueError("expected_version must be an integer version, or None for a new stream; "
                      f"not {type(expected_version).__name__}")
@@ -676,8 +688,8 @@ def _prepare(event: NewEvent) -> tuple[str, int, str, str | None, dict]:
         raise ValueError(f"{type_}: data is {len(data_json)} bytes, over the {MAX_EVENT_BYTES}-byte limit")
     if event_id is not None and (type(event_id) is not str or not 0 < len(event_id) <= 64):
         raise ValueError(f"{type_}: event_id must be a non-empty string of at most 64 characters")
-    if event_id is not None and SEPARATOR in event_id:
-        raise ValueError(f"{type_}: {_separated(event_id, 'event_id')}")
+    if event_id is not None and (problem := _unstorable(event_id, "event_id")):
+        raise ValueError(f"{type_}: {problem}")
     if meta is None:
         meta = {}
     elif type(meta) is not dict:

@@ -45,6 +45,9 @@ class Upcasters:
         data = record.data
         while step is not None:
             data = step(data)
+            if type(data) is not dict:  # an event's data is a JSON object: a list read back as one
+                raise TypeError(f"the upcaster of {record.type} v{version} returned "
+                                f"{type(data).__name__}, not the event's data as a dict")
             version += 1
             step = self._steps.get((record.type, version))
         return record._replace(data_json=canonical_json(data).decode(), schema_version=version)

@@ -305,6 +305,13 @@ def test_upcasters_lift_old_events_on_read(store_url):
     assert mine[0].data == {"cents": 300, "currency": "EUR"}
     with pytest.raises(ValueError, match="already registered"):
         upcasters.register("PriceSet", 1, lambda d: d)
+    # an upcaster that returns no dict is named, not read back as an event whose data is a list
+    wrapped = Upcasters()
+    wrapped.register("PriceSet", 1, lambda data: [data])
+    broken = EventStore.open(store_url, upcasters=wrapped)
+    with pytest.raises(TypeError, match="the upcaster of PriceSet v1 returned list, not the event's data"):
+        list(broken.read_stream(stream))
+    broken.close()
     plain.close()
     lifted.close()
 
@@ -621,6 +628,16 @@ def test_the_append_api_refuses_wrong_types_in_words_and_takes_what_python_code_
     for name in ("a\x00b", "lone \ud800 surrogate"):
         with pytest.raises(ValueError, match="NUL or a lone surrogate"):
             store.append(name, [NewEvent("Opened", {})], None)
+        # so for an event type or id: SQLite stored them, PostgreSQL's driver refused in its words,
+        # and a surrogate failed in a codec's naming neither field
+        for events, what in (([NewEvent(name, {})], "event type"),
+                             ([NewEvent("Opened", {}, event_id=name)], "event_id")):
+            with pytest.raises(ValueError, match=f"{what} .* holds a NUL or a lone surrogate"):
+                store.append(stream, events, 1)
+    for negative in (-1, -5, np.int64(-1)):  # -1 made a new stream, as None does
+        with pytest.raises(ValueError, match=f"expected_version must be a version .*not {negative}"):
+            store.append(unique_stream(), [NewEvent("Opened", {})], negative)
+    assert store.stream_version(stream) == 1  # nothing refused was written
 
 
 def test_an_empty_append_still_checks_the_expected_version(store):
