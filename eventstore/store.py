@@ -262,7 +262,7 @@ class EventStore:
             raise ValueError(f"one append takes at most {MAX_EVENTS_PER_APPEND} events")
         types, schemas, datas, given_ids, metas = _encode(events)
         joined = "".join(types)  # one check per append; `_unstorable` names the culprit
-        if SEPARATOR in joined or "\x00" in joined or not (joined.isascii() or _utf8(joined)):
+        if SEPARATOR in joined or _unholdable(joined):
             raise ValueError(next(problem for t in types if (problem := _unstorable(t, "event type"))))
         supplied_ids = [event_id for event_id in given_ids if event_id is not None]
         if len(set(supplied_ids)) != len(supplied_ids):
@@ -578,7 +578,7 @@ def _check_stream_id(stream_id: Any) -> None:
         raise ValueError("stream_id must be a non-empty string")
     if len(stream_id) > MAX_STREAM_ID_LENGTH:
         raise ValueError(f"stream_id is longer than {MAX_STREAM_ID_LENGTH} characters")
-    if "\x00" in stream_id or not (stream_id.isascii() or _utf8(stream_id)):
+    if _unholdable(stream_id):
         raise ValueError(f"stream_id {stream_id!r} holds a NUL or a lone surrogate, which no "
                          "database of the store can hold")
 
@@ -590,9 +590,15 @@ def _unstorable(text: str, what: str) -> str | None:
     if SEPARATOR in text:
         return (f"{what} {text!r} holds U+001E (the record separator), which the store's commit "
                 "format keeps for itself")
-    if "\x00" in text or not (text.isascii() or _utf8(text)):
+    if _unholdable(text):
         return f"{what} {text!r} holds a NUL or a lone surrogate, which no database of the store can hold"
     return None
+
+
+def _unholdable(text: str) -> bool:
+    """Text some database of the store cannot hold: a NUL (PostgreSQL's text) or a lone surrogate
+    (UTF-8). ASCII text, the usual kind, is answered without encoding it."""
+    return "\x00" in text or not (text.isascii() or _utf8(text))
 
 
 def _utf8(text: str) -> bool:
