@@ -71,8 +71,8 @@ form.filters label{display:flex;flex-direction:column;font-size:.8rem}
 .rejected{background:#fff4e0}.mistake{background:#fde8e8}.chaos{color:#8a4b00}
 .ok{color:#116329}.bad{color:#b42318}.muted{color:#595959}p.muted{overflow-wrap:anywhere}
 td b,td code{unicode-bidi:isolate}
-.error{background:#fde8e8;border:1px solid #f3b4b4;padding:.8rem 1rem;border-radius:6px}
-.error{overflow-wrap:anywhere}select{max-width:100%}
+.error{background:#fde8e8;border:1px solid #f3b4b4;padding:.8rem 1rem;border-radius:6px;
+overflow-wrap:anywhere}select{max-width:100%}
 """
 
 

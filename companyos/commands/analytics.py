@@ -101,18 +101,17 @@ def _progress_bar(quiet: bool) -> Iterator[Progress]:
     """How far a sync got, as a bar on a terminal: this command's sync, and before it another
     process's sync of the same warehouse, which the command waits for (however long it takes).
     Around it, SIGTERM stops the sync as Ctrl-C does (its last whole batch kept)."""
-    if quiet or not sys.stderr.isatty():
-        with sigterm_as_ctrl_c():
+    with sigterm_as_ctrl_c():
+        if quiet or not sys.stderr.isatty():
             yield lambda done, total: None
-        return
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+            return
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-    console = Console(stderr=True)
-    with sigterm_as_ctrl_c(), Progress(TextColumn("syncing events"), BarColumn(), MofNCompleteColumn(),
-                                       TimeRemainingColumn(), console=console, transient=True) as bar:
-        job = bar.add_task("sync", total=None)
-        yield lambda done, total: bar.update(job, completed=done, total=total)
+        with Progress(TextColumn("syncing events"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                      console=Console(stderr=True), transient=True) as bar:
+            job = bar.add_task("sync", total=None)
+            yield lambda done, total: bar.update(job, completed=done, total=total)
 
 
 @analytics_app.command("sync")

@@ -47,18 +47,18 @@ def _progress(total: int, label: str) -> Iterator[Callable[[int], None] | None]:
     stdout, its escape codes went into the JSON of `verify --json` run with a terminal for stdout
     whose output was kept (`docker run -t … > file`, `script`). Around the long work it measures,
     SIGTERM stops the command as Ctrl-C does (sigterm_as_ctrl_c)."""
-    if not sys.stderr.isatty() or total <= 0:
-        with sigterm_as_ctrl_c():
+    with sigterm_as_ctrl_c():
+        if not sys.stderr.isatty() or total <= 0:
             yield None
-        return
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+            return
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-               TextColumn("events"), TimeRemainingColumn())
-    with sigterm_as_ctrl_c(), Progress(*columns, console=Console(stderr=True), transient=True) as bar:
-        task = bar.add_task(label, total=total)
-        yield lambda n: bar.advance(task, n)
+        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                   TextColumn("events"), TimeRemainingColumn())
+        with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
+            task = bar.add_task(label, total=total)
+            yield lambda n: bar.advance(task, n)
 
 
 # -- commands --------------------------------------------------------------------------------
