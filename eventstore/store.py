@@ -614,14 +614,15 @@ def _checked_expected_version(expected_version: Any) -> int | None:
     and a string made a ConcurrencyError that contradicted itself."""
     if expected_version is None:
         return None
-    if type(expected_version) is int or (isinstance(expected_version, numbers.Integral)
-                                         and not isinstance(expected_version, bool)):
-        if expected_version < 0:  # -1 made a new stream, as None does; -5 a self-contradicting conflict
-            raise ValueError(f"expected_version must be a version (0 or more), or None for a new "
-                             f"stream; not {expected_version}")
-        return int(expected_version)
-    raise ValueError("expected_version must be an integer version, or None for a new stream; "
-                     f"not {type(expected_version).__name__}")
+    if type(expected_version) is not int:  # every append passes here: a plain int takes no call
+        if not isinstance(expected_version, numbers.Integral) or isinstance(expected_version, bool):
+            raise ValueError("expected_version must be an integer version, or None for a new stream; "
+                             f"not {type(expected_version).__name__}")
+        expected_version = int(expected_version)
+    if expected_version < 0:  # -1 made a new stream, as None does; -5 a self-contradicting conflict
+        raise ValueError(f"expected_version must be a version (0 or more), or None for a new "
+                         f"stream; not {expected_version}")
+    return expected_version
 
 
 class _Closed:
