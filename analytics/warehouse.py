@@ -43,7 +43,7 @@ CREATE TABLE IF NOT EXISTS events (
     type VARCHAR NOT NULL,
     schema_version INTEGER NOT NULL,
     data VARCHAR NOT NULL {zstd}, -- JSON text
-    meta VARCHAR NOT NULL {zstd}  -- JSON text
+    meta VARCHAR NOT NULL        -- JSON text (one value per commit: dictionaries beat zstd)
 );
 CREATE TABLE IF NOT EXISTS episodes (
     episode_id VARCHAR NOT NULL,
@@ -192,6 +192,8 @@ class Warehouse:
 
         DuckDB's default string compression analysis costs more than reading the store; zstd is
         about twice as fast to write and half the size, and only the rare raw-event scan reads it.
+        `meta` keeps the default: one value per commit repeats down its rows, which DuckDB's
+        dictionaries store in half zstd's bytes for two thirds of its CPU.
         """
         try:
             self.con.execute(SCHEMA.replace("{zstd}", "USING COMPRESSION zstd"))
