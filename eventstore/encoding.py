@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import hashlib
 import json
 import math
@@ -26,6 +28,11 @@ def _reject_non_finite(value: Any) -> None:
     elif isinstance(value, list | tuple):
         for item in value:
             _reject_non_finite(item)
+    elif isinstance(value, enum.Enum):  # orjson writes a member as its value
+        _reject_non_finite(value.value)
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):  # ... an instance as a dict
+        for field in dataclasses.fields(value):
+            _reject_non_finite(getattr(value, field.name))
 
 
 def canonical_json(value: Any) -> bytes:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import multiprocessing as mp
 import os
 import re
@@ -243,12 +245,23 @@ def test_event_id_used_in_another_stream_is_refused(store):
     assert store.stream_version(other) is None
 
 
+@dataclasses.dataclass
+class _Reading:
+    value: float
+
+
+class _Limit(enum.Enum):
+    NONE = float("inf")
+
+
 @pytest.mark.parametrize("bad, message", [
     (NewEvent("", {}), "non-empty"),
     (NewEvent("X" * 201, {}), "longer than"),
     (NewEvent("T", {"when": object()}), "not JSON-serialisable"),
     (NewEvent("T", {"n": float("nan")}), "non-finite"),
     (NewEvent("T", {"xs": [1.0, {"deep": float("-inf")}]}), "non-finite"),
+    (NewEvent("T", {"reading": _Reading(float("nan"))}), "non-finite"),  # orjson wrote null
+    (NewEvent("T", {"limit": _Limit.NONE}), "non-finite"),
     (NewEvent("T", {}, schema_version=True), "schema_version"),
     (NewEvent("T", ["not", "an", "object"]), "JSON object"),
     (NewEvent("T", {"blob": "x" * (MAX_EVENT_BYTES + 1)}), "limit"),
