@@ -11,6 +11,7 @@ codes). `/ws?session_id=<episode_id>.<token>` (or `?session_id=<episode_id>` wit
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 from urllib.parse import parse_qsl
@@ -111,6 +112,9 @@ async def websocket_app(server: Any, scope: dict, receive: Any, send: Any) -> No
                 break
             if reply:  # NO_REPLY (empty): nothing to send
                 await send({"type": "websocket.send", "text": reply})
+            # A client that pipelines its messages keeps `receive` ready, and a step on SQLite runs
+            # inline: without a turn here one socket froze every other and /health for seconds.
+            await asyncio.sleep(0)
     except OSError:  # the client went away mid-send
         pass
     finally:
@@ -210,10 +214,11 @@ class _Connection:
         return _dumps({"type": "observation", "data": payload}).decode()
 
     async def _views(self) -> str:
-        """The apps after the session's last step, folded from the log like the HTTP route."""
+        """The apps after the session's last step, folded from the log like the HTTP route: on a
+        thread, since a long episode's fold (~0.3 s at 8,000 steps) would hold up every socket."""
         if self.session is None:
             return _no_episode()
-        views = await self.server.run(self.server.log.views, self.session.episode_id)
+        views = await self.server.in_thread(self.server.log.views, self.session.episode_id)
         return _dumps({"type": "views", "data": views}).decode()
 
     async def _state(self) -> str:

@@ -184,6 +184,47 @@ def test_256_concurrent_websocket_sessions(sqlite_url):
     assert listing["total"] == sessions
 
 
+def test_a_socket_that_pipelines_its_steps_does_not_hold_up_another(sqlite_url):
+    """A step on SQLite runs on the event loop, and a client that sends many messages without
+    waiting keeps the next one ready: the loop served that socket alone until its backlog was
+    gone, so another socket's step (and /health) waited seconds. Read by the log's order, not a
+    clock: the other step must land among the pipelined ones, not after them."""
+    from websockets.asyncio.client import connect
+
+    from eventstore import EventStore
+
+    pipelined = 1_500
+
+    async def main(ws_url: str) -> tuple[str, str]:
+        async with connect(ws_url, ping_interval=None) as hog, connect(ws_url, ping_interval=None) as other:
+            ids = []
+            for ws in (hog, other):
+                await ws.send(orjson.dumps({"type": "reset", "data": {"seed": 1, "max_steps": 10_000}}).decode())
+                ids.append(orjson.loads(await ws.recv())["data"]["metadata"]["episode_id"])
+            step = orjson.dumps({"type": "step", "data": ACTION}).decode()
+            for _ in range(pipelined):
+                await hog.send(step)
+            assert orjson.loads(await hog.recv())["type"] == "observation"  # the backlog is being served
+            await other.send(step)
+            assert orjson.loads(await other.recv())["type"] == "observation"
+            for _ in range(pipelined - 1):
+                await hog.recv()
+        return ids[0], ids[1]
+
+    with live_server(sqlite_url) as base:
+        hog_id, other_id = asyncio.run(main(f"{base.replace('http', 'ws')}/ws"))
+    store = EventStore.open(sqlite_url)
+    try:
+        def actions(stream: str) -> list[int]:
+            return [e.position for e in store.read_stream(stream) if e.type == "ActionTaken"]
+        hog_steps, (other_step,) = actions(hog_id), actions(other_id)
+    finally:
+        store.close()
+    assert len(hog_steps) == pipelined
+    after = sum(position > other_step for position in hog_steps)
+    assert after > pipelined // 2, f"only {after} of {pipelined} pipelined steps came after the other socket's"
+
+
 def test_head_answers_as_get_without_the_body(sqlite_url):
     """Link checkers and uptime monitors send HEAD; every route answered it 405."""
     with live_server(sqlite_url) as base, httpx.Client(base_url=base, timeout=10) as http:
