@@ -155,8 +155,11 @@ def server_url(base_url: str, timeout: float) -> str:
     """A client's server URL without a trailing slash, once it and the timeout are checked."""
     if not timeout > 0:
         raise ValueError(f"timeout must be a positive number of seconds, not {timeout!r}")
-    if urlsplit(base_url).scheme not in ("http", "https"):
+    parts = urlsplit(base_url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
         raise ValueError(f"base_url must be the server's http:// or https:// URL, not {base_url!r}")
+    if parts.query or parts.fragment or base_url.endswith(("?", "#")):  # paths are appended to it
+        raise ValueError(f"base_url must be the server's URL without a query or fragment, not {base_url!r}")
     return base_url.rstrip("/")
 
 

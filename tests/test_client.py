@@ -290,6 +290,23 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+@pytest.mark.parametrize("base_url, message", [
+    ("ws://127.0.0.1:8000", "http:// or https://"),
+    ("127.0.0.1:8000", "http:// or https://"),
+    ("http://", "http:// or https://"),
+    # the HTTP transport appended its paths to the query ("?x=1/reset") and got the UI's HTML back
+    ("http://127.0.0.1:8000?x=1", "without a query or fragment"),
+    ("http://127.0.0.1:8000/#top", "without a query or fragment"),
+    ("http://127.0.0.1:8000?", "without a query or fragment"),
+])
+def test_a_base_url_the_client_cannot_extend_is_refused_before_any_request(base_url, message):
+    for transport in TRANSPORTS:
+        with pytest.raises(ValueError, match=message):
+            RemoteCompanyEnv(base_url, transport=transport)
+    with pytest.raises(ValueError, match="positive"):
+        RemoteCompanyEnv("http://127.0.0.1:8000", timeout=0)
+
+
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_no_server_is_a_clear_error_naming_the_url(transport):
     base = f"http://127.0.0.1:{free_port()}"
