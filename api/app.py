@@ -304,9 +304,13 @@ def _said(error: dict, json_body: bool) -> str:
     return msg
 
 
-def _token(header: str | None, given: str | None) -> str | None:
+def _token(http: Request, header: str | None, given: str | None) -> str | None:
     """The episode token from the body or query, or the X-Episode-Token header; two that differ
-    are refused (the body's won without a word, so a stale header went unnoticed)."""
+    are refused (the body's won without a word, so a stale header went unnoticed), and so are two
+    X-Episode-Token headers that differ (the first won, as repeated query parameters are refused)."""
+    if len(set(http.headers.getlist("x-episode-token"))) > 1:
+        raise ApiError(400, "conflicting_tokens", "the request has X-Episode-Token headers that "
+                       "differ; send the episode's token once")
     if header and given and header != given:
         raise ApiError(400, "conflicting_tokens", "the episode_token given and the X-Episode-Token "
                        "header differ; send the episode's token once")
@@ -360,12 +364,12 @@ def _register_openenv(app: FastAPI, server: Server) -> None:
 
     @app.post("/step", response_model=StepResponse, tags=["OpenEnv"],
               responses=errors(400, 401, 403, 404, 409, 413))
-    def step(request: StepRequest,
+    def step(request: StepRequest, http: Request,
              x_episode_token: Annotated[str | None, Header()] = None) -> JSON:
         """One action. A bad action (unknown tool, wrong params) is not an HTTP error: it is
         rejected in the episode with a penalty, and the observation says why. 409: another step
         on this episode is running, or the episode has finished."""
-        session = sessions.get(request.episode_id, _token(x_episode_token, request.episode_token))
+        session = sessions.get(request.episode_id, _token(http, x_episode_token, request.episode_token))
         kind, action = catalog.tool_envelope(request.action)
         if kind == "tools":
             return JSON(action)
@@ -373,11 +377,11 @@ def _register_openenv(app: FastAPI, server: Server) -> None:
 
     @app.get("/state", dependencies=STRICT_QUERY, tags=["OpenEnv"], responses={200: {"model": dict[str, Any]},
                                                     **errors(400, 401, 403, 404)})
-    def state(episode_id: Annotated[str, Query(max_length=128)],
+    def state(http: Request, episode_id: Annotated[str, Query(max_length=128)],
               episode_token: Annotated[str | None, Query(max_length=200)] = None,
               x_episode_token: Annotated[str | None, Header()] = None) -> JSON:
         """The episode's id, step count, task, seed, chaos, outcome, ..."""
-        session = sessions.get(episode_id, _token(x_episode_token, episode_token))
+        session = sessions.get(episode_id, _token(http, x_episode_token, episode_token))
         return JSON(sessions.state(session))
 
     @app.post("/mcp", tags=["MCP"], responses={200: {"description": "a JSON-RPC 2.0 response"},

@@ -487,6 +487,15 @@ def test_episode_token_rules(sqlite_url):
         r = c.post("/step", json={"episode_id": episode_id, "episode_token": token, "action": ACTIONS[0]},
                    headers={"X-Episode-Token": token})
         assert r.status_code == 200 and r.json()["metadata"]["step"] == 1  # the same one twice is fine
+        # two X-Episode-Token headers that differ: the first won without a word, whichever it was
+        for pair in ([("X-Episode-Token", token), ("X-Episode-Token", other_token)],
+                     [("X-Episode-Token", other_token), ("X-Episode-Token", token)]):
+            r = c.post("/step", json={"episode_id": episode_id, "action": ACTIONS[0]}, headers=pair)
+            assert r.status_code == 400 and "X-Episode-Token headers that differ" in r.json()["detail"]
+            r = c.get("/state", params={"episode_id": episode_id}, headers=pair)
+            assert r.status_code == 400 and r.json()["code"] == "conflicting_tokens", r.text
+        r = c.get("/state", params={"episode_id": episode_id}, headers=[("X-Episode-Token", token)] * 2)
+        assert r.status_code == 200 and r.json()["step_count"] == 1  # nothing stepped meanwhile
 
 
 def test_episode_logged_elsewhere_cannot_be_acted_on(sqlite_url):
