@@ -70,8 +70,13 @@ _SELECT = ", ".join(COMMIT_COLUMNS)
 
 # The payload lists the warehouse needs (not the event ids and per-event digests): parsing fewer
 # keys into fewer lists is most of what unpacking a JSON payload costs.
-_PAYLOAD_TYPE = ('{"type": "VARCHAR[]", "schema": "INTEGER[]", "data": "VARCHAR[]", '
+_PAYLOAD_TYPE = ('{"type": "VARCHAR[]", "schema": "DOUBLE[]", "data": "VARCHAR[]", '
                  '"meta": "VARCHAR", "event_meta": "VARCHAR[]"}')
+# A schema version is a positive 32-bit integer; anything else becomes NULL, which `_whole` sees
+# (a cast alone took -1 and 0, and rounded 1.5 to 2). Nearly every event's is "1": tested first.
+_JSON_SCHEMA_VERSION = "CASE WHEN s = round(s) AND s >= 1 AND s < 2147483648 THEN s::INTEGER END"
+_TEXT_SCHEMA_VERSION = ("CASE WHEN {s} = '1' THEN 1 WHEN regexp_full_match({s}, '[1-9][0-9]{{0,9}}') "
+                        "THEN TRY_CAST({s} AS INTEGER) END")
 # Several unnests in one SELECT are zipped by DuckDB (a shorter or NULL list is padded with NULL,
 # which is what a commit without per-event meta needs); `i` numbers the events of a commit 1..n.
 _UNPACK_JSON = f"""
@@ -79,11 +84,12 @@ SELECT position, stream_id, version, type, schema_version, data, meta,
        CASE WHEN i = n THEN last_digest END AS digest
 FROM (
     SELECT (position - n + i)::BIGINT AS position, stream_id, (first_version - 1 + i)::INTEGER AS version,
-           type, schema_version, data, coalesce(event_meta, meta) AS meta, last_digest, i, n
+           type, {_JSON_SCHEMA_VERSION} AS schema_version, data, coalesce(event_meta, meta) AS meta,
+           last_digest, i, n
     FROM (
         SELECT position, stream_id, first_version, last_digest, len(p.type) AS n, p.meta,
                unnest(range(1, len(p.type) + 1)) AS i, unnest(p.type) AS type,
-               unnest(p.schema) AS schema_version, unnest(p.data) AS data,
+               unnest(p.schema) AS s, unnest(p.data) AS data,
                unnest(p.event_meta) AS event_meta
         FROM (SELECT position, stream_id, first_version, last_digest,
                      json_transform(payload, '{_PAYLOAD_TYPE}') AS p FROM {{commits}})
@@ -94,12 +100,13 @@ WHERE position > $after
 # The separated format (eventstore.packing.pack): one split per commit, then each event's fields
 # picked by index, which costs DuckDB about half what json_transform and unnest do. A count that
 # disagrees with the number of fields makes n NULL: the commit yields no rows, which `_whole` sees.
-_UNPACK_SEPARATED = """
+_UNPACK_SEPARATED = f"""
 SELECT position, stream_id, version, type, schema_version, data, meta,
        CASE WHEN i = n THEN last_digest END AS digest
 FROM (
     SELECT (position - n + i)::BIGINT AS position, stream_id, (first_version - 1 + i)::INTEGER AS version,
-           f[1 + i] AS type, TRY_CAST(f[1 + n + i] AS INTEGER) AS schema_version, f[1 + 2 * n + i] AS data,
+           f[1 + i] AS type, {_TEXT_SCHEMA_VERSION.format(s="f[1 + n + i]")} AS schema_version,
+           f[1 + 2 * n + i] AS data,
            CASE WHEN own_meta THEN coalesce(nullif(f[2 + 5 * n + i], ''), f[2 + 3 * n])
                 ELSE f[2 + 3 * n] END AS meta,
            last_digest, i, n
@@ -113,7 +120,7 @@ FROM (
             FROM (SELECT position, stream_id, first_version, last_digest, f,
                          TRY_CAST(f[1] AS INTEGER) AS k
                   FROM (SELECT position, stream_id, first_version, last_digest,
-                               string_split(payload, chr(30)) AS f FROM {commits}))
+                               string_split(payload, chr(30)) AS f FROM {{commits}}))
         )
     )
 )
@@ -183,7 +190,7 @@ def _shape_problem(payload: dict) -> str | None:
     for key, fits, words in expected:
         wrong = next((v for v in payload[key] if not fits(v)), _NOTHING)
         if wrong is not _NOTHING:
-            return f"its {key!r} list holds {orjson.dumps(wrong).decode()[:60]} where {words} belongs"
+            return f"its {key!r} list holds {_shown(wrong)} where {words} belongs"
     if not isinstance(payload["meta"], str):
         return "its 'meta' is not JSON text"
     if any(m is not None and not isinstance(m, str) for m in payload.get("event_meta") or ()):
@@ -192,6 +199,15 @@ def _shape_problem(payload: dict) -> str | None:
 
 
 _NOTHING = object()
+
+
+def _shown(value: object) -> str:
+    """A damaged value as JSON, cut short (an integer past 64 bits, which orjson refuses, as digits)."""
+    try:
+        text = orjson.dumps(value).decode()
+    except TypeError:
+        text = repr(value)
+    return text if len(text) <= 60 else f"{text[:60]}…"
 
 
 def _text(value: object) -> bool:

@@ -660,6 +660,9 @@ def payload_in(stored: str | bytes, as_json: bool) -> str:
 _WRONG_SHAPES = {  # valid JSON of the wrong shape, and what the sync says about it
     "schema not a number": (lambda p: {**p, "schema": ["x"] * len(p["schema"])},
                             "its 'schema' list holds \"x\" where a schema version"),
+    # DuckDB's cast took these, rounding 1.5 to 2, and the sync stored what it made of them
+    **{f"schema {v}": (lambda p, v=v: {**p, "schema": [v, *p["schema"][1:]]},
+                       f"its 'schema' list holds {v} where a schema version") for v in (1.5, -1, 0)},
     "type not a list": (lambda p: {**p, "type": "ActionTaken"}, "columns differ in length"),
     "a list too short": (lambda p: {**p, "data": p["data"][:-1]}, "columns differ in length"),
     "a null type": (lambda p: {**p, "type": [None] * len(p["type"])},
@@ -687,6 +690,12 @@ _WRONG_SEPARATED = {  # a payload of the separated format (revision 0005 on) dam
     "a field cut out": (_separated_fields(lambda f, n: f[:-1]), "columns differ in length"),
     "schema not a number": (_separated_fields(lambda f, n: [*f[:n + 1], *["x"] * n, *f[2 * n + 1:]]),
                             "a schema version 'x' is no number"),
+    **{f"schema {v}": (_separated_fields(lambda f, n, v=v: [*f[:n + 1], v, *f[n + 2:]]), words)
+       for v, words in (("1.5", "a schema version '1.5' is no number"),
+                        ("-1", "a schema version '-1' is no number"),
+                        ("0", "its 'schema' list holds 0 where a schema version"),
+                        # orjson cannot write an integer past 64 bits: the error was a TypeError
+                        (str(2**64), f"its 'schema' list holds {2**64} where a schema version"))},
     "no events": (_separated_fields(lambda f, n: ["0", f[3 * n + 1]]), "it holds no events"),
     "data not JSON": (_separated_fields(lambda f, n: [*f[:2 * n + 1], *["not json"] * n, *f[3 * n + 1:]]),
                       "is not JSON"),
