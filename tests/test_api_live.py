@@ -198,8 +198,9 @@ def test_a_socket_that_pipelines_its_steps_does_not_hold_up_another(sqlite_url):
     async def main(ws_url: str) -> tuple[str, str]:
         async with connect(ws_url, ping_interval=None) as hog, connect(ws_url, ping_interval=None) as other:
             ids = []
+            reset = orjson.dumps({"type": "reset", "data": {"seed": 1, "max_steps": 10_000}}).decode()
             for ws in (hog, other):
-                await ws.send(orjson.dumps({"type": "reset", "data": {"seed": 1, "max_steps": 10_000}}).decode())
+                await ws.send(reset)
                 ids.append(orjson.loads(await ws.recv())["data"]["metadata"]["episode_id"])
             step = orjson.dumps({"type": "step", "data": ACTION}).decode()
             for _ in range(pipelined):
@@ -222,7 +223,7 @@ def test_a_socket_that_pipelines_its_steps_does_not_hold_up_another(sqlite_url):
         store.close()
     assert len(hog_steps) == pipelined
     after = sum(position > other_step for position in hog_steps)
-    assert after > pipelined // 2, f"only {after} of {pipelined} pipelined steps came after the other socket's"
+    assert after > pipelined // 2, f"only {after} of {pipelined} pipelined steps came after the other's"
 
 
 def test_head_answers_as_get_without_the_body(sqlite_url):
