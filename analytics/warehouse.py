@@ -310,6 +310,9 @@ def _connect(path: Path, read_only: bool, config: dict, wait: float,
                     _drop_new(path)  # would refuse it as no DuckDB file
                 reason = _first_line(exc).removeprefix("IO Error: ")
                 raise WarehouseError(f"cannot write the warehouse {path}: {reason}") from exc
+            if new and any(words in str(exc) for words in COULD_NOT_CREATE):  # the machine's, too
+                raise WarehouseError(f"cannot create the warehouse {path}: "
+                                     f"{_first_line(exc).removeprefix('IO Error: ')}") from exc
             if not _lock_conflict(exc):
                 raise WarehousePathError(f"cannot open the warehouse {path}: {_first_line(exc)}") from exc
             running = running_sync(path, _holder_pid(str(exc))) if follow is not None else None
@@ -358,6 +361,9 @@ def _ours(con: duckdb.DuckDBPyConnection) -> bool:
 
 COULD_NOT_WRITE = "Could not write file"
 """DuckDB's words when the OS refuses a write (a full disk, a file size limit)."""
+COULD_NOT_CREATE = ("Read-only file system", "Permission denied", "Operation not permitted")
+"""The OS's words when a directory takes no new file: the machine's condition, as a full disk is
+(exit code 1), where a path under a file or in no directory is the caller's (exit code 2)."""
 
 
 def _drop_new(path: Path) -> None:

@@ -1488,6 +1488,22 @@ def test_a_warehouse_this_process_may_not_write_answers_while_it_is_up_to_date(t
     assert rebuild.exit_code == 1 and "cannot rebuild the warehouse" in rebuild.stderr, rebuild.output
 
 
+def test_a_new_warehouse_in_a_directory_that_takes_no_file_is_the_machines_error(logged, tmp_path, cli,
+                                                                                 unwritable):
+    """A read-only directory (or file system) under a new warehouse is the machine's condition, as a
+    full disk is (exit code 1); it was refused as a bad path (exit code 2)."""
+    url, _ = logged
+    sealed = tmp_path / "sealed"
+    sealed.mkdir()
+    unwritable(sealed)
+    out = cli("sync", "--db", url, "--warehouse", str(sealed / "w.duckdb"))
+    assert out.exit_code == 1, out.output
+    assert out.stderr.startswith(f"error: cannot create the warehouse {sealed / 'w.duckdb'}: "), out.stderr
+    assert "Operation not permitted" in out.stderr and not list(sealed.iterdir())
+    under_a_file = cli("sync", "--db", url, "--warehouse", url.removeprefix("sqlite:///") + "/w.duckdb")
+    assert under_a_file.exit_code == 2, under_a_file.output  # the caller's path: still a usage error
+
+
 def test_a_path_beginning_with_a_tilde_means_one_place(logged, tmp_path, cli, monkeypatch):
     """A quoted `'~/exports'` reached Python as a directory named `~` and DuckDB as the home
     directory: the export failed, leaving four tables' staging copies in the home directory, and
