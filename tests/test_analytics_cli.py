@@ -353,9 +353,9 @@ def test_a_report_never_overwrites_the_store_the_warehouse_or_another_file(logge
     page.write_text(page.read_text().replace("</body>", "<p>the last one</p></body>"))
     out = cli("report", "--html", str(link), "--db", url, "--warehouse", str(wh))
     assert out.exit_code == 0 and link.is_symlink() and "the last one" not in page.read_text()
-    (tmp_path / "adir.html").mkdir()
+    (tmp_path / "adir.html").mkdir()  # the caller's path, as a directory for --warehouse is (it was 1)
     out = cli("report", "--html", str(tmp_path / "adir.html"), "--db", url, "--warehouse", str(wh))
-    assert out.exit_code == 1, out.output
+    assert out.exit_code == 2 and "adir.html: it is a directory; name a new file" in out.output, out.output
     assert not list(tmp_path.glob(".*.tmp"))  # nothing half-written left behind
 
 

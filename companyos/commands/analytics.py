@@ -249,6 +249,8 @@ def _read_only_hint(message: str) -> str:
 def _not_a_report(path: Path) -> str | None:
     """Why `path` must not be overwritten by a report, or None. A mistyped or tab-completed name
     overwrote the event store itself (or the warehouse) with HTML, every episode gone."""
+    if path.is_dir():  # the caller's path, as for --warehouse and export (it was the world's, 1)
+        return "it is a directory"
     try:
         with path.open("rb") as existing:
             head = existing.read(512)
