@@ -27,6 +27,7 @@ from analytics.warehouse import (
     NOT_WRITABLE,
     Warehouse,
     WarehouseError,
+    WarehousePathError,
     default_path,
     open_for_sync,
     store_label,
@@ -143,7 +144,14 @@ def _check_identity(wh: Warehouse, db_url: str, store: EventStore) -> str:
     """
     state = wh.state()
     first_id = _first_event_id(store)
-    if state.get("derive_version") not in (None, str(DERIVE_VERSION)):
+    derived_by = state.get("derive_version")
+    if derived_by is not None and derived_by.isascii() and derived_by.isdigit() \
+            and int(derived_by) > DERIVE_VERSION:  # rebuilt, a newer companyos would rebuild it back
+        raise WarehousePathError(
+            f"the warehouse {wh.path} was derived by a newer companyos (derivation version "
+            f"{derived_by}; this one knows {DERIVE_VERSION}): upgrade companyos, pass another "
+            "--warehouse, or rebuild it for this version with `companyos analytics sync --rebuild`")
+    if derived_by not in (None, str(DERIVE_VERSION)):
         wh.reset()  # derived tables are defined differently now: rebuild from the store (refused
         # in words on a warehouse this process may not write)
         state = {}

@@ -1580,6 +1580,26 @@ def test_a_warehouse_derived_by_older_code_is_rebuilt_with_the_columns_now_deriv
         assert wh.state()["derive_version"] == str(DERIVE_VERSION)
 
 
+def test_a_warehouse_derived_by_newer_code_is_refused_not_rebuilt_back(tmp_path):
+    """Older code rebuilt any warehouse of another derivation version, a newer one's too: two
+    versions of companyos sharing a warehouse rebuilt it back and forth, each sync a full one."""
+    from analytics.warehouse import WarehousePathError
+
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    _blind_declines(url, range(3))
+    newer = str(DERIVE_VERSION + 1)
+    with Warehouse(tmp_path / "w.duckdb") as wh:
+        sync(url, wh)
+        wh.con.execute("UPDATE sync_state SET value = ? WHERE key = 'derive_version'", [newer])
+        before = {name: wh.con.execute(sql).fetchall() for name, sql in TABLES.items()}
+    _blind_declines(url, range(3, 5))  # something new to sync
+    with Warehouse(tmp_path / "w.duckdb") as wh:
+        with pytest.raises(WarehousePathError, match=f"derived by a newer companyos .*version {newer}"):
+            sync(url, wh)
+        assert {name: wh.con.execute(sql).fetchall() for name, sql in TABLES.items()} == before
+        assert wh.state()["derive_version"] == newer
+
+
 def test_the_report_says_when_its_mean_return_mixes_reward_profiles(tmp_path):
     """A sparse episode's return is on another scale than a default one's; the report pooled them
     into one mean return without a word (it warns of mixed rules versions)."""
