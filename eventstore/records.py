@@ -10,6 +10,9 @@ MAX_EVENT_BYTES = 1024 * 1024
 """Largest encoded `data` of one event; bigger payloads belong in a blob store, not an event log."""
 MAX_STREAM_ID_LENGTH = 200
 MAX_TYPE_LENGTH = 200
+MAX_SCHEMA_VERSION = 2**31 - 1
+"""A schema version is a positive 32-bit integer: what the warehouse's column (and every SQL
+INTEGER) holds, so one append cannot stop every analytics sync of the store."""
 
 
 class StoreUnavailable(Exception):

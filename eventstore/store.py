@@ -36,6 +36,7 @@ from eventstore.ids import new_event_id, new_event_ids
 from eventstore.packing import SEPARATOR, Commit, make_commit, unpack
 from eventstore.records import (
     MAX_EVENT_BYTES,
+    MAX_SCHEMA_VERSION,
     MAX_STREAM_ID_LENGTH,
     MAX_TYPE_LENGTH,
     ConcurrencyError,
@@ -654,7 +655,7 @@ def _encode(events: Sequence[NewEvent]) -> tuple[list, list, list, list, list]:
             type_, data, schema_version, event_id, meta = event
             if (event_id is None and meta is None and type(type_) is str
                     and 0 < len(type_) <= MAX_TYPE_LENGTH and type(data) is dict
-                    and type(schema_version) is int and schema_version >= 1):
+                    and type(schema_version) is int and 1 <= schema_version <= MAX_SCHEMA_VERSION):
                 try:
                     encoded = canonical_json(data)
                 except ValueError:
@@ -688,8 +689,9 @@ def _prepare(event: NewEvent) -> tuple[str, int, str, str | None, dict]:
         type_ = str.__str__(type_)  # a str subclass (a StrEnum member) is stored as its text
     if type(data) is not dict:
         raise ValueError(f"{type_}: data must be a JSON object (dict), got {type(data).__name__}")
-    if type(sv) is not int or sv < 1:
-        raise ValueError(f"{type_}: schema_version must be a positive integer")
+    if type(sv) is not int or not 1 <= sv <= MAX_SCHEMA_VERSION:
+        raise ValueError(f"{type_}: schema_version must be a positive integer of at most "
+                         f"{MAX_SCHEMA_VERSION} (32 bits)")
     data_json = canonical_json(data)
     if len(data_json) > MAX_EVENT_BYTES:
         raise ValueError(f"{type_}: data is {len(data_json)} bytes, over the {MAX_EVENT_BYTES}-byte limit")

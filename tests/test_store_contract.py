@@ -266,6 +266,8 @@ class _Limit(enum.Enum):
     (NewEvent("T", ["not", "an", "object"]), "JSON object"),
     (NewEvent("T", {"blob": "x" * (MAX_EVENT_BYTES + 1)}), "limit"),
     (NewEvent("T", {}, schema_version=0), "schema_version"),
+    # past 32 bits: stored, it stopped every analytics sync of the store as a damaged commit
+    (NewEvent("T", {}, schema_version=2**31), "schema_version must be a positive integer of at most"),
     (NewEvent("T", {}, event_id=""), "event_id"),
 ])
 def test_a_batch_with_one_bad_event_writes_nothing(store, bad, message):
