@@ -14,6 +14,7 @@ Commit order and positions:
 
 from __future__ import annotations
 
+import errno
 import os
 import sqlite3
 import threading
@@ -239,8 +240,12 @@ class SqliteBackend(Backend):
         if self._file_lock is None:  # a forked child starts without one (_own_writers_after_fork)
             try:
                 fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-            except OSError:  # e.g. a read-only directory: SQLite's own locking still holds
-                self._lock_path = None
+            except OSError as exc:
+                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOMEM):  # of the moment: this
+                    # append fails as the database's own would; the lock stayed off for good
+                    raise sqlite3.OperationalError(
+                        f"cannot open the writer lock {self._lock_path}: {exc.strerror}") from exc
+                self._lock_path = None  # e.g. a read-only directory: SQLite's own locking still holds
                 return None
             self._file_lock = TimedFlock(fd)
         return self._file_lock

@@ -12,6 +12,7 @@ import contextlib
 import fcntl
 import os
 import threading
+import weakref
 
 
 class TimedFlock:
@@ -26,8 +27,11 @@ class TimedFlock:
     """
 
     def __init__(self, fd: int) -> None:
-        """Takes over `fd`: `close` closes it."""
+        """Takes over `fd`: `close` closes it, and so does collecting a lock never closed (a store,
+        CompanyEnv or Gym environment dropped without `close()` left one descriptor open each)."""
         self._fd = fd
+        self._finalizer = weakref.finalize(self, _close_quietly, fd)
+        self._finalizer.atexit = False  # the process's descriptors close with it anyway
         self._state = threading.Condition(threading.Lock())
         self._pending = False  # the helper is in (or about to enter) a blocking flock, or holds a grant
         self._waiting = False  # a caller waits for the helper's grant
@@ -92,6 +96,7 @@ class TimedFlock:
         with self._state:
             self._closed = True
         self._requests.release()
+        self._finalizer.detach()  # never a second close: the number may belong to another file then
         os.close(self._fd)
 
     def close_inherited(self) -> None:
@@ -99,6 +104,7 @@ class TimedFlock:
         dies holding the lock leaves it held until its children exit. Without the condition's
         lock, which a thread of the parent may have held at the fork; a descriptor the parent
         was closing at that moment is left open rather than risk closing another one."""
+        self._finalizer.detach()
         for fd in (None if self._closed else self._fd, self._helper_fd):
             if fd is not None:
                 with contextlib.suppress(OSError):
@@ -148,3 +154,8 @@ class TimedFlock:
         finally:
             self._helper_fd = None  # first: a child forked in between must not close a reused number
             os.close(fd)
+
+
+def _close_quietly(fd: int) -> None:
+    with contextlib.suppress(OSError):
+        os.close(fd)

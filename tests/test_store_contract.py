@@ -1077,6 +1077,54 @@ def test_a_writer_that_dies_holding_the_lock_does_not_leave_it_to_its_children(t
         os.kill(child, signal.SIGKILL)
 
 
+def test_a_store_dropped_without_close_leaves_no_descriptor_of_its_writer_lock(tmp_path):
+    """RL scripts drop environments without `close()`: each dropped store kept its writer lock's
+    descriptor open, until the process ran out of them."""
+    import gc
+
+    db = tmp_path / "s.db"
+    lock_path = os.path.realpath(f"{db}-writer.lock")
+
+    def lock_descriptors() -> int:
+        return sum(os.path.realpath(f"/proc/self/fd/{fd}") == lock_path for fd in os.listdir("/proc/self/fd")
+                   if os.path.exists(f"/proc/self/fd/{fd}"))
+
+    for i in range(5):
+        store = EventStore.open(f"sqlite:///{db}")
+        store.append(f"s{i}", [NewEvent("Opened", {})], None)
+        assert lock_descriptors() == 1
+        del store
+        gc.collect()
+        assert lock_descriptors() == 0
+    with EventStore.open(f"sqlite:///{db}") as store:  # closed as usual: closed once, no error
+        store.append("t", [NewEvent("Opened", {})], None)
+    gc.collect()
+    assert lock_descriptors() == 0
+
+
+def test_no_descriptor_left_for_the_writer_lock_fails_the_append_not_the_lock(tmp_path, monkeypatch):
+    """With no file descriptor left, the store turned its cross-process writer lock off for good
+    and went on writing without it."""
+    import errno
+
+    real_open = os.open
+
+    def no_descriptors_left(path, *args, **kwargs):
+        if str(path).endswith("-writer.lock"):
+            raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+        return real_open(path, *args, **kwargs)
+
+    db = tmp_path / "s.db"
+    with EventStore.open(f"sqlite:///{db}") as store:
+        monkeypatch.setattr(os, "open", no_descriptors_left)
+        with pytest.raises(sqlite3.OperationalError, match="writer lock .*Too many open files"):
+            store.append("s", [NewEvent("Opened", {})], None)
+        assert store.stream_version("s") is None
+        monkeypatch.setattr(os, "open", real_open)
+        store.append("s", [NewEvent("Opened", {})], None)  # descriptors back: under the lock again
+        assert store._backend._file_lock is not None
+
+
 def test_an_append_that_takes_over_a_given_up_wait_writes_under_the_lock(tmp_path, monkeypatch):
     """After a timed-out wait, the process's request for the lock is still queued in the kernel.
     The next append waits on that same request; it must hold the lock while it writes, and leave
