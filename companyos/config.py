@@ -11,6 +11,9 @@ from eventstore.engine import in_memory_sqlite, sqlite_read_only
 def resolve_db(db: str | None) -> str:
     """An empty `--db ""` is refused rather than read as "the default": it is most often an unset
     shell variable (`--db "$URL"`), and the default store is not the one the caller meant."""
+    if db is not None and not isinstance(db, str):  # a path, say: it failed on `.strip`
+        raise TypeError(f"db must be a store URL such as {DEFAULT_URL} (or an EventStore), "
+                        f"not {type(db).__name__}")
     if db is not None and not db.strip():
         raise StoreUnavailable(f"the store URL (--db) is empty; pass one such as {DEFAULT_URL}, or none "
                                "at all for $COMPANYOS_DB, else that default")

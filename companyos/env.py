@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numbers
 import secrets
+from collections.abc import Mapping
 from typing import Any
 
 import domain
@@ -47,6 +48,8 @@ def spec_from_options(seed: int | None, options: dict[str, Any] | None) -> domai
     """Turn reset options into a domain spec, with words for every bad value (no seed: a random
     one, as Gymnasium's reset without a seed gives)."""
     seed = secrets.randbelow(2**31) if seed is None else checked_seed(seed)
+    if options is not None and not isinstance(options, Mapping):  # a list of pairs got to `.get`
+        raise TypeError(f"options must be a dict of reset options, not {type(options).__name__}")
     options = dict(options or {})
     unknown = set(options) - RESET_OPTIONS
     if unknown:

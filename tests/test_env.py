@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import re
 import subprocess
 import sys
@@ -264,6 +265,20 @@ def test_same_seed_and_actions_give_the_same_digest_in_any_process(tmp_path):
 def test_bad_reset_options_are_refused_in_words(sqlite_url, options, message):
     with CompanyEnv(sqlite_url) as env, pytest.raises(ValueError, match=message):
         env.reset(seed=1, options=options)
+
+
+@pytest.mark.parametrize("options", [[("task", "expense_report")], "task", 5])
+def test_reset_options_that_are_no_dict_are_a_type_error_in_words(sqlite_url, options):
+    """A list of pairs reached `options.get` (an AttributeError); a string, `dict()`'s ValueError."""
+    with CompanyEnv(sqlite_url) as env, pytest.raises(TypeError, match="options must be a dict"):
+        env.reset(seed=1, options=options)
+
+
+@pytest.mark.parametrize("db", [5, b"sqlite:///x.db", pathlib.Path("x.db")])
+def test_a_db_that_is_no_url_is_a_type_error_in_words(db):
+    """A path or a number failed on `.strip` (an AttributeError), bytes as a URL SQLAlchemy refused."""
+    with pytest.raises(TypeError, match="db must be a store URL such as sqlite:///"):
+        CompanyEnv(db)
 
 
 def test_reset_takes_a_rules_version_and_state_says_which_judges_the_episode(sqlite_url):
