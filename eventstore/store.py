@@ -341,6 +341,7 @@ class EventStore:
     def read_stream(self, stream_id: str, from_version: int = 0) -> Iterator[RecordedEvent]:
         """The stream's events in version order (upcast to the current schema), read a page of
         commits at a time (STREAM_PAGE_COMMITS)."""
+        from_version = _checked_count("from_version", from_version)
         apply = self.upcasters.apply if self.upcasters.types else None
         sql, backend = self._backend.stream_sql(), self._backend
         while True:
@@ -360,7 +361,8 @@ class EventStore:
         Lazy: nothing is read before the first event is asked for. The events of a page are
         chained in C (itertools), so no Python frame resumes per event.
         """
-        if limit is not None and limit <= 0:
+        after_position = _checked_count("after_position", after_position)
+        if limit is not None and _checked_count("limit", limit) == 0:
             return iter(())
         events: Iterator[RecordedEvent] = chain.from_iterable(self._pages(after_position))
         if self.upcasters.types:
@@ -505,6 +507,8 @@ class EventStore:
     def count_events(self, after_position: int = 0, upto: int | None = None) -> int:
         """How many events lie after a position, and at or before `upto` if given (the total of
         a progress bar)."""
+        after_position = _checked_count("after_position", after_position)
+        upto = None if upto is None else _checked_count("upto", upto)
         bound = "" if upto is None else " AND position <= :upto"
         with self.engine.connect() as conn:
             return conn.execute(sa.text(
@@ -608,6 +612,18 @@ def _utf8(text: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
+
+def _checked_count(name: str, value: Any) -> int:
+    """A position, version or limit given to a reader: a whole number from 0 to 2⁶³ − 1 (NumPy's
+    integers too). 1.5 was read as it was, -1 as nothing, and 2⁶³ reached the driver's OverflowError."""
+    if type(value) is not int:
+        if not isinstance(value, numbers.Integral) or isinstance(value, bool):
+            raise ValueError(f"{name} must be a whole number, not {type(value).__name__}")
+        value = int(value)
+    if not 0 <= value < 2**63:
+        raise ValueError(f"{name} must be from 0 to 2**63 - 1, not {value}")
+    return value
 
 
 def _checked_expected_version(expected_version: Any) -> int | None:

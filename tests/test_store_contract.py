@@ -340,6 +340,32 @@ def test_read_all_pages_through_large_ranges_with_limit(store):
     assert len(list(store.read_all(after_position=start, limit=7))) == 7
 
 
+@pytest.mark.parametrize("read, words", [
+    (lambda s: s.read_all(after_position=1.5), "after_position must be a whole number, not float"),
+    (lambda s: s.read_all(after_position=2**63), "after_position must be from 0 to 2\\*\\*63 - 1"),
+    (lambda s: s.read_all(limit=-1), "limit must be from 0"),  # was read as "nothing"
+    (lambda s: s.read_all(limit="10"), "limit must be a whole number, not str"),
+    (lambda s: list(s.read_stream("x", from_version=1.5)), "from_version must be a whole number"),
+    (lambda s: list(s.read_stream("x", from_version=2**63)), "from_version must be from 0"),
+    (lambda s: s.count_events(2**63), "after_position must be from 0"),  # the driver's OverflowError
+    (lambda s: s.count_events(0, upto=True), "upto must be a whole number, not bool"),
+])
+def test_a_reader_given_no_position_says_so_in_words(store, read, words):
+    with pytest.raises(ValueError, match=words):
+        read(store)
+
+
+def test_readers_take_numpy_integers_as_positions(store):
+    import numpy as np
+
+    stream = unique_stream()
+    recorded = store.append(stream, [NewEvent("N", {"i": i}) for i in range(3)], None)
+    start = np.int64(recorded[0].position - 1)
+    assert [r.data["i"] for r in store.read_all(after_position=start, limit=np.int32(2))] == [0, 1]
+    assert [r.version for r in store.read_stream(stream, from_version=np.uint8(2))] == [2]
+    assert store.count_events(start, upto=np.int64(recorded[-1].position)) == 3
+
+
 def test_raw_commit_rows_page_by_position_and_by_stream(store):
     """Readers that unpack commits themselves (the projections) get the rows `read_all` reads:
     bounded by position, paged, and in stream order for parallel scans."""
