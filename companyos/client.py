@@ -153,7 +153,7 @@ def _unreadable(url: str, status: int | None, body: bytes) -> RemoteServerError:
 
 def server_url(base_url: str, timeout: float) -> str:
     """A client's server URL without a trailing slash, once it and the timeout are checked."""
-    if not timeout > 0:
+    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or not timeout > 0:
         raise ValueError(f"timeout must be a positive number of seconds, not {timeout!r}")
     parts = urlsplit(base_url)
     if parts.scheme not in ("http", "https") or not parts.netloc:

@@ -303,8 +303,9 @@ def test_a_base_url_the_client_cannot_extend_is_refused_before_any_request(base_
     for transport in TRANSPORTS:
         with pytest.raises(ValueError, match=message):
             RemoteCompanyEnv(base_url, transport=transport)
-    with pytest.raises(ValueError, match="positive"):
-        RemoteCompanyEnv("http://127.0.0.1:8000", timeout=0)
+    for timeout in (0, "5", True, None):  # "5" was compared with 0: a TypeError of the operator
+        with pytest.raises(ValueError, match="timeout must be a positive number of seconds"):
+            RemoteCompanyEnv("http://127.0.0.1:8000", timeout=timeout)
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
