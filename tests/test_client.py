@@ -303,9 +303,13 @@ def test_a_base_url_the_client_cannot_extend_is_refused_before_any_request(base_
     for transport in TRANSPORTS:
         with pytest.raises(ValueError, match=message):
             RemoteCompanyEnv(base_url, transport=transport)
-    for timeout in (0, "5", True, None):  # "5" was compared with 0: a TypeError of the operator
-        with pytest.raises(ValueError, match="timeout must be a positive number of seconds"):
-            RemoteCompanyEnv("http://127.0.0.1:8000", timeout=timeout)
+
+
+@pytest.mark.parametrize("timeout", [0, -1, float("nan"), "5", True, None])
+def test_a_timeout_that_is_no_positive_number_is_refused_in_words(timeout):
+    """"5" was compared with 0: a TypeError of the operator, not of the call."""
+    with pytest.raises(ValueError, match="timeout must be a positive number of seconds"):
+        RemoteCompanyEnv("http://127.0.0.1:8000", timeout=timeout)
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
