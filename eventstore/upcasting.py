@@ -19,6 +19,14 @@ class Upcasters:
         self.types: frozenset[str] = frozenset()
 
     def register(self, type_: str, from_version: int, fn: Upcaster) -> None:
+        """`fn` lifts `type_`'s data from `from_version` to the next. Checked here, where the
+        mistake is made, not on the first read of such an event (a version 0 never ran at all)."""
+        if type(type_) is not str or not type_:
+            raise ValueError(f"an upcaster's event type must be a non-empty string, not {type_!r}")
+        if type(from_version) is not int or from_version < 1:
+            raise ValueError(f"an upcaster lifts a schema version (1 or more), not {from_version!r}")
+        if not callable(fn):
+            raise ValueError(f"an upcaster must be callable (data -> data), not {type(fn).__name__}")
         key = (type_, from_version)
         if key in self._steps:
             raise ValueError(f"an upcaster for {type_} v{from_version} is already registered")

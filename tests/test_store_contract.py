@@ -320,6 +320,12 @@ def test_upcasters_lift_old_events_on_read(store_url):
     assert mine[0].data == {"cents": 300, "currency": "EUR"}
     with pytest.raises(ValueError, match="already registered"):
         upcasters.register("PriceSet", 1, lambda d: d)
+    for args, words in ((("PriceSet", 0, lambda d: d), "lifts a schema version"),  # never ran
+                        (("PriceSet", "1", lambda d: d), "lifts a schema version"),
+                        (("PriceSet", 4, {"cents": 1}), "must be callable"),
+                        (("", 4, lambda d: d), "non-empty string")):
+        with pytest.raises(ValueError, match=words):
+            Upcasters().register(*args)
     # an upcaster that returns no dict is named, not read back as an event whose data is a list
     wrapped = Upcasters()
     wrapped.register("PriceSet", 1, lambda data: [data])
