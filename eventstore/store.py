@@ -614,16 +614,23 @@ def _utf8(text: str) -> bool:
     return True
 
 
+def _integer(value: Any) -> int | None:
+    """`value` as an int when it is a whole number (NumPy's integers too, never a bool), else None.
+    Callers test `type(value) is int` first: a plain int, every append's, takes no call."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return int(value)
+    return None
+
+
 def _checked_count(name: str, value: Any) -> int:
-    """A position, version or limit given to a reader: a whole number from 0 to 2⁶³ − 1 (NumPy's
-    integers too). 1.5 was read as it was, -1 as nothing, and 2⁶³ reached the driver's OverflowError."""
-    if type(value) is not int:
-        if not isinstance(value, numbers.Integral) or isinstance(value, bool):
-            raise ValueError(f"{name} must be a whole number, not {type(value).__name__}")
-        value = int(value)
-    if not 0 <= value < 2**63:
-        raise ValueError(f"{name} must be from 0 to 2**63 - 1, not {value}")
-    return value
+    """A position, version or limit given to a reader: a whole number from 0 to 2⁶³ − 1. 1.5 was
+    read as it was, -1 as nothing, and 2⁶³ reached the driver's OverflowError."""
+    number = value if type(value) is int else _integer(value)
+    if number is None:
+        raise ValueError(f"{name} must be a whole number, not {type(value).__name__}")
+    if not 0 <= number < 2**63:
+        raise ValueError(f"{name} must be from 0 to 2**63 - 1, not {number}")
+    return number
 
 
 def _checked_expected_version(expected_version: Any) -> int | None:
@@ -631,11 +638,11 @@ def _checked_expected_version(expected_version: Any) -> int | None:
     and a string made a ConcurrencyError that contradicted itself."""
     if expected_version is None:
         return None
-    if type(expected_version) is not int:  # every append passes here: a plain int takes no call
-        if not isinstance(expected_version, numbers.Integral) or isinstance(expected_version, bool):
-            raise ValueError("expected_version must be an integer version, or None for a new stream; "
-                             f"not {type(expected_version).__name__}")
-        expected_version = int(expected_version)
+    if type(expected_version) is not int:
+        if (checked := _integer(expected_version)) is None:
+            raise ValueError("expected_version must be an integer version, or None for a new "
+                             f"stream; not {type(expected_version).__name__}")
+        expected_version = checked
     if expected_version < 0:  # -1 made a new stream, as None does; -5 a self-contradicting conflict
         raise ValueError(f"expected_version must be a version (0 or more), or None for a new "
                          f"stream; not {expected_version}")
