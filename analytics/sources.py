@@ -53,6 +53,7 @@ from eventstore.packing import (
     text_or_escapes,
     unpack,
 )
+from eventstore.records import MAX_SCHEMA_VERSION
 
 COMMIT_COLUMNS = ("position", "stream_id", "first_version", "last_digest", "payload")
 COMMIT_SCHEMA = pa.schema([
@@ -74,7 +75,7 @@ _PAYLOAD_TYPE = ('{"type": "VARCHAR[]", "schema": "DOUBLE[]", "data": "VARCHAR[]
                  '"meta": "VARCHAR", "event_meta": "VARCHAR[]"}')
 # A schema version is a positive 32-bit integer; anything else becomes NULL, which `_whole` sees
 # (a cast alone took -1 and 0, and rounded 1.5 to 2). Nearly every event's is "1": tested first.
-_JSON_SCHEMA_VERSION = "CASE WHEN s = round(s) AND s >= 1 AND s < 2147483648 THEN s::INTEGER END"
+_JSON_SCHEMA_VERSION = f"CASE WHEN s = round(s) AND s BETWEEN 1 AND {MAX_SCHEMA_VERSION} THEN s::INTEGER END"
 _TEXT_SCHEMA_VERSION = ("CASE WHEN {s} = '1' THEN 1 WHEN regexp_full_match({s}, '[1-9][0-9]{{0,9}}') "
                         "THEN TRY_CAST({s} AS INTEGER) END")
 # Several unnests in one SELECT are zipped by DuckDB (a shorter or NULL list is padded with NULL,
@@ -215,7 +216,7 @@ def _text(value: object) -> bool:
 
 
 def _schema_version(value: object) -> bool:
-    return type(value) is int and 1 <= value < 2**31
+    return type(value) is int and 1 <= value <= MAX_SCHEMA_VERSION  # as the store takes it
 
 
 def _whole(events: pa.Table, commits: pa.Table, after: int) -> bool:
