@@ -162,6 +162,20 @@ def _stored_checkpoints(conn: sa.Connection) -> dict[str, tuple[int, int]]:
         sa.select(table.c.name, table.c.position, table.c.version))}
 
 
+def lock_checkpoints(conn: sa.Connection, names: Iterable[str]) -> dict[str, int]:
+    """Take the named checkpoints' row locks, in name order, before a transaction writes a read
+    model; their stored positions.
+
+    Every transaction that writes a read model takes them first, so on PostgreSQL a rebuild's
+    DELETE and another runner's upserts queue whole instead of each locking rows the other
+    needs (a deadlock). SQLite's BEGIN IMMEDIATE already serialises writers; it has no FOR UPDATE.
+    """
+    table = projection_checkpoints
+    return dict(conn.execute(sa.select(table.c.name, table.c.position)
+                             .where(table.c.name.in_(sorted(names)))
+                             .order_by(table.c.name).with_for_update()).all())
+
+
 def rows_of(projection: Projection, entries: dict[str, Entry], stream_ids: Iterable[str],
             unfolded: set[str] | None = None) -> tuple[list[dict[str, Any]], list[str]]:
     """(rows to upsert, keys to delete) for the given streams' entries."""
@@ -206,6 +220,7 @@ class ProjectionRunner:
         """The stored checkpoint of each projection (creating missing ones, rebuilding stale ones)."""
         table = projection_checkpoints
         with transaction(self.store.engine) as conn:
+            lock_checkpoints(conn, [p.name for p in self.projections])  # it may clear a read model
             stored = _stored_checkpoints(conn)
             result = {}
             for projection in self.projections:
@@ -248,6 +263,7 @@ class ProjectionRunner:
         chosen = [p for p in self.projections if names is None or p.name in names]
         self.checkpoints()  # make sure every checkpoint row exists
         with transaction(self.store.engine) as conn:
+            lock_checkpoints(conn, [p.name for p in chosen])
             for projection in chosen:
                 self._clear(conn, projection)
         self._forget()
@@ -261,6 +277,7 @@ class ProjectionRunner:
             for name, streams in unfolded.items():
                 self.unfolded[name].update(streams)
             with transaction(self.store.engine) as conn:
+                lock_checkpoints(conn, [p.name for p in chosen])
                 for projection in chosen:
                     # compare-and-set: if another runner moved on meanwhile, its checkpoint stands
                     # (it folded from 0 over these rows, which only ever hold correct folds)
@@ -320,6 +337,9 @@ class ProjectionRunner:
             return 0
         last = records[-1].position
         touched: dict[str, list[str]] = {}
+        # what this page could not fold counts only if the page commits: a page thrown away
+        # because a rebuild elsewhere cleared the read model found no rows for what it continued
+        unfolded: dict[str, set[str]] = {p.name: set() for p in self.projections}
         for projection in self.projections:
             position = checkpoints[projection.name]
             todo = records if position == start else [r for r in records if r.position > position]
@@ -327,15 +347,19 @@ class ProjectionRunner:
                 continue
             entries = self._entries[projection.name]
             load_missing(self.store, projection, entries, todo)
-            fold_records(projection, todo, entries, self.unfolded[projection.name])
+            fold_records(projection, todo, entries, unfolded[projection.name])
             touched[projection.name] = [sid for sid, e in entries.items() if e.dirty]
         with transaction(self.store.engine) as conn:
+            stored = lock_checkpoints(conn, touched)
+            for name in touched:
+                if stored.get(name) != checkpoints[name]:
+                    raise CheckpointConflict(name)  # before writing a row
             for projection in self.projections:
                 name = projection.name
                 if name not in touched:
                     continue
                 write_rows(conn, projection, *rows_of(projection, self._entries[name],
-                                                      touched[name], self.unfolded[name]))
+                                                      touched[name], unfolded[name]))
                 moved = conn.execute(
                     sa.update(projection_checkpoints)
                     .where(projection_checkpoints.c.name == name,
@@ -345,6 +369,7 @@ class ProjectionRunner:
                     raise CheckpointConflict(name)
         for projection in self.projections:
             if projection.name in touched:
+                self.unfolded[projection.name].update(unfolded[projection.name])
                 checkpoints[projection.name] = last
                 self._settle(projection)
         return len(records)

@@ -681,6 +681,31 @@ def test_two_runners_never_interleave(damaged):
     assert dump(store) == clean
 
 
+def test_a_page_thrown_away_for_a_rebuild_elsewhere_names_no_episode_left_out(damaged):
+    """`companyos rebuild` in another process cleared the read models while this runner folded a
+    page: the page found no rows for the streams it continued and was thrown away at the commit,
+    but the runner still named those streams as left out, and `rebuild episodes` then called a
+    sound log damaged."""
+    store, _ = damaged
+    clean = dump(store)
+    cleared = []
+
+    class RebuiltElsewhere(EpisodesProjection):
+        def load(self, store_, conn, stream_ids):
+            if not cleared:  # the other process's rebuild clears and restarts between our steps
+                _sql(store_, "DELETE FROM episodes")
+                _sql(store_, "UPDATE projection_checkpoints SET position = 0")
+                cleared.append(True)
+            return super().load(store_, conn, stream_ids)
+
+    _sql(store, "UPDATE projection_checkpoints SET position = position - 300")
+    runner = ProjectionRunner(store, [RebuiltElsewhere()])
+    runner.catch_up(page=100)
+    assert cleared
+    assert dump(store)["episodes"] == clean["episodes"]
+    assert runner.unfolded == {"episodes": set()}
+
+
 def test_a_new_projection_version_rebuilds_by_itself(damaged):
     store, _ = damaged
     clean = dump(store)
@@ -798,6 +823,58 @@ def test_verify_never_blames_a_stream_stepped_while_an_older_transaction_runs(em
     assert report.ok and not report.waiting and report.upto == store.last_position()
     env.close()
     holder.dispose()
+    store.close()
+
+
+def test_a_rebuild_while_another_runner_writes_its_page_deadlocks_neither(fresh_pg_url, monkeypatch):
+    """On PostgreSQL a rebuild's DELETE of a read model and another runner's upserts into it each
+    took row locks the other then waited for: PostgreSQL ended one of them with a deadlock error
+    (`companyos rebuild` beside a live `companyos episodes`). Both must finish, one after the other."""
+    import threading
+
+    from companyos.env import CompanyEnv
+    from projections import runner as running
+    from tests.conftest import poll_count
+
+    store = EventStore.open(fresh_pg_url)
+    envs = [CompanyEnv(db=store, agent="noop") for _ in range(4)]
+    for seed, env in enumerate(envs):
+        env.reset(seed=seed, options={"task": "expense_report", "chaos": "low"})
+    ProjectionRunner(store, [EpisodesProjection()]).catch_up()  # rows the rebuild will delete
+    for env in reversed(envs):  # they go on: the next page upserts those rows, the last first
+        env.step({"app": "ticketdesk", "method": "list_tickets", "params": {}})
+    other = EventStore.open(fresh_pg_url)
+    failed: list[BaseException] = []
+
+    def rebuild_elsewhere() -> None:
+        try:
+            ProjectionRunner(other, [EpisodesProjection()]).rebuild()
+        except BaseException as exc:  # noqa: BLE001 - the test reports it
+            failed.append(exc)
+
+    elsewhere = threading.Thread(target=rebuild_elsewhere, daemon=True)
+    upsert = running.upsert
+
+    def row_by_row(conn, table, key, rows):  # the rebuild starts once the first row is written
+        upsert(conn, table, key, rows[:1])
+        if not elsewhere.is_alive() and not failed:
+            elsewhere.start()
+            with store.engine.connect() as watch:
+                assert poll_count(watch, "SELECT count(*) FROM pg_stat_activity "
+                                         "WHERE wait_event_type = 'Lock'")
+        for row in rows[1:]:
+            upsert(conn, table, key, [row])
+
+    monkeypatch.setattr(running, "upsert", row_by_row)
+    ProjectionRunner(store, [EpisodesProjection()]).catch_up()
+    assert elsewhere.ident is not None, "the page upserted no row"
+    elsewhere.join(60)  # a guard, not a measurement
+    assert not elsewhere.is_alive() and not failed, failed
+    with store.engine.connect() as conn:
+        assert [row["steps"] for row in list_episodes(conn)] == [1, 1, 1, 1]
+    for env in envs:
+        env.close()
+    other.close()
     store.close()
 
 
