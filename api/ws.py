@@ -83,6 +83,10 @@ async def websocket_app(server: Any, scope: dict, receive: Any, send: Any) -> No
         if not problem and query.get("session_id") == "":  # an unset variable: not a fresh start
             problem = ("session_id is empty; give <episode_id>.<token> to resume an episode, or "
                        "leave it out to start afresh")
+        if not problem and "episode_token" in query and "session_id" not in query:
+            # the caller meant to resume: starting a fresh session instead hid the mistake
+            problem = ("episode_token resumes an episode only beside session_id=<episode_id>; "
+                       "give both, or neither to start afresh")
         if problem:
             await send({"type": "websocket.send", "text": _error(
                 problem, SESSION_ERROR, reason="invalid_query", status=400)})

@@ -926,6 +926,15 @@ def test_a_query_parameter_a_route_does_not_take_is_refused_in_words(sqlite_url)
             error = ws.receive_json()
         assert error["data"]["reason"] == "invalid_query", error
         assert error["data"]["message"].startswith("session_id is empty; give <episode_id>.<token>")
+        with c.websocket_connect(f"/ws?episode_token={token}") as ws:  # it started afresh too
+            ws.send_json({"type": "state"})
+            error = ws.receive_json()
+        assert error["data"]["reason"] == "invalid_query", error
+        assert error["data"]["message"].startswith("episode_token resumes an episode only beside "
+                                                   "session_id=<episode_id>")
+        with c.websocket_connect(f"/ws?session_id={episode_id}&episode_token={token}") as ws:
+            ws.send_json({"type": "state"})
+            assert ws.receive_json()["data"]["episode_id"] == episode_id
 
 
 def test_numbers_in_query_strings_are_digits_as_on_the_ui_pages(sqlite_url):
