@@ -6,7 +6,7 @@ import datetime as dt
 import numbers
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from itertools import chain, islice
 from typing import Any, NamedTuple
 
@@ -171,13 +171,14 @@ class EventStore:
     # -- writing -------------------------------------------------------------------------------
 
     def append(
-        self, stream_id: str, events: Sequence[NewEvent], expected_version: int | None
+        self, stream_id: str, events: Iterable[NewEvent], expected_version: int | None
     ) -> list[RecordedEvent]:
         """Atomically append `events` after `expected_version` (None: the stream must not exist).
 
         Raises ConcurrencyError when the stream moved on; re-sending already stored event ids
         returns the stored records instead of writing duplicates.
         """
+        events = _event_list(events)
         if not events:  # nothing to write, but a stale expected version is still a conflict
             _check_stream_id(stream_id)
             expected = _checked_expected_version(expected_version)
@@ -189,11 +190,12 @@ class EventStore:
         return written if isinstance(written, list) else written[1].records(written[0])
 
     def append_head(
-        self, stream_id: str, events: Sequence[NewEvent], expected_version: int | None
+        self, stream_id: str, events: Iterable[NewEvent], expected_version: int | None
     ) -> StreamHead:
         """`append` for a writer that only needs where the stream now stands (the episode
         runtime): the same write, without building a record per event (~4% of the CPU of
         logging an episode). `events` must not be empty."""
+        events = _event_list(events)
         if not events:
             raise ValueError("append_head needs at least one event")
         written = self._write(stream_id, events, expected_version)
@@ -202,10 +204,11 @@ class EventStore:
         commit = written[1]
         return StreamHead(commit.last_version, commit.last_digest)
 
-    def new_stream(self, stream_id: str, events: Sequence[NewEvent]) -> NewStream:
+    def new_stream(self, stream_id: str, events: Iterable[NewEvent]) -> NewStream:
         """A new stream's first append, validated and encoded (digests included) but not
         written: `create_streams` writes several together. Raises ValueError for what `append`
         refuses, naming the stream, and for an empty one."""
+        events = _event_list(events)
         if not events:
             _check_stream_id(stream_id)
             raise ValueError(f"stream {stream_id!r}: a new stream needs at least one event")
@@ -574,6 +577,19 @@ def shown_url(url: str) -> str:
     elif parsed.password is None:
         return url
     return parsed.render_as_string(hide_password=True).replace("password=%2A%2A%2A", "password=***")
+
+
+def _event_list(events: Any) -> Sequence[NewEvent]:
+    """The events a writer passed, as a sequence: a list or tuple as is, any other iterable of
+    them (a generator) listed. A single event, a mapping, text or None is a TypeError saying so:
+    the write counts its events first, and iterating a lone NewEvent would give its fields."""
+    if type(events) is list or type(events) is tuple:
+        return events
+    if isinstance(events, NewEvent):
+        raise TypeError("events must be a list of NewEvent, not one NewEvent: pass [event]")
+    if isinstance(events, (str, bytes, bytearray, dict)) or not isinstance(events, Iterable):
+        raise TypeError(f"events must be a list of NewEvent, not {type(events).__name__}")
+    return list(events)
 
 
 def _check_stream_id(stream_id: Any) -> None:

@@ -687,6 +687,27 @@ def test_the_append_api_refuses_wrong_types_in_words_and_takes_what_python_code_
     assert store.stream_version(stream) == 1  # nothing refused was written
 
 
+def test_events_may_come_from_any_iterable_and_a_lone_event_or_none_is_refused_in_words(store):
+    """A generator of events failed with "object of type 'generator' has no len()", None was
+    taken for no events at all, and a lone NewEvent was iterated into its fields ("expected
+    NewEvent, got str")."""
+    stream = unique_stream()
+    written = store.append(stream, (NewEvent(t, {}) for t in ("Opened", "Noted")), None)
+    assert [e.version for e in written] == [0, 1]
+    head = store.append_head(stream, iter([NewEvent("Closed", {})]), 1)
+    assert head.version == 2
+    fresh = store.new_stream(unique_stream(), (NewEvent("Opened", {}) for _ in range(2)))
+    assert [h.version for h in store.create_streams([fresh])] == [1]
+    for bad, words in ((NewEvent("Noted", {}), "not one NewEvent: pass \\[event\\]"),
+                       (None, "not NoneType"), ("Noted", "not str"), ({"type": "Noted"}, "not dict"),
+                       (5, "not int")):
+        for write in (lambda: store.append(stream, bad, 2), lambda: store.append_head(stream, bad, 2),
+                      lambda: store.new_stream(unique_stream(), bad)):
+            with pytest.raises(TypeError, match=f"events must be a list of NewEvent, {words}"):
+                write()
+    assert store.stream_version(stream) == 2  # nothing refused was written
+
+
 def test_an_empty_append_still_checks_the_expected_version(store):
     stream = unique_stream()
     store.append(stream, [NewEvent("Opened", {})], None)
