@@ -226,6 +226,55 @@ def test_a_socket_that_pipelines_its_steps_does_not_hold_up_another(sqlite_url):
     assert after > pipelined // 2, f"only {after} of {pipelined} pipelined steps came after the other's"
 
 
+def test_a_long_mcp_batch_on_a_socket_does_not_hold_up_another(sqlite_url):
+    """A JSON-RPC batch over the WebSocket ran all its tool calls on the event loop in one go, so
+    another socket's step waited for the whole batch. Read by the log's order, as above."""
+    from websockets.asyncio.client import connect
+
+    from eventstore import EventStore
+
+    calls = 1_500
+
+    async def main(ws_url: str) -> tuple[str, str]:
+        async with connect(ws_url, ping_interval=None, max_size=None) as batcher, \
+                connect(ws_url, ping_interval=None) as other:
+            ids = []
+            reset = orjson.dumps({"type": "reset", "data": {"seed": 1, "max_steps": 10_000}}).decode()
+            for ws in (batcher, other):
+                await ws.send(reset)
+                ids.append(orjson.loads(await ws.recv())["data"]["metadata"]["episode_id"])
+            batch = [{"jsonrpc": "2.0", "id": i, "method": "tools/call",
+                      "params": {"name": "ticketdesk_list_tickets", "arguments": {}}} for i in range(calls)]
+            await batcher.send(orjson.dumps({"type": "mcp", "data": batch}).decode())
+            while not await _episode_has_steps(ws_url, ids[0]):  # the batch is under way
+                await asyncio.sleep(0.001)
+            await other.send(orjson.dumps({"type": "step", "data": ACTION}).decode())
+            assert orjson.loads(await other.recv())["type"] == "observation"
+            answers = orjson.loads(await batcher.recv())["data"]
+            assert len(answers) == calls and all("result" in a for a in answers), answers[:2]
+        return ids[0], ids[1]
+
+    with live_server(sqlite_url) as base:
+        batch_id, other_id = asyncio.run(main(f"{base.replace('http', 'ws')}/ws"))
+    store = EventStore.open(sqlite_url)
+    try:
+        def actions(stream: str) -> list[int]:
+            return [e.position for e in store.read_stream(stream) if e.type == "ActionTaken"]
+        batch_steps, (other_step,) = actions(batch_id), actions(other_id)
+    finally:
+        store.close()
+    assert len(batch_steps) == calls
+    after = sum(position > other_step for position in batch_steps)
+    assert after >= calls // 10, f"only {after} of {calls} batched steps came after the other's"
+
+
+async def _episode_has_steps(ws_url: str, episode_id: str) -> bool:
+    """Whether the episode has logged a step, asked over HTTP (which the loop serves meanwhile)."""
+    base = ws_url.replace("ws", "http", 1).removesuffix("/ws")
+    async with httpx.AsyncClient(base_url=base, timeout=30) as http:
+        return (await http.get(f"/episodes/{episode_id}")).json()["steps"] > 0
+
+
 def test_head_answers_as_get_without_the_body(sqlite_url):
     """Link checkers and uptime monitors send HEAD; every route answered it 405."""
     with live_server(sqlite_url) as base, httpx.Client(base_url=base, timeout=10) as http:
