@@ -171,7 +171,7 @@ def test_verify_and_rebuild(cli, db, tmp_path):
     assert doc["ok"] is False and [b["episode_id"] for b in doc["broken"]] == [ids[1]]
 
 
-def test_verify_says_a_read_model_holds_an_interrupted_rebuild(cli, db, tmp_path):
+def test_verify_says_a_read_model_holds_an_unfinished_rebuild(cli, db, tmp_path):
     """The state an interrupted `rebuild --workers 2` leaves: rows written, checkpoint still 0."""
     url, ids = db
     url, engine = _copy(url, tmp_path)
@@ -181,8 +181,9 @@ def test_verify_says_a_read_model_holds_an_interrupted_rebuild(cli, db, tmp_path
     engine.dispose()
     out = cli("verify", "--db", url)
     assert out.exit_code == 0 and out.stdout.strip().endswith("ok"), out.stdout
-    assert (f"views not compared (it holds {len(ids)} rows of an interrupted rebuild; "
-            "`companyos rebuild` or `companyos episodes` completes it)") in out.stdout
+    assert (f"views not compared (it holds {len(ids)} rows of an unfinished rebuild, still running "
+            "in another process or interrupted; once it ends, or after `companyos rebuild` or "
+            "`companyos episodes`, verify compares it)") in out.stdout
     assert f"episodes {len(ids)} rows" in out.stdout
     assert cli("episodes", "--db", url).exit_code == 0
     assert f"views {len(ids)} rows" in cli("verify", "--db", url).stdout
@@ -201,7 +202,8 @@ def test_a_read_only_listing_of_an_interrupted_rebuild_lists_no_part_folded_rows
     out = cli("episodes", "--db", ro, "--json")
     assert out.exit_code == 0, out.output
     assert json.loads(out.stdout)["episodes"] == [] and json.loads(out.stdout)["total"] == 0
-    assert "holds an interrupted rebuild's rows" in out.stderr and "nothing is listed" in out.stderr
+    assert "holds the rows of an unfinished rebuild (still running in another process, or " \
+           "interrupted)" in out.stderr and "nothing is listed" in out.stderr
 
 
 def test_rebuild_of_a_damaged_log_names_what_it_left_out_and_exits_1(cli, db, tmp_path):

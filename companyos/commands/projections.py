@@ -111,10 +111,11 @@ def episodes(
         store.close()
     _say_waiting(waiting, "listed", "list")
     if read_only and total and checkpoints["episodes"] == 0:
-        # rows at checkpoint 0 are an interrupted rebuild's (or another version's fold): some
+        # rows at checkpoint 0 are an unfinished rebuild's (or another version's fold): some
         # finished episodes were listed as running, part-way, as if the rows were the log's
         why, fix = why_not
-        typer.echo("note: the episode list holds an interrupted rebuild's rows (or another version's), "
+        typer.echo("note: the episode list holds the rows of an unfinished rebuild (still running "
+                   "in another process, or interrupted) or of another version's fold, "
                    f"which may be partial, and {why}, which cannot complete it: nothing is listed "
                    f"(list once {fix}, or run `companyos rebuild` so)", err=True)
         rows, total, unread = [], 0, 0
@@ -304,8 +305,9 @@ def _read_model_line(name: str, m: dict) -> str:
     if m["rows"] is not None:
         return f"{name} {m['rows']} rows"
     if m.get("unfinished_rows"):
-        return (f"{name} not compared (it holds {m['unfinished_rows']} rows of an interrupted "
-                "rebuild; `companyos rebuild` or `companyos episodes` completes it)")
+        return (f"{name} not compared (it holds {m['unfinished_rows']} rows of an unfinished "
+                "rebuild, still running in another process or interrupted; once it ends, or after "
+                "`companyos rebuild` or `companyos episodes`, verify compares it)")
     moved = (f"caught up from position {m['checkpoint']} to {m['moved_to']}"
              if m["moved_to"] > m["checkpoint"] else "rebuilt")
     return f"{name} not compared ({moved} by another process meanwhile; verify again to compare it)"
