@@ -102,7 +102,8 @@ def fold_records(projection: Projection, records: Iterable[RecordedEvent],
     stream's state None instead of raising: one bad stream must not wedge every read model. Its
     id goes into `unfolded`, so whoever folds can say which episodes the read model leaves out.
     So does a stream met first past its version 0 with nothing of it folded before (neither in
-    `entries` nor in the read model): its head is gone from the log, or it was left out already.
+    `entries` nor in the read model): its head is gone from the log, or it was left out already;
+    and one whose versions skip (a commit deleted from its middle), from the gap on.
     """
     entries = {} if entries is None else entries
     evolve = projection.evolve
@@ -114,8 +115,10 @@ def fold_records(projection: Projection, records: Iterable[RecordedEvent],
             entry = entries[record.stream_id] = Entry(-1, None)
         elif record.version <= entry.version:
             continue  # re-delivered
-        if entry.version == -1 and record.version > 0 and unfolded is not None:
-            unfolded.add(record.stream_id)
+        if record.version != entry.version + 1:  # its head, or events inside it, are gone
+            entry.state = None
+            if unfolded is not None:
+                unfolded.add(record.stream_id)
         if types is None or record.type in types:
             try:
                 entry.state = evolve(entry.state, record)

@@ -486,6 +486,7 @@ def test_a_rebuild_names_the_episodes_a_damaged_log_leaves_out(damaged, rebuild_
     """A read model drops an episode whose events it cannot fold; the rebuild says which."""
     store, played = damaged
     undecodable, unpackable = played[4]["episode_id"], played[8]["episode_id"]
+    gapped = played[6]["episode_id"]  # a commit deleted from its middle: it folded the rest, exit 0
 
     def listed() -> set[str]:
         with store.engine.connect() as conn:
@@ -496,11 +497,15 @@ def test_a_rebuild_names_the_episodes_a_damaged_log_leaves_out(damaged, rebuild_
     with store.engine.begin() as conn:
         conn.execute(sa.text("UPDATE commits SET payload = substr(payload, 1, 40) "
                              "WHERE position = :p"), {"p": _middle_commit(store, unpackable)[0]})
+    tamper.delete_commit(store.engine, _middle_commit(store, gapped)[0])
     runner = ProjectionRunner(store, default_projections())
     runner.rebuild(workers=rebuild_workers, page=97)
     # the undecodable event is a world event, which only the views read model decodes
-    assert runner.unfolded == {"episodes": {unpackable}, "views": {undecodable, unpackable}}
-    assert listed() == sound - {unpackable}
+    assert runner.unfolded == {"episodes": {unpackable, gapped},
+                               "views": {undecodable, unpackable, gapped}}
+    assert listed() == sound - {unpackable, gapped}
+    with pytest.raises(CorruptCommit, match=f"{gapped}.*follows version .*a commit deleted"):
+        replay(store, gapped, 1)
 
 
 def played_started(store: EventStore, p: dict) -> dict:
