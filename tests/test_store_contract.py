@@ -701,10 +701,10 @@ def test_events_may_come_from_any_iterable_and_a_lone_event_or_none_is_refused_i
     for bad, words in ((NewEvent("Noted", {}), "not one NewEvent: pass \\[event\\]"),
                        (None, "not NoneType"), ("Noted", "not str"), ({"type": "Noted"}, "not dict"),
                        (5, "not int")):
-        for write in (lambda: store.append(stream, bad, 2), lambda: store.append_head(stream, bad, 2),
-                      lambda: store.new_stream(unique_stream(), bad)):
+        for write, args in ((store.append, (stream, bad, 2)), (store.append_head, (stream, bad, 2)),
+                            (store.new_stream, (unique_stream(), bad))):
             with pytest.raises(TypeError, match=f"events must be a list of NewEvent, {words}"):
-                write()
+                write(*args)
     assert store.stream_version(stream) == 2  # nothing refused was written
 
 
