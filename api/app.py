@@ -51,6 +51,7 @@ from api.readiness import Readiness
 from api.sessions import (
     ApiError,
     SessionManager,
+    chosen_token,
     outage_classes,
     pooler_classes,
     split_session_key,
@@ -128,6 +129,10 @@ def _headers_only(send: Any) -> Any:
     return send_headers
 
 
+BATCH_THREADS = 2
+"""Threads for MCP batches over WebSockets: more batches than this wait for one to end."""
+
+
 class Server:
     """Per-process state shared by the routes: the store, the session cache, the episode log."""
 
@@ -142,6 +147,10 @@ class Server:
             inline = store.engine.dialect.name == "sqlite"
         self.inline = inline
         self.executor = ThreadPoolExecutor(max_workers=16, thread_name_prefix="companyos-step")
+        # long work (an MCP batch of up to a thousand steps) queues apart: sixteen batches in the
+        # step pool held every other socket's step for seconds
+        self.batch_executor = ThreadPoolExecutor(max_workers=BATCH_THREADS,
+                                                 thread_name_prefix="companyos-batch")
         self.readiness = Readiness(store)
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
@@ -164,12 +173,18 @@ class Server:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self.executor, partial(fn, *args))
 
+    async def in_batch_thread(self, fn: Callable[..., T], *args: Any) -> T:
+        """Long work off the loop and out of the step pool, so it never delays a single step."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.batch_executor, partial(fn, *args))
+
     async def run_step(self, session: Any, action: Any, after_step: int | None = None) -> dict[str, Any]:
         """A WebSocket step (no freshness query: the socket's episode is cached right here)."""
         return await self.run(self.sessions.step, session, action, False, after_step)
 
     def close(self) -> None:
         self.executor.shutdown(wait=False)
+        self.batch_executor.shutdown(wait=False)
 
 
 async def _sweep_idle(server: Server) -> None:
@@ -304,17 +319,10 @@ def _said(error: dict, json_body: bool) -> str:
     return msg
 
 
-def _token(http: Request, header: str | None, given: str | None) -> str | None:
-    """The episode token from the body or query, or the X-Episode-Token header; two that differ
-    are refused (the body's won without a word, so a stale header went unnoticed), and so are two
-    X-Episode-Token headers that differ (the first won, as repeated query parameters are refused)."""
-    if len(set(http.headers.getlist("x-episode-token"))) > 1:
-        raise ApiError(400, "conflicting_tokens", "the request has X-Episode-Token headers that "
-                       "differ; send the episode's token once")
-    if header and given and header != given:
-        raise ApiError(400, "conflicting_tokens", "the episode_token given and the X-Episode-Token "
-                       "header differ; send the episode's token once")
-    return given or header
+def _token(http: Request, given: str | None) -> str | None:
+    """The request's episode token (see `chosen_token`). The routes declare X-Episode-Token for
+    the API's schema; it is read here, every repeat of it included."""
+    return chosen_token(http.headers.getlist("x-episode-token"), given)
 
 
 def _register_openenv(app: FastAPI, server: Server) -> None:
@@ -369,7 +377,7 @@ def _register_openenv(app: FastAPI, server: Server) -> None:
         """One action. A bad action (unknown tool, wrong params) is not an HTTP error: it is
         rejected in the episode with a penalty, and the observation says why. 409: another step
         on this episode is running, or the episode has finished."""
-        session = sessions.get(request.episode_id, _token(http, x_episode_token, request.episode_token))
+        session = sessions.get(request.episode_id, _token(http, request.episode_token))
         kind, action = catalog.tool_envelope(request.action)
         if kind == "tools":
             return JSON(action)
@@ -381,7 +389,7 @@ def _register_openenv(app: FastAPI, server: Server) -> None:
               episode_token: Annotated[str | None, Query(max_length=200)] = None,
               x_episode_token: Annotated[str | None, Header()] = None) -> JSON:
         """The episode's id, step count, task, seed, chaos, outcome, ..."""
-        session = sessions.get(episode_id, _token(http, x_episode_token, episode_token))
+        session = sessions.get(episode_id, _token(http, episode_token))
         return JSON(sessions.state(session))
 
     @app.post("/mcp", tags=["MCP"], responses={200: {"description": "a JSON-RPC 2.0 response"},

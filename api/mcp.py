@@ -29,6 +29,9 @@ SERVER_ERROR = -32000
 
 _INT_OPTIONS = ("seed", "max_steps", "rules")
 ID_MIN, ID_MAX = -(2**63), 2**64 - 1
+MAX_BATCH = 1000
+"""Messages in one JSON-RPC batch: each is a step or more, answered in one reply of up to ~5 KB
+a call, which a client's default 1 MiB message limit refuses long before."""
 """The integer ids a reply can echo (what the JSON encoder writes)."""
 
 
@@ -115,6 +118,9 @@ def _batch(manager: SessionManager, messages: list, ctx: McpContext) -> McpReply
     and responses not at all; nothing to answer is HTTP 202, as for one notification."""
     if not messages:
         return McpReply(error(INVALID_REQUEST, "an empty JSON-RPC batch"))
+    if len(messages) > MAX_BATCH:  # 5,000 tools/list in 250 KB were answered with 25 MB
+        return McpReply(error(INVALID_REQUEST, f"a JSON-RPC batch of {len(messages)} messages; "
+                              f"this server answers at most {MAX_BATCH} in one batch"))
     if any(isinstance(m, dict) and m.get("method") == "initialize" for m in messages):
         return McpReply(error(INVALID_REQUEST, "initialize must not be part of a JSON-RPC batch "
                               "(MCP): send it alone"))

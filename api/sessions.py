@@ -30,12 +30,16 @@ import domain
 from companyos.env import episode_state, spec_from_options
 from companyos.runtime import EpisodeNotFound, EpisodeRuntime, episode_id_problem, new_episode_id
 from eventstore import ConcurrencyError, CorruptCommit, EventStore, StoreClosed, WriterBusy
+from eventstore.backends import WAIT_FOR_WRITERS
 from eventstore.engine import pooler_hint
 from projections.episodes import new_agent_label_problem
 
 RESET_FIELDS = ("seed", "episode_id", "task", "chaos", "reward_profile", "max_steps", "rules", "agent",
                 "text")
 TOKEN_META_KEY = "token_sha256"
+STEP_WAIT_S = 30.0
+"""How long reading an episode waits for this process's running step on it; past that it loads
+the episode from the log, as it does when another process stepped it."""
 _HIDDEN_META = frozenset({TOKEN_META_KEY})
 
 log = logging.getLogger("uvicorn.error")  # where the server's operators read errors
@@ -168,6 +172,21 @@ def check_episode_id(episode_id: Any) -> str:
     if problem := episode_id_problem(episode_id):
         raise ApiError(400, "invalid_episode_id", problem)
     return episode_id
+
+
+def chosen_token(headers: list[str], given: str | None) -> str | None:
+    """The episode token of a request: `given` (body or query) or its X-Episode-Token header.
+    Two that differ are refused (the body's won without a word, so a stale header went
+    unnoticed), and so are two X-Episode-Token headers that differ (the first or the last won,
+    where repeated query parameters are refused)."""
+    if len(set(headers)) > 1:
+        raise ApiError(400, "conflicting_tokens", "the request has X-Episode-Token headers that "
+                       "differ; send the episode's token once")
+    header = headers[0] if headers else None
+    if header and given and header != given:
+        raise ApiError(400, "conflicting_tokens", "the episode_token given and the X-Episode-Token "
+                       "header differ; send the episode's token once")
+    return given or header
 
 
 def split_session_key(key: str) -> tuple[str, str | None]:
@@ -408,6 +427,15 @@ class SessionManager:
         refreshes the copy itself). A socket resuming an episode calls it: steps over it skip the
         freshness query, so a copy another process stepped past would refuse its first step."""
         runtime = session.runtime
+        if runtime is not None and session.lock.locked():
+            # a step of this process is running on the copy, and the log is ahead of the copy
+            # until it returns: wait for that step rather than load the whole episode again
+            # (~0.5 s for 8,000 steps); on the event loop, stop here and wait on a thread
+            if not WAIT_FOR_WRITERS.get():
+                raise WriterBusy("a step on this episode is running")
+            if session.lock.acquire(timeout=STEP_WAIT_S):
+                runtime = session.runtime
+                session.lock.release()
         if runtime is None or self._stale(runtime):
             runtime = self._reload(session.episode_id)
             if session.lock.acquire(blocking=False):

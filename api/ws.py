@@ -18,7 +18,7 @@ from urllib.parse import parse_qsl
 
 from api import catalog, mcp
 from api.querystring import RepeatedParameter, single_valued, unknown_parameter
-from api.sessions import ApiError, Session, refusal
+from api.sessions import ApiError, Session, chosen_token, refusal
 from eventstore.encoding import parse_json as loads
 from eventstore.encoding import reply_json
 
@@ -94,10 +94,10 @@ async def websocket_app(server: Any, scope: dict, receive: Any, send: Any) -> No
             return
         key = query.get("session_id")
         if key:
-            headers = dict(scope.get("headers", ()))
-            token = query.get("episode_token") or _header(headers, b"x-episode-token")
+            headers = [value.decode("latin-1") for name, value in scope.get("headers", ())
+                       if name == b"x-episode-token"]
             try:
-                await conn.resume(key, token)
+                await conn.resume(key, chosen_token(headers, query.get("episode_token")))
             except Exception as exc:
                 refused = refusal(exc)
                 if refused is None:
@@ -135,9 +135,14 @@ async def websocket_app(server: Any, scope: dict, receive: Any, send: Any) -> No
         conn.release()
 
 
-def _header(headers: dict, name: bytes) -> str | None:
-    value = headers.get(name)
-    return value.decode("latin-1") if value is not None else None
+def _mcp_answer(sessions: Any, data: Any, ctx: mcp.McpContext) -> tuple[mcp.McpReply, str]:
+    """An MCP message's reply and its frame, encoded where it was answered (off the loop for a
+    batch). A notification gets no frame: JSON-RPC answers none (a reply without an id was no
+    JSON-RPC message at all)."""
+    reply = mcp.handle(sessions, data, ctx)
+    if reply.body is None:
+        return reply, NO_REPLY
+    return reply, _dumps({"type": "mcp", "data": reply.body}).decode()
 
 
 class _Connection:
@@ -244,16 +249,17 @@ class _Connection:
     async def _mcp(self, message: dict) -> str:
         ctx = mcp.McpContext(bound=self.session, seen_step=self.seen_step)
         data = message.get("data")
-        # a JSON-RPC batch may hold thousands of steps: inline, it held every other socket and
-        # /health for as long (~0.6 s for 2,300 calls); one message is a step, inline as any
-        run = self.server.in_thread if isinstance(data, list) and len(data) > 1 else self.server.run
-        reply = await run(mcp.handle, self.server.sessions, data, ctx)
+        # a JSON-RPC batch may hold a thousand steps: inline, it held every other socket and
+        # /health for as long (~0.6 s for 2,300 calls), and so did encoding its reply (MBs); one
+        # message is a step, inline as any
+        if isinstance(data, list) and len(data) > 1:
+            reply, frame = await self.server.in_batch_thread(_mcp_answer, self.server.sessions, data, ctx)
+        else:
+            reply, frame = await self.server.run(_mcp_answer, self.server.sessions, data, ctx)
         if reply.session is not None and reply.session is not self.session:
             # `initialize` started this socket's episode: its tools/call act there (steps the socket
             # is not answered as its own, so a plain step after them is not held to a seen step)
             self._bind(reply.session, None)
         else:  # its tools/call on the socket's episode were the socket's own steps
             self.seen_step = ctx.seen_step
-        if reply.body is None:  # a notification: JSON-RPC answers none (a reply without an id was
-            return NO_REPLY  # no JSON-RPC message at all)
-        return _dumps({"type": "mcp", "data": reply.body}).decode()
+        return frame

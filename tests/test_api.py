@@ -431,6 +431,44 @@ def _tool_call(ws, name: str, **params) -> dict:
     return ws.receive_json()["data"]
 
 
+def test_reading_an_episode_while_this_process_steps_it_waits_for_the_step(sqlite_url, monkeypatch):
+    """While a step of this process was logging (an MCP batch on a thread), the log was ahead of
+    the cached copy, so `state` or a socket's resume loaded the whole episode again, on the event
+    loop (~0.5 s for 8,000 steps), and threw the load away. It waits for the step instead, and on
+    the loop (told not to wait) it stops at once so the server waits on a thread."""
+    from api.sessions import SessionManager
+    from eventstore import EventStore, WriterBusy
+    from eventstore.backends import writers_waited_for
+
+    store = EventStore.open(sqlite_url)
+    sessions = SessionManager(store, cache_size=8, idle_timeout_s=600)
+    session, _, _ = sessions.start(dict(RESET))
+    logged, proceed = threading.Event(), threading.Event()
+    append_head = store.append_head
+
+    def logged_then_held(*args):
+        head = append_head(*args)
+        logged.set()  # in the log, not yet in the cached copy
+        proceed.wait(30)
+        return head
+
+    monkeypatch.setattr(store, "append_head", logged_then_held)
+    reloads = []
+    reload = sessions._reload
+    monkeypatch.setattr(sessions, "_reload", lambda episode_id: reloads.append(1) or reload(episode_id))
+    with ThreadPoolExecutor(2) as pool:
+        stepping = pool.submit(sessions.step, session, ACTIONS[0])
+        assert logged.wait(30)
+        with writers_waited_for(False), pytest.raises(WriterBusy):
+            sessions.state(session)
+        reading = pool.submit(sessions.state, session)
+        proceed.set()
+        assert stepping.result(30)["metadata"]["step"] == 1
+        assert reading.result(30)["step_count"] == 1
+    assert reloads == []
+    store.close()
+
+
 def test_a_sockets_tool_calls_are_its_own_steps(sqlite_url):
     """A tools/call on the socket's episode is a step of the socket's: its next plain step was
     refused as "another client stepped this episode", and another client's step before a tools/call
@@ -496,6 +534,13 @@ def test_episode_token_rules(sqlite_url):
             assert r.status_code == 400 and r.json()["code"] == "conflicting_tokens", r.text
         r = c.get("/state", params={"episode_id": episode_id}, headers=[("X-Episode-Token", token)] * 2)
         assert r.status_code == 200 and r.json()["step_count"] == 1  # nothing stepped meanwhile
+        # so on /ws, where the query's token won over a differing header (two headers: test_api_live)
+        with c.websocket_connect(f"/ws?session_id={episode_id}&episode_token={token}",
+                                 headers={"X-Episode-Token": other_token}) as ws:
+            ws.send_json({"type": "state"})
+            error = ws.receive_json()
+        assert error["data"]["reason"] == "conflicting_tokens", error
+        assert "send the episode's token once" in error["data"]["message"]
 
 
 def test_episode_logged_elsewhere_cannot_be_acted_on(sqlite_url):
@@ -1447,6 +1492,13 @@ def test_mcp_batches_responses_null_ids_and_protocol_versions_follow_the_spec(sq
         assert c.post("/mcp", json=only_notes, headers=session).status_code == 202
         r = c.post("/mcp", json=[{"jsonrpc": "2.0", "id": 9, "method": "initialize", "params": {}}])
         assert "initialize must not be part of a JSON-RPC batch" in r.json()["error"]["message"]
+        # 5,000 tools/list in 250 KB were answered with 25 MB: a batch holds a thousand at most
+        pings = [{"jsonrpc": "2.0", "id": i, "method": "tools/list"} for i in range(1001)]
+        r = c.post("/mcp", json=pings, headers=session)
+        assert r.json()["error"]["code"] == -32600, r.text
+        assert r.json()["error"]["message"] == ("a JSON-RPC batch of 1001 messages; this server "
+                                                "answers at most 1000 in one batch")
+        assert len(c.post("/mcp", json=pings[:1000], headers=session).json()) == 1000
         for response in ({"jsonrpc": "2.0", "id": 7, "result": {}},
                          {"jsonrpc": "2.0", "id": 7, "error": {"code": 1, "message": "x"}}):
             r = c.post("/mcp", json=response, headers=session)
@@ -1463,6 +1515,8 @@ def test_mcp_batches_responses_null_ids_and_protocol_versions_follow_the_spec(sq
             ws.send_json({"type": "mcp", "data": {"jsonrpc": "2.0", "method": "notifications/initialized"}})
             ws.send_json({"type": "mcp", "data": {"jsonrpc": "2.0", "id": 1, "method": "ping"}})
             assert ws.receive_json()["data"] == {"jsonrpc": "2.0", "id": 1, "result": {}}  # no frame before
+            ws.send_json({"type": "mcp", "data": pings})
+            assert "answers at most 1000 in one batch" in ws.receive_json()["data"]["error"]["message"]
 
 
 def _ws_step_refused_then_taken(c: TestClient, failing: dict) -> dict:

@@ -233,7 +233,7 @@ def test_a_long_mcp_batch_on_a_socket_does_not_hold_up_another(sqlite_url):
 
     from eventstore import EventStore
 
-    calls = 1_500
+    calls = 1_000  # the most a batch may hold
 
     async def main(ws_url: str) -> tuple[str, str]:
         async with connect(ws_url, ping_interval=None, max_size=None) as batcher, \
@@ -268,11 +268,91 @@ def test_a_long_mcp_batch_on_a_socket_does_not_hold_up_another(sqlite_url):
     assert after >= calls // 10, f"only {after} of {calls} batched steps came after the other's"
 
 
+def test_many_mcp_batches_at_once_do_not_hold_up_another_sockets_step(sqlite_url):
+    """Each batch took a thread of the pool every thread-hopping step needs: with sixteen batches
+    under way, another socket's step waited seconds, until a batch ended. Read by the log's order."""
+    from websockets.asyncio.client import connect
+
+    from api.app import BATCH_THREADS
+    from eventstore import EventStore
+
+    sockets, calls = 17, 100
+    assert sockets > 16 > BATCH_THREADS
+
+    async def one_batch(ws_url: str, started: asyncio.Event, ids: list[str]) -> int:
+        async with connect(ws_url, ping_interval=None, max_size=None) as ws:
+            reset = orjson.dumps({"type": "reset", "data": {"seed": 1, "max_steps": 1_000}}).decode()
+            await ws.send(reset)
+            ids.append(orjson.loads(await ws.recv())["data"]["metadata"]["episode_id"])
+            await started.wait()
+            batch = [{"jsonrpc": "2.0", "id": i, "method": "tools/call",
+                      "params": {"name": "ticketdesk_list_tickets", "arguments": {}}} for i in range(calls)]
+            await ws.send(orjson.dumps({"type": "mcp", "data": batch}).decode())
+            return len(orjson.loads(await ws.recv())["data"])
+
+    async def main(ws_url: str, store: EventStore) -> tuple[list[str], str]:
+        started, ids = asyncio.Event(), []
+        batches = [asyncio.create_task(one_batch(ws_url, started, ids)) for _ in range(sockets)]
+        async with connect(ws_url, ping_interval=None) as other:
+            await other.send(orjson.dumps({"type": "reset", "data": {"seed": 2}}).decode())
+            other_id = orjson.loads(await other.recv())["data"]["metadata"]["episode_id"]
+            while len(ids) < sockets:
+                await asyncio.sleep(0.01)
+            reset_versions = [store.stream_version(i) for i in ids]
+            started.set()
+            while [store.stream_version(i) for i in ids] == reset_versions:  # under way once it moves
+                await asyncio.sleep(0.001)
+            await other.send(orjson.dumps({"type": "step", "data": ACTION}).decode())
+            assert orjson.loads(await other.recv())["type"] == "observation"
+        assert await asyncio.gather(*batches) == [calls] * sockets
+        return ids, other_id
+
+    store = EventStore.open(sqlite_url)
+    try:
+        with live_server(sqlite_url) as base:
+            batch_ids, other_id = asyncio.run(main(f"{base.replace('http', 'ws')}/ws", store))
+
+        def actions(stream: str) -> list[int]:
+            return [e.position for e in store.read_stream(stream) if e.type == "ActionTaken"]
+        batch_steps = [p for i in batch_ids for p in actions(i)]
+        (other_step,) = actions(other_id)
+    finally:
+        store.close()
+    assert len(batch_steps) == sockets * calls
+    after = sum(position > other_step for position in batch_steps)
+    assert after > 3 * len(batch_steps) // 4, f"only {after} of {len(batch_steps)} batched steps came after"
+
+
 async def _episode_has_steps(ws_url: str, episode_id: str) -> bool:
     """Whether the episode has logged a step, asked over HTTP (which the loop serves meanwhile)."""
     base = ws_url.replace("ws", "http", 1).removesuffix("/ws")
     async with httpx.AsyncClient(base_url=base, timeout=30) as http:
         return (await http.get(f"/episodes/{episode_id}")).json()["steps"] > 0
+
+
+def test_a_socket_resumed_with_two_differing_token_headers_is_refused(sqlite_url):
+    """/ws took the last X-Episode-Token header of two that differ, where HTTP refuses them."""
+    from websockets.asyncio.client import connect
+    from websockets.exceptions import ConnectionClosed
+
+    async def main(base: str) -> list[dict]:
+        async with httpx.AsyncClient(base_url=base, timeout=30) as http:
+            meta = (await http.post("/reset", json={"seed": 1})).json()["metadata"]
+        episode_id, token = meta["episode_id"], meta["episode_token"]
+        answers = []
+        for tokens in ([token[::-1], token], [token, token]):
+            async with connect(f"{base.replace('http', 'ws')}/ws?session_id={episode_id}",
+                               additional_headers=[("X-Episode-Token", t) for t in tokens]) as ws:
+                with contextlib.suppress(ConnectionClosed):  # a refusal closes the socket at once
+                    await ws.send(orjson.dumps({"type": "state"}).decode())
+                answers.append(orjson.loads(await ws.recv()))
+        return answers
+
+    with live_server(sqlite_url) as base:
+        refused, taken = asyncio.run(main(base))
+    assert refused["data"]["reason"] == "conflicting_tokens", refused
+    assert "X-Episode-Token headers that differ" in refused["data"]["message"]
+    assert taken["type"] == "state" and taken["data"]["step_count"] == 0
 
 
 def test_head_answers_as_get_without_the_body(sqlite_url):
