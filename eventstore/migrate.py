@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 # The newest revision in migrations/versions; a test holds it equal to Alembic's one head, so a
 # new migration that forgets to move it fails the suite instead of going unapplied.
-HEAD_REVISION = "0006_episode_rules"
+HEAD_REVISION = "0007_checkpoint_generation"
 
 # Any constant works; it only has to be the same in every process that migrates this database.
 _PG_MIGRATION_LOCK = 7_411_502_311

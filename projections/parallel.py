@@ -4,7 +4,8 @@ Folding is CPU-bound Python. Every read model is a fold per stream, so the strea
 shared out: each worker reads only the streams in its key range, through the
 (stream_id, version) index, stream by stream, and folds them with the runner's own rules.
 A rebuild worker writes its rows in page-sized transactions and never moves a checkpoint
-(the caller does that once all succeeded); a verify worker sends its findings back.
+(the caller does that once all succeeded), and only while the checkpoints stand where the
+rebuild's clear left them; a verify worker sends its findings back.
 Processes are forked, so projections need not be importable or picklable. A worker leaves
 Ctrl-C to its parent (which stops it), and stops by itself once its parent is gone (`kill -9`).
 """
@@ -23,7 +24,15 @@ from typing import Any
 
 from eventstore import EventStore, RecordedEvent
 from projections.reader import scan_range, stream_ranges
-from projections.runner import Entry, Projection, fold_records, rows_of, transaction, write_rows
+from projections.runner import (
+    Entry,
+    Projection,
+    fold_records,
+    lock_checkpoints,
+    rows_of,
+    transaction,
+    write_rows,
+)
 from projections.verify import Checker
 
 Progress = Callable[[int], None]
@@ -117,29 +126,39 @@ def _pages(store: EventStore, where: tuple[str, Any, int], lo: str, hi: str | No
 
 
 def rebuild_in_parallel(store: EventStore, projections: Sequence[Projection], upto: int,
-                        workers: int, page: int, progress: Progress | None
-                        ) -> tuple[int, dict[str, set[str]]]:
-    """Fold positions (0, upto] into the (already cleared) read models with `workers` processes.
+                        workers: int, page: int, progress: Progress | None,
+                        cleared: dict[str, tuple[int, int]]) -> tuple[int, dict[str, set[str]]]:
+    """Fold positions (0, upto] into the read models, cleared to the checkpoints `cleared`
+    ((0, generation) by name), with `workers` processes.
 
-    Returns (events read, per read model the streams it could not fold)."""
-    read, parts = _run(_rebuild_range, store, upto, workers, (list(projections), page), progress,
-                       mp.get_context("fork").Queue())
+    A worker writes a page only while every checkpoint stands as cleared: once another runner
+    moved one (it folds from 0 over these rows, and its newer rows must stay) or cleared the read
+    model again, the worker stops. Returns (events read, per read model the streams it could not
+    fold in the pages written)."""
+    read, parts = _run(_rebuild_range, store, upto, workers, (list(projections), page, cleared),
+                       progress, mp.get_context("fork").Queue())
     return read, {p.name: set().union(*(part[p.name] for part in parts)) for p in projections}
 
 
 def _rebuild_range(where: tuple[str, Any, int], lo: str, hi: str | None, upto: int, counter,
-                   results, projections: list[Projection], page: int) -> None:
+                   results, projections: list[Projection], page: int,
+                   cleared: dict[str, tuple[int, int]]) -> None:
     entries: dict[str, dict[str, Entry]] = {p.name: {} for p in projections}
     unfolded: dict[str, set[str]] = {p.name: set() for p in projections}
     store = _worker_store(where)
     for records in _pages(store, where, lo, hi, upto, page):
+        found: dict[str, set[str]] = {p.name: set() for p in projections}  # kept if written
         for projection in projections:
-            fold_records(projection, records, entries[projection.name], unfolded[projection.name])
+            fold_records(projection, records, entries[projection.name], found[projection.name])
         with transaction(store.engine) as conn:
+            if lock_checkpoints(conn, cleared) != cleared:
+                break  # another runner moved on or cleared again: its rows stand
             for projection in projections:
                 mine = entries[projection.name]
                 write_rows(conn, projection, *rows_of(projection, mine, list(mine),
-                                                      unfolded[projection.name]))
+                                                      found[projection.name]))
+        for name, streams in found.items():
+            unfolded[name].update(streams)
         tail = records[-1].stream_id  # stream order: only the last stream can continue
         for projection in projections:
             entry = entries[projection.name].get(tail)

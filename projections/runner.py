@@ -13,8 +13,10 @@ the checkpoint in ONE transaction. So:
 - a crash loses at most the page in flight, and the next run resumes at the stored checkpoint;
 - a re-delivered event changes nothing: events at or below the checkpoint are never read, and a
   stream's entry also remembers the last version it folded and skips anything at or below it;
-- two runners never interleave: the checkpoint moves by compare-and-set, and the loser throws
-  its page away, forgets its cached states and starts again from the winner's checkpoint.
+- two runners never interleave: a page commits only if the checkpoint, read under its row's
+  lock, still has the position and the generation (bumped by every clear) the runner started the
+  page from; otherwise the runner throws its page away, forgets its cached states and starts
+  again from the winner's checkpoint.
 
 `rebuild` clears the read models and folds the whole log again; on a SQLite file it can split
 the streams over worker processes by ranges of stream id (projections/parallel.py). The
@@ -158,25 +160,26 @@ def row_of(projection: Projection, stream_id: str, entry: Entry,
         return None
 
 
-def _stored_checkpoints(conn: sa.Connection) -> dict[str, tuple[int, int]]:
-    """Each stored checkpoint: projection name -> (position, version of its fold)."""
+def _stored_checkpoints(conn: sa.Connection) -> dict[str, tuple[int, int, int]]:
+    """Each stored checkpoint: projection name -> (position, version of its fold, generation)."""
     table = projection_checkpoints
-    return {name: (position, version) for name, position, version in conn.execute(
-        sa.select(table.c.name, table.c.position, table.c.version))}
+    return {name: (position, version, generation) for name, position, version, generation in
+            conn.execute(sa.select(table.c.name, table.c.position, table.c.version,
+                                   table.c.generation))}
 
 
-def lock_checkpoints(conn: sa.Connection, names: Iterable[str]) -> dict[str, int]:
+def lock_checkpoints(conn: sa.Connection, names: Iterable[str]) -> dict[str, tuple[int, int]]:
     """Take the named checkpoints' row locks, in name order, before a transaction writes a read
-    model; their stored positions.
+    model; their stored (position, generation).
 
     Every transaction that writes a read model takes them first, so on PostgreSQL a rebuild's
     DELETE and another runner's upserts queue whole instead of each locking rows the other
     needs (a deadlock). SQLite's BEGIN IMMEDIATE already serialises writers; it has no FOR UPDATE.
     """
     table = projection_checkpoints
-    return dict(conn.execute(sa.select(table.c.name, table.c.position)
-                             .where(table.c.name.in_(sorted(names)))
-                             .order_by(table.c.name).with_for_update()).all())
+    return {name: (position, generation) for name, position, generation in conn.execute(
+        sa.select(table.c.name, table.c.position, table.c.generation)
+        .where(table.c.name.in_(sorted(names))).order_by(table.c.name).with_for_update())}
 
 
 def rows_of(projection: Projection, entries: dict[str, Entry], stream_ids: Iterable[str],
@@ -204,6 +207,7 @@ class ProjectionRunner:
         self.projections = list(projections)
         self._entries: dict[str, dict[str, Entry]] = {p.name: {} for p in projections}
         self._checkpoints: dict[str, int] | None = None
+        self._generations: dict[str, int] = {}  # of the cached checkpoints: see `_one_page`
         self.unfolded: dict[str, set[str]] = {p.name: set() for p in projections}
         """Per read model, the streams it could not fold (a damaged log) since this runner was
         made: they have no row there. `verify` says what is wrong with them."""
@@ -217,7 +221,7 @@ class ProjectionRunner:
             stored = _stored_checkpoints(conn)
         return {p.name: position if version == p.version else 0
                 for p in self.projections
-                for position, version in [stored.get(p.name, (0, p.version))]}
+                for position, version, _ in [stored.get(p.name, (0, p.version, 0))]}
 
     def checkpoints(self) -> dict[str, int]:
         """The stored checkpoint of each projection (creating missing ones, rebuilding stale ones)."""
@@ -227,7 +231,7 @@ class ProjectionRunner:
             stored = _stored_checkpoints(conn)
             result = {}
             for projection in self.projections:
-                position, version = stored.get(projection.name, (None, None))
+                position, version, _ = stored.get(projection.name, (None, None, None))
                 if position is None:
                     conn.execute(sa.insert(table).values(name=projection.name, position=0,
                                                          version=projection.version))
@@ -237,6 +241,8 @@ class ProjectionRunner:
                     self._clear(conn, projection)
                     position = 0
                 result[projection.name] = position
+            self._generations = {name: generation for name, (_, generation)
+                                 in lock_checkpoints(conn, result).items()}
         return result
 
     def _clear(self, conn: sa.Connection, projection: Projection) -> None:
@@ -244,9 +250,9 @@ class ProjectionRunner:
         # keeps their schema equal to the tables'), so a rebuild mends any damage to a read model
         projection.table.create(conn, checkfirst=True)
         conn.execute(sa.delete(projection.table))
-        conn.execute(sa.update(projection_checkpoints)
-                     .where(projection_checkpoints.c.name == projection.name)
-                     .values(position=0, version=projection.version))
+        table = projection_checkpoints
+        conn.execute(sa.update(table).where(table.c.name == projection.name)
+                     .values(position=0, version=projection.version, generation=table.c.generation + 1))
         self._entries[projection.name] = {}
 
     # -- running -------------------------------------------------------------------------------
@@ -269,6 +275,7 @@ class ProjectionRunner:
             lock_checkpoints(conn, [p.name for p in chosen])
             for projection in chosen:
                 self._clear(conn, projection)
+            cleared = lock_checkpoints(conn, [p.name for p in chosen])  # (0, this clear's generation)
         self._forget()
         upto = self.store.last_position()
         if workers is None:
@@ -276,18 +283,20 @@ class ProjectionRunner:
         if workers > 1 and _parallel_capable(self.store):
             from projections.parallel import rebuild_in_parallel
 
-            read, unfolded = rebuild_in_parallel(self.store, chosen, upto, workers, page, progress)
+            read, unfolded = rebuild_in_parallel(self.store, chosen, upto, workers, page, progress,
+                                                 cleared)
             for name, streams in unfolded.items():
                 self.unfolded[name].update(streams)
             with transaction(self.store.engine) as conn:
-                lock_checkpoints(conn, [p.name for p in chosen])
+                stored = lock_checkpoints(conn, [p.name for p in chosen])
                 for projection in chosen:
-                    # compare-and-set: if another runner moved on meanwhile, its checkpoint stands
-                    # (it folded from 0 over these rows, which only ever hold correct folds)
-                    conn.execute(sa.update(projection_checkpoints)
-                                 .where(projection_checkpoints.c.name == projection.name,
-                                        projection_checkpoints.c.position == 0)
-                                 .values(position=upto))
+                    # only over this clear's rows: if another runner moved on meanwhile (its
+                    # checkpoint stands: the workers stopped writing once it moved) or cleared the
+                    # read model again, the catch-up below folds from the checkpoint it left
+                    if stored.get(projection.name) == cleared[projection.name]:
+                        conn.execute(sa.update(projection_checkpoints)
+                                     .where(projection_checkpoints.c.name == projection.name)
+                                     .values(position=upto))
             self._forget()
             return read + self.catch_up(progress=progress, page=page, upto=upto)
         return self.catch_up(progress=progress, page=page, upto=upto)
@@ -354,8 +363,9 @@ class ProjectionRunner:
             touched[projection.name] = [sid for sid, e in entries.items() if e.dirty]
         with transaction(self.store.engine) as conn:
             stored = lock_checkpoints(conn, touched)
-            for name in touched:
-                if stored.get(name) != checkpoints[name]:
+            for name in touched:  # a clear since, even one whose pages came back to this
+                # position, voids the page: it may have folded over rows the clear deleted
+                if stored.get(name) != (checkpoints[name], self._generations.get(name)):
                     raise CheckpointConflict(name)  # before writing a row
             for projection in self.projections:
                 name = projection.name
@@ -363,13 +373,8 @@ class ProjectionRunner:
                     continue
                 write_rows(conn, projection, *rows_of(projection, self._entries[name],
                                                       touched[name], unfolded[name]))
-                moved = conn.execute(
-                    sa.update(projection_checkpoints)
-                    .where(projection_checkpoints.c.name == name,
-                           projection_checkpoints.c.position == checkpoints[name])
-                    .values(position=last)).rowcount
-                if moved != 1:
-                    raise CheckpointConflict(name)
+                conn.execute(sa.update(projection_checkpoints)
+                             .where(projection_checkpoints.c.name == name).values(position=last))
         for projection in self.projections:
             if projection.name in touched:
                 self.unfolded[projection.name].update(unfolded[projection.name])

@@ -20,6 +20,9 @@ projection_checkpoints = sa.Table(
     sa.Column("position", sa.BigInteger(), nullable=False),
     # the projection's code version; a different one makes the runner rebuild the read model
     sa.Column("version", sa.Integer(), nullable=False),
+    # how many times the read model was cleared (migration 0007): a runner's compare-and-set
+    # checks it beside the position, which a rebuild's pages bring back to values seen before
+    sa.Column("generation", sa.BigInteger(), nullable=False, server_default="0"),
 )
 
 episodes = sa.Table(

@@ -711,6 +711,92 @@ def test_a_page_thrown_away_for_a_rebuild_elsewhere_names_no_episode_left_out(da
     assert runner.unfolded == {"episodes": set()}
 
 
+def test_a_clear_whose_pages_bring_the_checkpoint_back_still_voids_a_page_folded_before_it(damaged):
+    """Pages count from 0, so a rebuild elsewhere brings the checkpoint back to the very position
+    this runner holds: a compare-and-set of the position alone let this runner commit a page it
+    had folded after the clear deleted the rows it continued, and delete those episodes' rows."""
+    store, _ = damaged
+    clean = dump(store)
+    page = 150
+    other = ProjectionRunner(store, [EpisodesProjection()])
+    other.catch_up = lambda **_: 0  # its rebuild clears, and stops there for now
+    armed = []
+
+    class RebuiltElsewhere(EpisodesProjection):
+        def load(self, store_, conn, stream_ids):
+            if armed and not armed.pop():
+                other.rebuild(workers=1)  # cleared; its first page not committed yet
+                loaded = super().load(store_, conn, stream_ids)  # finds nothing: cleared
+                # its first page: the checkpoint is back where ours is
+                assert ProjectionRunner.catch_up(other, page=page, max_pages=1) == page
+                return loaded
+            return super().load(store_, conn, stream_ids)
+
+    _sql(store, "UPDATE projection_checkpoints SET position = 0")
+    _sql(store, "DELETE FROM episodes")
+    ProjectionRunner(store, [EpisodesProjection()]).catch_up(page=page, max_pages=1)
+    runner = ProjectionRunner(store, [RebuiltElsewhere()])  # loads the episode running at 150
+    armed.append(False)
+    runner.catch_up(page=page)
+    assert not armed  # the clear happened where it hurt
+    assert runner.unfolded == {"episodes": set()}
+    ProjectionRunner(store, [EpisodesProjection()]).catch_up()
+    assert dump(store)["episodes"] == clean["episodes"]
+
+
+def test_a_parallel_rebuild_leaves_alone_the_newer_rows_of_a_runner_that_moved_on(damaged, monkeypatch):
+    """The rebuild's workers wrote their rows, folded up to where the rebuild began, over the newer
+    rows of a catch-up that had meanwhile folded from 0 past that point: that catch-up's checkpoint
+    stood, so a running episode stayed listed at an older step for good."""
+    from companyos.env import CompanyEnv
+    from projections import parallel
+
+    store, _ = damaged
+    env = CompanyEnv(db=store, agent="noop")
+    _, info = env.reset(seed=5, options={"task": "expense_report", "chaos": "low"})
+    ranges = parallel.stream_ranges
+
+    def a_runner_moves_on_first(store_, parts, upto):
+        env.step({"app": "ticketdesk", "method": "list_tickets", "params": {}})  # past upto
+        ProjectionRunner(store_, default_projections()).catch_up()  # folds from 0 past upto
+        return ranges(store_, parts, upto)
+
+    monkeypatch.setattr(parallel, "stream_ranges", a_runner_moves_on_first)
+    ProjectionRunner(store, default_projections()).rebuild(workers=2)
+    monkeypatch.undo()
+    with store.engine.connect() as conn:
+        (row,) = [r for r in list_episodes(conn, limit=None) if r["episode_id"] == info["episode_id"]]
+    assert row["steps"] == 1
+    report = verify(store)
+    assert report.ok, report.problems
+    env.close()
+
+
+def test_a_parallel_rebuild_does_not_seal_a_read_model_another_rebuild_cleared_meanwhile(
+        damaged, monkeypatch):
+    """The parallel rebuild moved its checkpoint to the end wherever it was still 0, and a rebuild
+    elsewhere that had just cleared the read model (its first page not committed) left it 0: the
+    empty table was sealed as folded, and every episode was gone from the list."""
+    from projections import parallel
+
+    store, played = damaged
+    clean = dump(store)
+    in_parallel = parallel.rebuild_in_parallel
+
+    def cleared_elsewhere_meanwhile(*args):
+        done = in_parallel(*args)
+        other = ProjectionRunner(store, [EpisodesProjection()])
+        other.catch_up = lambda **_: 0  # cleared; its first page not committed yet
+        other.rebuild(workers=1)
+        return done
+
+    monkeypatch.setattr(parallel, "rebuild_in_parallel", cleared_elsewhere_meanwhile)
+    ProjectionRunner(store, default_projections()).rebuild(workers=2)
+    monkeypatch.undo()
+    assert dump(store) == clean
+    assert len(clean["episodes"]) == len(played)
+
+
 def test_a_new_projection_version_rebuilds_by_itself(damaged):
     store, _ = damaged
     clean = dump(store)
