@@ -170,13 +170,11 @@ class Server:
         return await self.in_thread(fn, *args)
 
     async def in_thread(self, fn: Callable[..., T], *args: Any) -> T:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.executor, partial(fn, *args))
+        return await _off_loop(self.executor, fn, *args)
 
     async def in_batch_thread(self, fn: Callable[..., T], *args: Any) -> T:
         """Long work off the loop and out of the step pool, so it never delays a single step."""
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.batch_executor, partial(fn, *args))
+        return await _off_loop(self.batch_executor, fn, *args)
 
     async def run_step(self, session: Any, action: Any, after_step: int | None = None) -> dict[str, Any]:
         """A WebSocket step (no freshness query: the socket's episode is cached right here)."""
@@ -237,6 +235,10 @@ def create_app(config: ServerConfig | None = None, store: EventStore | None = No
     app.server = server
     app.guard = Guard(None, config.api_key, config.max_body_bytes)
     return app
+
+
+async def _off_loop(executor: ThreadPoolExecutor, fn: Callable[..., T], *args: Any) -> T:
+    return await asyncio.get_running_loop().run_in_executor(executor, partial(fn, *args))
 
 
 def _waiting_for_writers(fn: Callable[..., T], *args: Any) -> T:

@@ -25,7 +25,7 @@ from eventstore import (
     StreamHead,
 )
 from projections.replay import EpisodeNotFound  # one class for 'no such episode', every layer
-from projections.views import check_starts_episode, decode
+from projections.views import check_episode_stream, decode
 
 DURABILITY = ("step", "episode")
 
@@ -128,7 +128,7 @@ class EpisodeRuntime:
         records = list(store.read_stream(episode_id))
         if not records:
             raise EpisodeNotFound(f"no episode {episode_id!r} in the store")
-        check_starts_episode(records)
+        check_episode_stream(records)
         state = domain.fold([decode(r) for r in records])
         return cls(store, episode_id, state, durability, records[0].meta, records[-1].version,
                    records[-1].digest)

@@ -15,7 +15,7 @@ import domain
 from domain.episode import INITIAL_STATE
 from domain.events import CHAOS
 from eventstore import EventStore, RecordedEvent
-from projections.views import APPS, DamagedEvent, check_starts_episode, decode, render_views, views_of
+from projections.views import APPS, DamagedEvent, check_episode_stream, decode, render_views, views_of
 
 _loads = orjson.loads
 
@@ -43,11 +43,7 @@ def replay(store: EventStore, episode_id: str, step: int | None = None) -> dict[
 
 def replay_records(episode_id: str, records: list[RecordedEvent],
                    step: int | None = None) -> dict[str, Any]:
-    check_starts_episode(records)
-    for expected, record in enumerate(records):
-        if record.version != expected:  # folding on over the gap would show a world never logged
-            raise DamagedEvent(record, f"follows version {expected - 1}: the events between "
-                               "them are gone from the log (a commit deleted)")
+    check_episode_stream(records)
     bounds = step_bounds(records)
     last_step = len(bounds) - 1
     if step is None:

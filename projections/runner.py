@@ -160,12 +160,16 @@ def row_of(projection: Projection, stream_id: str, entry: Entry,
         return None
 
 
-def _stored_checkpoints(conn: sa.Connection) -> dict[str, tuple[int, int, int]]:
-    """Each stored checkpoint: projection name -> (position, version of its fold, generation)."""
+def _stored_checkpoints(conn: sa.Connection, for_update: bool = False
+                        ) -> dict[str, tuple[int, int, int]]:
+    """Each stored checkpoint: projection name -> (position, version of its fold, generation);
+    `for_update`: locked, in name order, as `lock_checkpoints` locks them."""
     table = projection_checkpoints
-    return {name: (position, version, generation) for name, position, version, generation in
-            conn.execute(sa.select(table.c.name, table.c.position, table.c.version,
-                                   table.c.generation))}
+    query = sa.select(table.c.name, table.c.position, table.c.version, table.c.generation)
+    if for_update:
+        query = query.order_by(table.c.name).with_for_update()
+    return {name: (position, version, generation)
+            for name, position, version, generation in conn.execute(query)}
 
 
 def lock_checkpoints(conn: sa.Connection, names: Iterable[str]) -> dict[str, tuple[int, int]]:
@@ -227,8 +231,7 @@ class ProjectionRunner:
         """The stored checkpoint of each projection (creating missing ones, rebuilding stale ones)."""
         table = projection_checkpoints
         with transaction(self.store.engine) as conn:
-            lock_checkpoints(conn, [p.name for p in self.projections])  # it may clear a read model
-            stored = _stored_checkpoints(conn)
+            stored = _stored_checkpoints(conn, for_update=True)  # it may clear a read model
             result = {}
             for projection in self.projections:
                 position, version, _ = stored.get(projection.name, (None, None, None))

@@ -38,11 +38,16 @@ def decode(record: RecordedEvent) -> Any:
         raise DamagedEvent(record, f"does not decode: {type(exc).__name__}: {exc}") from None
 
 
-def check_starts_episode(records: Sequence[RecordedEvent]) -> None:
-    """An episode's stream begins with EpisodeStarted; without it (its first commit deleted)
-    there is no world to fold from."""
+def check_episode_stream(records: Sequence[RecordedEvent]) -> None:
+    """An episode's stream begins with EpisodeStarted, and its versions run 0, 1, 2, … without a
+    gap: without its head (its first commit deleted) there is no world to fold from, and folding
+    on over a gap (a commit deleted from its middle) would show, or continue, a world never logged."""
     if records[0].type != "EpisodeStarted":
         raise DamagedEvent(records[0], f"is {records[0].type}; an episode starts with EpisodeStarted")
+    for expected, record in enumerate(records):
+        if record.version != expected:
+            raise DamagedEvent(record, f"follows version {expected - 1}: the events between "
+                               "them are gone from the log (a commit deleted)")
 
 
 class DamagedEvent(CorruptCommit):

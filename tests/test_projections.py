@@ -506,6 +506,10 @@ def test_a_rebuild_names_the_episodes_a_damaged_log_leaves_out(damaged, rebuild_
     assert listed() == sound - {unpackable, gapped}
     with pytest.raises(CorruptCommit, match=f"{gapped}.*follows version .*a commit deleted"):
         replay(store, gapped, 1)
+    from companyos.runtime import EpisodeRuntime
+
+    with pytest.raises(CorruptCommit, match="a commit deleted"):  # nor continued by a server
+        EpisodeRuntime.load(store, gapped)
 
 
 def played_started(store: EventStore, p: dict) -> dict:
