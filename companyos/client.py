@@ -247,7 +247,10 @@ class _WebSocketWire:
         self.url = _ws_url(base_url)
         self.timeout = timeout
         self.headers = headers
-        self.session_key: str | None = None  # `<episode_id>.<token>`: what a new socket resumes
+        # (episode_id, token): what a new socket resumes. The token goes in a header, not glued to
+        # the id as `<id>.<token>`: ids may hold dots, so a short or dotted token was read as part
+        # of the id (404 quoting the token, where HTTP said 403 wrong_token)
+        self.resume_as: tuple[str, str] | None = None
         self._conn: ClientConnection | None = None
         self._scope = contextlib.ExitStack()  # holds the socket as `with connect(...)` would
 
@@ -267,13 +270,16 @@ class _WebSocketWire:
                 delay = min(delay * 2, 1.0)
 
     def _open(self, resume: bool) -> ClientConnection:
-        key = self.session_key if resume else None
-        url = self.url if key is None else f"{self.url}?session_id={quote(key)}"
+        url, headers = self.url, self.headers
+        if resume and self.resume_as is not None:
+            episode_id, token = self.resume_as
+            url = f"{self.url}?session_id={quote(episode_id)}"
+            headers = {**headers, "X-Episode-Token": token}
         try:
             # entered as a context manager, as websockets >= 17.1 asks (`legacy=` is 17.1+ only)
             return self._scope.enter_context(connect(
                 url, open_timeout=self.timeout, close_timeout=self.timeout,
-                additional_headers=self.headers, max_size=None, compression=None))
+                additional_headers=headers, max_size=None, compression=None))
         except InvalidStatus as exc:  # refused at the handshake: a wrong or missing API key
             raise _refusal(exc.response.status_code, exc.response.body or b"", self.url) from None
         except TimeoutError:  # no handshake, so nothing was sent
@@ -448,7 +454,7 @@ class RemoteCompanyEnv:
         self.episode_id = metadata["episode_id"]
         self.episode_token = metadata["episode_token"]
         if self._ws is not None:
-            self._ws.session_key = metadata["session_id"]
+            self._ws.resume_as = (self.episode_id, self.episode_token)
         return _observation(payload), _info(metadata)
 
     def step(self, action: Any) -> tuple[Observation, float, bool, bool, dict[str, Any]]:
@@ -481,14 +487,14 @@ class RemoteCompanyEnv:
         self.episode_id, self.episode_token = episode_id, episode_token
         if self._ws is not None:  # the open socket is bound to the episode before: a new one resumes this
             self._ws.drop()
-            self._ws.session_key = f"{episode_id}.{episode_token}"
+            self._ws.resume_as = (episode_id, episode_token)
         try:
             return self.state
         except BaseException:
             self.episode_id = self.episode_token = None  # not attached: as before any reset
             if self._ws is not None:
                 self._ws.drop()
-                self._ws.session_key = None
+                self._ws.resume_as = None
             raise
 
     @property

@@ -113,9 +113,11 @@ def test_another_client_attaches_to_an_episode_and_finishes_it_as_one_client_wou
         obs = first.step(expert.act(obs))[0]
         episode_id, token = first.episode_id, first.episode_token
     with RemoteCompanyEnv(server[0], transport=transport) as second:
-        with pytest.raises(RemoteRequestError) as refused:
-            second.attach(episode_id, "not-the-token")
-        assert refused.value.status in (401, 403, 404) and second.episode_id is None
+        for wrong in ("not-the-token", "x", "a.b"):  # a short or dotted one was read as part of
+            with pytest.raises(RemoteRequestError) as refused:  # the id over WebSocket: 404
+                second.attach(episode_id, wrong)
+            assert (refused.value.status, refused.value.code) == (403, "wrong_token")
+            assert second.episode_id is None and f"{episode_id}.{wrong}" not in refused.value.detail
         assert second.attach(episode_id, token)["step_count"] == 1
         done = False
         while not done:
@@ -374,7 +376,7 @@ def test_a_reset_on_a_new_socket_does_not_resume_an_episode_the_server_lost(serv
     that no longer held that episode (restarted on another store) every reset failed for good."""
     with RemoteCompanyEnv(server[0], transport="ws") as remote:
         remote.reset(seed=5)
-        remote._ws.session_key = "01a2000000000000000000000000dead.not-a-token"  # a server without it
+        remote._ws.resume_as = ("01a2000000000000000000000000dead", "not-a-token")  # a server without it
         remote._ws.drop()
         remote.reset(seed=6)
         assert remote.state["seed"] == 6 and remote.step(LIST_TICKETS)[4]["step"] == 1
