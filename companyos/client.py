@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import math
 import numbers
+import threading
 import time
 from http import HTTPStatus
 from typing import Any
@@ -153,8 +154,12 @@ def _unreadable(url: str, status: int | None, body: bytes) -> RemoteServerError:
 
 def server_url(base_url: str, timeout: float) -> str:
     """A client's server URL without a trailing slash, once it and the timeout are checked."""
-    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or not timeout > 0:
-        raise ValueError(f"timeout must be a positive number of seconds, not {timeout!r}")
+    # at most threading.TIMEOUT_MAX (~292 years): past it the socket refused it only on first use,
+    # with an OverflowError about time_t
+    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) \
+            or not 0 < timeout <= threading.TIMEOUT_MAX:
+        raise ValueError(f"timeout must be a positive number of seconds (at most "
+                         f"{threading.TIMEOUT_MAX:.0f}), not {timeout!r}")
     parts = urlsplit(base_url)
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise ValueError(f"base_url must be the server's http:// or https:// URL, not {base_url!r}")

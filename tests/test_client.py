@@ -307,9 +307,10 @@ def test_a_base_url_the_client_cannot_extend_is_refused_before_any_request(base_
             RemoteCompanyEnv(base_url, transport=transport)
 
 
-@pytest.mark.parametrize("timeout", [0, -1, float("nan"), "5", True, None])
+@pytest.mark.parametrize("timeout", [0, -1, float("nan"), "5", True, None, float("inf"), 1e30])
 def test_a_timeout_that_is_no_positive_number_is_refused_in_words(timeout):
-    """"5" was compared with 0: a TypeError of the operator, not of the call."""
+    """"5" was compared with 0: a TypeError of the operator, not of the call; infinity was taken,
+    then the first reset failed with the socket's OverflowError about time_t."""
     with pytest.raises(ValueError, match="timeout must be a positive number of seconds"):
         RemoteCompanyEnv("http://127.0.0.1:8000", timeout=timeout)
 
