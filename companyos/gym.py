@@ -202,6 +202,8 @@ class CompanyOSGym(gymnasium.Env):
         super().reset(seed=seed)
         if seed is None:
             seed = int(self.np_random.integers(0, UNSEEDED_RANGE))
+        # a failed reset leaves no episode, as in the wrapped env: not the last one's id and seed
+        self.episode_id = self.episode_seed = None
         observation, info = self.env.reset(seed=seed, options={**self.defaults, **(options or {})})
         self.episode_seed = int(seed)
         return observation_text(observation), self._info(observation, info)

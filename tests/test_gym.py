@@ -313,6 +313,22 @@ def test_step_before_reset_raises_as_company_env(sqlite_url):
     assert str(caught.value) == "call reset() before step()"
 
 
+def test_a_failed_reset_leaves_no_episode_id_or_seed(sqlite_url):
+    """The adapter kept the last episode's id and seed while the wrapped env had no episode."""
+    env = CompanyOSGym(db=sqlite_url)
+    try:
+        env.reset(seed=1)
+        assert env.episode_id is not None and env.episode_seed == 1
+        with pytest.raises(ValueError, match="unknown task"):
+            env.reset(seed=2, options={"task": "nope"})
+        assert (env.episode_id, env.episode_seed) == (None, None)
+        assert env.env.state["episode_id"] is None
+        with pytest.raises(RuntimeError, match="reset"):
+            env.step(LIST_TICKETS)
+    finally:
+        env.close()
+
+
 def test_constructor_arguments_are_checked(sqlite_url):
     with pytest.raises(ValueError, match="render_mode"):
         CompanyOSGym(db=sqlite_url, render_mode="human")
