@@ -19,6 +19,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import duckdb
+
 from analytics import adhoc, named
 from analytics.adhoc import SqlRefused
 from analytics.named import QueryError
@@ -97,10 +99,28 @@ def run_sql(warehouse: Warehouse, sql: str) -> tuple[list[str], list[tuple]]:
     if not warehouse.read_only:
         raise ValueError("ad-hoc SQL runs on a read-only warehouse: open it with read_only=True")
     adhoc.check(sql)  # one statement that only reads: a read-only file still lets COPY ... TO write
-    cursor = warehouse.con.execute(sql)
-    if cursor is None or cursor.description is None:
+    result = warehouse.con.sql(sql)
+    if result is None:
         return [], []
-    return [d[0] for d in cursor.description], cursor.fetchall()
+    names = result.columns
+    if any(str(kind) in AS_DUCKDB_TEXT for kind in result.types):  # by position: names may repeat
+        result = result.project(", ".join(
+            f"CAST(#{i} AS VARCHAR)" if str(kind) in AS_DUCKDB_TEXT else f"#{i}"
+            for i, kind in enumerate(result.types, 1)))
+    try:
+        return names, result.fetchall()
+    except OverflowError as exc:  # a value inside a list or struct that Python has no type for
+        raise duckdb.ConversionException(
+            f"a value in the result has no Python equivalent ({exc}); cast it to VARCHAR in the "
+            "query") from None
+
+
+AS_DUCKDB_TEXT = frozenset({
+    "INTERVAL", "DATE", "TIME", "TIME WITH TIME ZONE", "TIME_NS", "TIMESTAMP", "TIMESTAMP_S",
+    "TIMESTAMP_MS", "TIMESTAMP_NS", "TIMESTAMP WITH TIME ZONE", "BLOB"})
+"""Column types `run_sql` hands over as DuckDB's own text: Python's values lose an interval's
+months (a timedelta has none: a month was 30 days), nanoseconds and infinite dates (9999-12-31),
+and a 10⁹-day interval stopped the command with an OverflowError."""
 
 
 def answer(db_url: str, name: str, params: dict[str, Any] | None = None,

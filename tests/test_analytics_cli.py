@@ -182,12 +182,31 @@ def test_sync_sql_report_and_export(logged, tmp_path, cli):
     # values JSON and CSV have no type for are written as a reader can parse them back, not as
     # Python's repr ("3 days, 0:00:01.500000", b'...', True, Decimal('1.5'))
     typed = ("SELECT INTERVAL 3 DAY + INTERVAL 10 HOUR + INTERVAL 1 MILLISECOND AS i, "
-             "'\\x00\\xff'::BLOB AS b, true AS t, {'x': 1.5::DECIMAL(4,1), 'y': [1, 2]} AS s")
+             "'\\x00\\xff'::BLOB AS b, true AS t, {'x': 1.5::DECIMAL(4,1), 'y': [1, 2]} AS s, "
+             "{'at': TIMESTAMP '2024-01-01', 'in': INTERVAL 36 HOUR} AS n")
     out = cli("sql", typed, "--format", "json", "--db", url, "--warehouse", wh)
-    assert json.loads(out.stdout) == [{"i": "P3DT36000.001S", "b": "\\x00\\xFF", "t": True,
-                                       "s": {"x": 1.5, "y": [1, 2]}}]
+    assert json.loads(out.stdout) == [{"i": "3 days 10:00:00.001", "b": "\\x00\\xFF", "t": True,
+                                       "s": {"x": 1.5, "y": [1, 2]},
+                                       "n": {"at": "2024-01-01 00:00:00", "in": "P1DT43200S"}}]
     out = cli("sql", typed, "--format", "csv", "--db", url, "--warehouse", wh)
-    assert out.stdout.splitlines()[1] == 'P3DT36000.001S,\\x00\\xFF,true,"{""x"":1.5,""y"":[1,2]}"'
+    assert out.stdout.splitlines()[1] == ('3 days 10:00:00.001,\\x00\\xFF,true,"{""x"":1.5,""y"":[1,2]}",'
+                                          '"{""at"":""2024-01-01 00:00:00"",""in"":""P1DT43200S""}"')
+    # what Python's values lose is kept as DuckDB writes it: an interval's months (a timedelta
+    # made a month 30 days), nanoseconds, infinite dates; a 10^9-day interval was a traceback
+    kept = ("SELECT INTERVAL 14 MONTH + INTERVAL 3 DAY AS m, 'infinity'::DATE AS d, "
+            "'-infinity'::TIMESTAMP AS t, TIMESTAMP_NS '2024-01-01 00:00:00.123456789' AS ns, "
+            "INTERVAL 1000000000 DAY AS big, 2 AS m")
+    out = cli("sql", kept, "--format", "json", "--db", url, "--warehouse", wh)
+    assert json.loads(out.stdout) == [{"m": "1 year 2 months 3 days", "d": "infinity", "t": "-infinity",
+                                       "ns": "2024-01-01 00:00:00.123456789",
+                                       "big": "1000000000 days", "m_1": 2}]
+    out = cli("sql", "SELECT [INTERVAL 1000000000 DAY] AS l", "--db", url, "--warehouse", wh)
+    assert out.exit_code == 2 and "no Python equivalent" in out.output and "Traceback" not in out.output
+    # a table shows the text the other formats give, not Python's reprs
+    out = cli("sql", "SELECT '\\x00\\xff'::BLOB AS b, [1, NULL] AS l, {'at': TIMESTAMP '2024-01-01'} AS s",
+              "--db", url, "--warehouse", wh)
+    assert "\\x00\\xFF" in out.stdout and "1, NULL" in out.stdout
+    assert '{"at":"2024-01-01 00:00:00"}' in out.stdout and "datetime" not in out.stdout
     out = cli("sql", "SELECT * FROM nowhere", "--db", url, "--warehouse", wh)
     assert out.exit_code == 2 and "nowhere" in out.output
     # ad-hoc SQL only reads: a write is refused and the warehouse still agrees with its checkpoint

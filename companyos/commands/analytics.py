@@ -401,10 +401,12 @@ TABLE_ROWS = 1_000
 
 
 def _text(value: Any, short: bool = False, column: str = "") -> str:
+    """A table cell: the text CSV and JSON give, not Python's repr (`b'..'`, `None` in a list,
+    `datetime.datetime(...)` in a struct)."""
     if value is None:
         return ""
     if isinstance(value, list):
-        items = [str(v) for v in value]
+        items = ["NULL" if v is None else _text(v) for v in value]
         if short:  # episode ids in a terminal report: enough to grep for, not a wall of hex
             items = [v if len(v) <= 14 else v[:12] + "…" for v in items]
         return ", ".join(items)
@@ -413,7 +415,7 @@ def _text(value: Any, short: bool = False, column: str = "") -> str:
         from domain.chaos import level_text
 
         return level_text(value) if column in KEY_NUMBER_COLUMNS else number_text(value)
-    return str(value)
+    return csv_text(value)
 
 
 def _print_catalogue(fmt: str) -> None:

@@ -109,8 +109,6 @@ def csv_text(value: Any) -> str:
     `value_text` says."""
     import decimal
 
-    import orjson
-
     if value is None:
         return ""
     if isinstance(value, bool):
@@ -118,10 +116,19 @@ def csv_text(value: Any) -> str:
     if isinstance(value, list):
         return ";".join(csv_text(v) for v in value)
     if isinstance(value, dict):
-        return orjson.dumps(value, default=_json_default, option=orjson.OPT_NON_STR_KEYS).decode()
+        return json_text(value)
     if isinstance(value, int | float | str | decimal.Decimal):
         return str(value)
     return value_text(value)
+
+
+def json_text(value: Any) -> str:
+    """A struct or map as one line of JSON, its dates and times as SQL writes them (orjson's own
+    have a `T`, unlike the same values outside a struct)."""
+    import orjson
+
+    option = orjson.OPT_NON_STR_KEYS | orjson.OPT_PASSTHROUGH_DATETIME
+    return orjson.dumps(value, default=_json_default, option=option).decode()
 
 
 def value_text(value: Any) -> str:
