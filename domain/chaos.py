@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import re
 from functools import lru_cache
 
 from domain.events import (
@@ -63,6 +64,9 @@ MECHANISMS: dict[str, tuple[float, str]] = {
 _P = {name: p for name, (p, _) in MECHANISMS.items()}
 
 
+_DECIMAL = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:e[+-]?[0-9]+)?")
+
+
 def parse_chaos(value) -> float:
     """A chaos level as a float in [0, 1], from a name (none/low/medium/high) or a number."""
     if isinstance(value, bool):
@@ -71,12 +75,13 @@ def parse_chaos(value) -> float:
         text = value.strip().lower()
         if text in CHAOS_LEVELS:
             return CHAOS_LEVELS[text]
-        try:
-            number = float(text)
-        except ValueError:
+        # a decimal number in ASCII, as every other number a command takes: float() also read
+        # full-width digits and `0_5` (as 5, "outside [0, 1]")
+        if not _DECIMAL.fullmatch(text):
             raise ValueError(
                 f"unknown chaos level {value!r}: use one of {', '.join(CHAOS_LEVELS)} or a "
-                "number in [0, 1]") from None
+                "number in [0, 1]")
+        number = float(text)
     elif isinstance(value, numbers.Real):  # NumPy's numbers too, as a remote reset takes them
         number = float(value)
     else:

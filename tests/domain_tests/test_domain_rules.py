@@ -35,8 +35,14 @@ def test_parse_chaos():
     assert parse_chaos(0.3) == 0.3 and parse_chaos("0.7") == 0.7 and parse_chaos(1) == 1.0
     assert CHAOS_LEVELS["none"] < CHAOS_LEVELS["low"] < CHAOS_LEVELS["medium"] < \
         CHAOS_LEVELS["high"] <= 1.0
+    assert parse_chaos(".5") == parse_chaos("5e-1") == parse_chaos("+0.5") == 0.5
     for bad in ("chaotic", 1.5, -0.1, float("nan"), True, None, [0.2]):
         with pytest.raises(ValueError):
+            parse_chaos(bad)
+    # text is an ASCII decimal, as every other number: float() read full-width digits, and `0_5`
+    # as 5 ("outside [0, 1]", a puzzle for whoever typed 0.5)
+    for bad in ("\uff10.5", "0_5", "nan", "inf", "1,5", ""):
+        with pytest.raises(ValueError, match="unknown chaos level"):
             parse_chaos(bad)
 
 
