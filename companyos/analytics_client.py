@@ -9,6 +9,7 @@ only after its own `timeout`, saying how far the sync got.
 from __future__ import annotations
 
 import math
+import numbers
 import time
 from typing import Any
 from urllib.parse import quote
@@ -44,6 +45,10 @@ class RemoteAnalytics:
         """The rows answering question `name` with `params` (booleans as true/false; a parameter
         given as None is left out, so it takes its default, as if it had not been given)."""
         path = "/analytics/" + quote(name, safe="")
+        for key, value in params.items():  # a list went as its repr: a filter matching nothing
+            if value is not None and not isinstance(value, str | numbers.Real):
+                raise ValueError(f"parameter {key!r} must be text, a number or a boolean, not "
+                                 f"{type(value).__name__}")
         sent = {k: str(v).lower() if isinstance(v, bool) else str(v)
                 for k, v in params.items() if v is not None}
         deadline = time.monotonic() + self.timeout

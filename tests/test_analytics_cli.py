@@ -960,6 +960,16 @@ def test_requests_waiting_for_a_sync_hold_no_server_thread(logged, tmp_path, hel
     assert all(sum(r["episodes"] for r in a.json()) == len(reported) for a in answers)
 
 
+def test_the_html_report_counts_one_episode_in_the_singular(tmp_path, cli):
+    """Its confirmation read "(1 episodes, ...)", though the report itself said "1 episode"."""
+    url = f"sqlite:///{tmp_path / 'one.db'}"
+    run_plan(RunPlan(url, "expert", "all", "medium", 1, 0, "episode"), workers=1)
+    page = tmp_path / "one.html"
+    out = cli("report", "--html", str(page), "--db", url, "--warehouse", str(tmp_path / "w.duckdb"))
+    assert out.exit_code == 0, out.output
+    assert f"wrote {page} (1 episode, " in out.output
+
+
 def test_python_client_answers_named_queries_of_a_server(logged, tmp_path):
     """`RemoteAnalytics` against a live server: the catalogue, rows as the CLI's JSON gives them,
     and the server's refusals as the errors RemoteCompanyEnv raises."""
@@ -982,6 +992,10 @@ def test_python_client_answers_named_queries_of_a_server(logged, tmp_path):
         with pytest.raises(RemoteRequestError, match="'examples' must be an integer") as bad:
             remote.query("failure_modes", examples="lots")
         assert bad.value.status == 400
+        # a list went as its repr, "['random', 'expert']": a filter that matched no row
+        for value in (["random", "expert"], {"agent": "random"}, b"random"):
+            with pytest.raises(ValueError, match="'agent' must be text, a number or a boolean"):
+                remote.query("failure_modes", agent=value)
 
 
 def test_python_client_says_when_a_server_gives_no_answer():

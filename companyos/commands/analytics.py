@@ -322,7 +322,8 @@ def report_command(
             from analytics.paths import why_not_written
 
             fail(f"cannot write the report to {html}: {why_not_written(html, exc)}", code=1)
-        typer.echo(f"wrote {html} ({data['summary']['episodes']} episodes, {data['seconds']:.2f}s)")
+        typer.echo(f"wrote {html} ({report.counted(data['summary']['episodes'], 'episode')}, "
+                   f"{data['seconds']:.2f}s)")
         return
     if markdown:
         sys.stdout.write(report.to_markdown(data) + "\n")
