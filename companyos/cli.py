@@ -40,10 +40,18 @@ COMMAND_MODULES: tuple[str, ...] = ("run", "projections", "serve", "analytics")
 def main() -> None:
     import sys
 
-    from companyos.commands.output import OutputFailed, discard_stdout, guard_stdout, say_error, with_notes
+    from companyos.commands.output import (
+        OutputFailed,
+        discard_stdout,
+        guard_stdout,
+        hold_closed_std_fds,
+        say_error,
+        with_notes,
+    )
     from eventstore import CorruptCommit, StoreUnavailable, StoreUnreachable
     from eventstore.engine import pooler_hint
 
+    hold_closed_std_fds()
     _register_commands()
     guard_stdout()
     quiet_library_logs()

@@ -564,6 +564,23 @@ def test_cli_says_when_its_output_cannot_be_written(tmp_path, args):
             assert len(store.stream_ids(store.last_position())) == 2
 
 
+@pytest.mark.parametrize("args", [["tasks"], ["run", "--episodes", "2"],
+                                  ["run", "--episodes", "2", "--json"]])
+def test_cli_says_when_it_was_started_without_stdout(tmp_path, args):
+    """`companyos ... >&-` (cron, a daemon's child): a traceback about None's `isatty`; and the
+    store's file, opened first, could take descriptor 1 and get what was printed."""
+    url = f"sqlite:///{tmp_path}/store.db"
+    extra = ["--db", url] if args[0] == "run" else []
+    out = subprocess.run([sys.executable, "-m", "companyos", *args, *extra],
+                         preexec_fn=lambda: os.close(1), stderr=subprocess.PIPE, text=True)
+    assert out.returncode == 1
+    assert out.stderr == "error: cannot write the output: standard output is closed\n"
+    if extra:
+        with EventStore.open(url) as store:
+            assert len(store.stream_ids(store.last_position())) == 2
+        assert _cli("verify", "--db", url).returncode == 0
+
+
 @pytest.mark.parametrize("args", [["tasks"], ["run", "--episodes", "2", "--json"]])
 def test_cli_stops_quietly_when_its_reader_goes_away(tmp_path, args):
     """`companyos tasks | head -1`: the reader closes the pipe; no traceback, as Unix tools do."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import codecs
+import errno
 import io
 import os
 import signal
@@ -190,10 +191,45 @@ class _OutputFile(io.FileIO):
             raise OutputFailed(exc.errno, exc.strerror) from None
 
 
+class _ClosedOutput(io.RawIOBase):
+    """Stands in for a stdout the command was started without (`>&-`): the first write fails in
+    words, as on a full disk; later ones (the flush at exit) go nowhere."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._told = False
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data) -> int:
+        if not self._told:
+            self._told = True
+            raise OutputFailed(errno.EBADF, "standard output is closed")
+        return len(data)
+
+
+def hold_closed_std_fds() -> None:
+    """Open /dev/null on a standard descriptor the command was started without (`>&-`, `2>&-`):
+    else the next file opened takes its number, and output meant for the terminal lands in it
+    (the store's database file, say)."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            held = os.open(os.devnull, os.O_RDWR)
+            if held != fd:
+                os.dup2(held, fd)
+                os.close(held)
+
+
 def guard_stdout() -> None:
     """Route sys.stdout through `_OutputFile`, keeping its encoding and buffering."""
     old = sys.stdout
-    if old is None or not hasattr(old, "fileno"):
+    if old is None:  # no stdout at start: what the command prints fails as an unwritable one
+        sys.stdout = io.TextIOWrapper(io.BufferedWriter(_ClosedOutput()), encoding="utf-8")
+        return
+    if not hasattr(old, "fileno"):
         return
     try:
         fd = old.fileno()
@@ -211,6 +247,10 @@ def guard_stdout() -> None:
 def discard_stdout() -> None:
     """Point stdout at /dev/null once it has failed, so the flush at exit does not fail again
     (the recipe Python's docs give for a closed pipe)."""
+    try:
+        fd = sys.stdout.fileno()
+    except (OSError, ValueError):  # no descriptor (stdout was closed at start): nothing to point
+        return
     devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())
+    os.dup2(devnull, fd)
     os.close(devnull)
