@@ -338,7 +338,10 @@ def _stop_signals_set(halt) -> Iterator[Stops]:
     if threading.current_thread() is not threading.main_thread():
         yield stops
         return
-    previous = {stop: signal.signal(stop, stops.handle) for stop in STOP_SIGNALS}
+    # a signal the command was started ignoring stays ignored (a background job of a script
+    # ignores Ctrl-C), as Python itself leaves SIGINT then: it was honoured only once a run began
+    previous = {stop: signal.signal(stop, stops.handle) for stop in STOP_SIGNALS
+                if signal.getsignal(stop) != signal.SIG_IGN}
     try:
         yield stops
     finally:

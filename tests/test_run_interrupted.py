@@ -194,6 +194,23 @@ def test_stopping_a_run_with_workers_reports_exactly_the_episodes_the_log_holds(
     assert sorted(e["seed"] for e in report["episodes"]) == sorted(e["seed"] for e in logged)
 
 
+def test_a_run_started_ignoring_ctrl_c_keeps_ignoring_it(tmp_path):
+    """A background job of a script inherits SIGINT ignored: Python keeps it so, but the run put
+    in its own handler once it began, so a Ctrl-C a moment later stopped it after all."""
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    episodes = 4000
+    run = subprocess.Popen([sys.executable, "-m", "companyos", "run", "--episodes", str(episodes),
+                            "--durability", "episode", "--db", url, "--json"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    _until_logged(tmp_path, url, 50)
+    assert len(_logged(url)) < episodes, "the run ended before the signal: make it longer"
+    run.send_signal(signal.SIGINT)
+    out, err = run.communicate(timeout=120)
+    assert run.returncode == 0, err
+    assert len(json.loads(out)["episodes"]) == episodes == len(_logged(url))
+
+
 def test_seed_ranges_reads_as_a_person_would_write_it():
     assert seed_ranges([3, 4, 5, 7, 9, 10]) == "3..5, 7, 9..10"
     assert seed_ranges(list(range(0, 20, 2)), shown=3) == "0, 2, 4 and 7 more ranges"
