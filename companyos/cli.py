@@ -122,21 +122,22 @@ def _ctrl_c(exc: SystemExit) -> bool:
 
 
 def _interrupted(exc: BaseException) -> bool:
-    """A Ctrl-C that DuckDB caught first: its InterruptException, or the RuntimeError it raises
-    when the signal lands while it scans Arrow data from Python; also when cleaning up after it
-    failed in turn (an aborted transaction refusing to unregister a table), hiding it as the
-    context. Only consulted when DuckDB is loaded."""
+    """A Ctrl-C that something caught first and raised as another error: Python 3.11 wraps one
+    that lands while a class is made (a lazy import of pydantic) in a RuntimeError about
+    `__set_name__`; DuckDB raises its InterruptException, or a RuntimeError when the signal lands
+    while it scans Arrow data from Python; also when cleaning up after it failed in turn (an
+    aborted transaction refusing to unregister a table), hiding it as the context."""
     import sys
 
-    duckdb = sys.modules.get("duckdb")
-    if duckdb is None:
-        return False
+    duckdb = sys.modules.get("duckdb")  # consulted only when loaded
     seen: set[int] = set()
     link: BaseException | None = exc
     while link is not None and id(link) not in seen:
         seen.add(id(link))
-        if isinstance(link, KeyboardInterrupt | duckdb.InterruptException) or (
-                type(link) is RuntimeError and str(link) == "Query interrupted"):
+        if isinstance(link, KeyboardInterrupt):
+            return True
+        if duckdb is not None and (isinstance(link, duckdb.InterruptException) or (
+                type(link) is RuntimeError and str(link) == "Query interrupted")):
             return True
         link = link.__cause__ or link.__context__
     return False

@@ -330,6 +330,22 @@ def test_ctrl_c_while_the_command_loads_is_one_line_not_a_traceback(tmp_path):
             assert err.strip() == "error: interrupted", (delay, err)
 
 
+def test_a_ctrl_c_python_wraps_while_a_class_is_made_counts_as_an_interruption():
+    """What the test above met under load: the signal landed while pydantic, imported lazily, made
+    a dataclass, and Python 3.11 raised it as a RuntimeError about `__set_name__`, which the
+    command printed as a traceback."""
+
+    class Interrupted:
+        def __set_name__(self, owner, name):
+            raise KeyboardInterrupt
+
+    with pytest.raises(BaseException) as raised:
+        type("Made", (), {"field": Interrupted()})
+    assert isinstance(raised.value, RuntimeError | KeyboardInterrupt)  # wrapped up to 3.11
+    assert cli._interrupted(raised.value)
+    assert not cli._interrupted(RuntimeError("something else"))
+
+
 def test_worker_processes_the_system_cannot_start_are_said_in_words(tmp_path, monkeypatch, capsys):
     """Out of file descriptors (or processes) as the workers start: starting one raises OSError,
     which the run printed as a Rich traceback of multiprocessing's internals."""
