@@ -15,6 +15,7 @@ import math
 import numbers
 import threading
 import time
+from collections.abc import Mapping
 from http import HTTPStatus
 from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
@@ -558,6 +559,8 @@ class RemoteCompanyEnv:
         """The server's reset fields. Unknown options are refused here in CompanyEnv's words, since
         the server has fields (agent, text) that are not options in process; values are the
         server's to judge. NumPy scalars travel as the Python numbers CompanyEnv reads from them."""
+        if options is not None and not isinstance(options, Mapping):  # as CompanyEnv refuses it
+            raise TypeError(f"options must be a dict of reset options, not {type(options).__name__}")
         given = dict(options or {})
         unknown = set(given) - RESET_OPTIONS
         if unknown:

@@ -241,7 +241,13 @@ def test_an_unknown_option_is_refused_as_company_env_refuses_it(server, local, t
             local.reset(seed=1, options={"agent": "someone"})
         with pytest.raises(ValueError) as over_network:
             remote.reset(seed=1, options={"agent": "someone"})
-    assert str(over_network.value) == str(in_process.value)
+        assert str(over_network.value) == str(in_process.value)
+        # a list of pairs: CompanyEnv refused it, the client sent it as a dict
+        with pytest.raises(TypeError) as in_process:
+            local.reset(seed=1, options=[("task", "expense_report")])
+        with pytest.raises(TypeError) as over_network:
+            remote.reset(seed=1, options=[("task", "expense_report")])
+        assert str(over_network.value) == str(in_process.value)
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
