@@ -204,7 +204,11 @@ class CompanyOSGym(gymnasium.Env):
             seed = int(self.np_random.integers(0, UNSEEDED_RANGE))
         # a failed reset leaves no episode, as in the wrapped env: not the last one's id and seed
         self.episode_id = self.episode_seed = None
-        observation, info = self.env.reset(seed=seed, options={**self.defaults, **(options or {})})
+        if options is None or isinstance(options, Mapping):  # else the env says what is wrong
+            # None is "not given", as for the constructor: it played the seed's own task, not the
+            # adapter's default
+            options = {**self.defaults, **{k: v for k, v in (options or {}).items() if v is not None}}
+        observation, info = self.env.reset(seed=seed, options=options)
         self.episode_seed = int(seed)
         return observation_text(observation), self._info(observation, info)
 

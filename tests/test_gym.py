@@ -313,6 +313,20 @@ def test_step_before_reset_raises_as_company_env(sqlite_url):
     assert str(caught.value) == "call reset() before step()"
 
 
+def test_an_option_given_as_none_keeps_the_adapters_default(sqlite_url):
+    """`options={"task": None}` played the seed's own task, not the task the adapter was made with."""
+    env = CompanyOSGym(db=sqlite_url, task="expense_report", chaos="none")
+    try:
+        env.reset(seed=3, options={"task": None, "chaos": None})
+        assert env.env.state["task"] == "expense_report" and env.env.state["chaos"] == 0.0
+        env.reset(seed=3, options={"task": "license_renewal"})  # and a value still overrides it
+        assert env.env.state["task"] == "license_renewal"
+        with pytest.raises(TypeError, match="options must be a dict"):
+            env.reset(seed=3, options=[("task", "license_renewal")])
+    finally:
+        env.close()
+
+
 def test_a_failed_reset_leaves_no_episode_id_or_seed(sqlite_url):
     """The adapter kept the last episode's id and seed while the wrapped env had no episode."""
     env = CompanyOSGym(db=sqlite_url)
