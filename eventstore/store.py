@@ -220,7 +220,7 @@ class EventStore:
         return NewStream(commit, supplied, StreamHead(commit.last_version, commit.last_digest),
                          self)
 
-    def create_streams(self, streams: Sequence[NewStream]) -> list[StreamHead]:
+    def create_streams(self, streams: Iterable[NewStream]) -> list[StreamHead]:
         """Write several new streams (from `new_stream`) in one transaction: all or none.
 
         Why: a bulk writer (`companyos run`'s group commit) pays a transaction's fixed cost (the
@@ -229,8 +229,14 @@ class EventStore:
         stream that already exists, ValueError for a stream or event id named twice, an event
         id stored already, or more than 2**20 events in all; nothing is written then. Unlike
         `append`, re-sending streams that committed is not taken for a retry: they exist. A
-        stream built by another store is refused too.
+        stream built by another store is refused too. Any iterable of streams will do, a
+        generator included (its first pass used it up: nothing was written, and no error said so).
         """
+        if isinstance(streams, NewStream):
+            raise TypeError("streams must be a list of new_stream()'s results, not one: pass [stream]")
+        if not isinstance(streams, Iterable) or isinstance(streams, (str, bytes, dict)):
+            raise TypeError(f"streams must be a list of new_stream()'s results, not {type(streams).__name__}")
+        streams = list(streams)
         names = [stream.commit.stream_id for stream in streams]
         if strangers := [stream.commit.stream_id for stream in streams if stream.store is not self]:
             raise ValueError(f"streams {strangers} were built by another store: build them with "

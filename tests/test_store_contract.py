@@ -174,6 +174,20 @@ def test_create_streams_writes_several_new_streams_at_once_as_append_would(store
     assert store.create_streams([]) == []
 
 
+def test_create_streams_takes_a_generator_and_refuses_what_is_no_list_of_streams(store):
+    """A generator was used up by the first pass over it: nothing written, `[]` returned."""
+    names = [unique_stream() for _ in range(3)]
+    heads = store.create_streams(store.new_stream(name, [NewEvent("A", {})]) for name in names)
+    assert len(heads) == 3 and [store.stream_version(name) for name in names] == [0, 0, 0]
+    one = store.new_stream(unique_stream(), [NewEvent("A", {})])
+    with pytest.raises(TypeError, match="not one: pass"):
+        store.create_streams(one)
+    for wrong in (None, "streams", {"a": one}):
+        with pytest.raises(TypeError, match="streams must be a list"):
+            store.create_streams(wrong)
+    assert store.stream_version(one.commit.stream_id) is None
+
+
 def test_new_stream_refuses_what_append_would_and_names_the_stream(store):
     stream = unique_stream()
     with pytest.raises(ValueError, match=f"stream '{stream}': .*non-finite"):
