@@ -29,25 +29,17 @@ class EpisodeLog:
         self.store = store
         self._runner = ProjectionRunner(store, [EpisodesProjection()])
         self._catch_up_lock = threading.Lock()
+        self._ended = 0  # catch-ups ended so far
+        self._last: tuple[int, int | BaseException] = (0, 0)  # the last one's (reached, behind) or error
 
     def list(self, *, task: str | None = None, agent: str | None = None, outcome: str | None = None,
              rules: int | str | None = None, limit: int = 50, offset: int = 0) -> dict[str, Any]:
-        behind = 0
-        with self._catch_up_lock:  # to the log as asked: steps logged meanwhile are not waited for
-            try:
-                self._runner.catch_up(upto=self.store.last_position())
-            except Exception as exc:
-                if not writes_refused(exc):
-                    raise
-                # a database that takes no writes (a standby, a read-only role): what the read
-                # models hold, and how much of the log they miss, as `companyos episodes` lists it
-                # (this was a 503 once the log had moved past them)
-                behind = self.store.count_events(min(self._runner.stored_checkpoints().values()))
         table = episodes_table
-        try:
+        try:  # before the catch-up, which may wait a minute for a busy store
             where = episode_filters(task, agent, outcome, rules)
         except ValueError as exc:
             raise ApiError(400, "invalid_filter", str(exc)) from None
+        behind = self._caught_up(self.store.last_position())
         columns = [c for c in table.c if c.name not in _HIDDEN_COLUMNS]
         query = (sa.select(*columns).where(*where)
                  .order_by(table.c.first_position.desc()).limit(limit).offset(offset))
@@ -57,6 +49,37 @@ class EpisodeLog:
         next_offset = offset + len(rows) if offset + len(rows) < total else None
         return {"episodes": rows, "total": total, "limit": limit, "offset": offset,
                 "next_offset": next_offset, "read_models_behind": behind}
+
+    def _caught_up(self, upto: int) -> int:
+        """Catch the read model up to `upto` (the log as asked: steps logged meanwhile are not
+        waited for); how many events it is behind (a database that takes no writes).
+
+        One catch-up at a time; a listing that waited for another's takes its answer when it
+        reached `upto` or failed (a store busy for a minute): else each listing queued behind
+        the last waited its own minute for the same busy store, one after another."""
+        arrived = self._ended
+        with self._catch_up_lock:
+            reached, outcome = self._last
+            if self._ended > arrived:  # one ended while this listing waited: as fresh as ours
+                if isinstance(outcome, BaseException):
+                    raise outcome
+                if reached >= upto:
+                    return outcome
+            try:
+                self._runner.catch_up(upto=upto)
+                behind = 0
+            except Exception as exc:
+                if not writes_refused(exc):
+                    self._last = (0, exc)
+                    raise
+                # a database that takes no writes (a standby, a read-only role): what the read
+                # models hold, and how much of the log they miss, as `companyos episodes` lists it
+                # (this was a 503 once the log had moved past them)
+                behind = self.store.count_events(min(self._runner.stored_checkpoints().values()))
+            finally:
+                self._ended += 1
+            self._last = (upto, behind)
+            return behind
 
     def _records(self, episode_id: str) -> list:
         if episode_id_problem(episode_id):

@@ -1879,3 +1879,48 @@ def test_a_store_that_takes_no_writes_lists_what_its_read_models_hold(tmp_path):
     with client(url) as c:  # a store that takes writes again catches up, and leaves nothing out
         listing = c.get("/episodes").json()
         assert listing["total"] == 2 and listing["read_models_behind"] == 0
+
+
+def test_listings_waiting_for_a_catch_up_that_failed_take_its_answer_not_another_minute(sqlite_url):
+    """Three listings against a store busy for a minute were answered 503 after 60, 120 and 150 s:
+    each waited for the one before it, then waited its own minute for the same busy store. A bad
+    filter is refused before any catch-up, rather than after that wait."""
+    from api.episodes import EpisodeLog
+
+    class CountedLock:  # the real lock, counting who came for it
+        def __init__(self) -> None:
+            self.lock, self.came = threading.Lock(), 0
+
+        def __enter__(self):
+            self.came += 1
+            return self.lock.__enter__()
+
+        def __exit__(self, *exc):
+            return self.lock.__exit__(*exc)
+
+    with EventStore.open(sqlite_url) as store:
+        log = EpisodeLog(store)
+        log._catch_up_lock = lock = CountedLock()
+        release = threading.Event()
+        calls = []
+
+        def busy(upto=None, **_):
+            calls.append(upto)
+            release.wait(10)
+            raise sa.exc.OperationalError("BEGIN IMMEDIATE", {}, Exception("database is locked"))
+
+        log._runner.catch_up = busy
+        with ThreadPoolExecutor(3) as pool:
+            listings = [pool.submit(log.list) for _ in range(3)]
+            while lock.came < 3:  # all three asked: one catches up, two wait for it
+                threading.Event().wait(0.01)
+            release.set()
+            for listing in listings:
+                with pytest.raises(sa.exc.OperationalError, match="database is locked"):
+                    listing.result(10)
+        assert len(calls) == 1
+        with pytest.raises(Exception, match="rules"):
+            log.list(rules="1.5")
+        assert len(calls) == 1  # refused before the catch-up
+        log._runner.catch_up = lambda upto=None, **_: calls.append(upto)
+        assert log.list()["episodes"] == [] and len(calls) == 2  # a later listing catches up anew
