@@ -20,6 +20,7 @@ from typing import Annotated, Any, Literal, TypeVar
 from fastapi import Body, FastAPI, Header, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from pydantic import StringConstraints
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api import catalog, mcp
@@ -82,6 +83,9 @@ StepNumber = whole_number_in(0, 10**6)
 RulesFilter = whole_number_in(0, 10**9)
 """A rules version in a query: digits, as every whole number there; no range, so a version that is
 none is refused by the episode log in the words every surface uses (400), not as a bound (422)."""
+AgentFilter = Annotated[str, StringConstraints(strip_whitespace=True, max_length=MAX_AGENT_LABEL)]
+"""An agent label in a query, measured without its surrounding spaces (which the filter drops):
+a 100-character label with a space before it was a 422 here, and found by the UI and the CLI."""
 IDLE_SWEEP_MIN_S = 1.0
 
 
@@ -466,7 +470,7 @@ def _register_log(app: FastAPI, server: Server) -> None:
     @app.get("/episodes", dependencies=STRICT_QUERY, response_model=EpisodeList, tags=["Episode log"],
              responses=errors(400, 401, 403))
     def list_episodes(task: Annotated[TaskFamily | None, Query()] = None,
-                      agent: Annotated[str | None, Query(max_length=MAX_AGENT_LABEL)] = None,
+                      agent: Annotated[AgentFilter | None, Query()] = None,
                       outcome: Annotated[Outcome | None, Query()] = None,
                       rules: Annotated[RulesFilter | None, Query(description="only episodes judged by "
                                                                              "this rules version")] = None,

@@ -720,6 +720,22 @@ def test_an_agent_filter_is_taken_without_its_surrounding_spaces(ui):
     assert "--agent" not in blank and "failure-mode report</h1>" in blank
 
 
+def test_the_longest_agent_label_is_measured_without_its_surrounding_spaces(tmp_path):
+    """A 100-character label with a space before it was a 422 `string_too_long` on GET /episodes,
+    where the UI and the command line found its episode."""
+    url = f"sqlite:///{tmp_path / 'long.db'}"
+    longest = "x" * 100
+    with CompanyEnv(url, agent=longest) as env:
+        env.reset(seed=1)
+    with TestClient(create_app(ServerConfig(db=url))) as c:
+        found = c.get("/episodes", params={"agent": longest}).json()["episodes"]
+        assert len(found) == 1
+        for spaced in (f" {longest}", f"{longest}\t"):
+            assert c.get("/episodes", params={"agent": spaced}).json()["episodes"] == found
+            assert found[0]["episode_id"] in _html_ok(c.get("/ui", params={"agent": spaced}))
+        assert c.get("/episodes", params={"agent": "x" * 101}).status_code == 422
+
+
 def test_text_colours_meet_wcag_aa_contrast_on_every_row_background():
     """`.muted` (#777) was 4.48:1 on white and 3.81:1 on a mistake row; AA wants 4.5:1."""
     from api.ui_html import _CSS
