@@ -178,7 +178,9 @@ def chosen_token(headers: list[str], given: str | None) -> str | None:
     """The episode token of a request: `given` (body or query) or its X-Episode-Token header.
     Two that differ are refused (the body's won without a word, so a stale header went
     unnoticed), and so are two X-Episode-Token headers that differ (the first or the last won,
-    where repeated query parameters are refused)."""
+    where repeated query parameters are refused). Whitespace around a header's value is no part
+    of it (RFC 9110): a proxy or client that left a trailing space got 403 `wrong_token`."""
+    headers = [header.strip(" \t") for header in headers]
     if len(set(headers)) > 1:
         raise ApiError(400, "conflicting_tokens", "the request has X-Episode-Token headers that "
                        "differ; send the episode's token once")

@@ -534,6 +534,13 @@ def test_episode_token_rules(sqlite_url):
             assert r.status_code == 400 and r.json()["code"] == "conflicting_tokens", r.text
         r = c.get("/state", params={"episode_id": episode_id}, headers=[("X-Episode-Token", token)] * 2)
         assert r.status_code == 200 and r.json()["step_count"] == 1  # nothing stepped meanwhile
+        # whitespace around a header's value is no part of it (a trailing space was a 403)
+        for padded in (f"{token} ", f"{token}\t", f" {token} "):
+            r = c.get("/state", params={"episode_id": episode_id}, headers={"X-Episode-Token": padded})
+            assert r.status_code == 200, r.text
+            r = c.get("/state", params={"episode_id": episode_id, "episode_token": token},
+                      headers={"X-Episode-Token": padded})
+            assert r.status_code == 200, r.text  # the same token as the query's, not a conflict
         # so on /ws, where the query's token won over a differing header (two headers: test_api_live)
         with c.websocket_connect(f"/ws?session_id={episode_id}&episode_token={token}",
                                  headers={"X-Episode-Token": other_token}) as ws:
