@@ -283,8 +283,9 @@ def views_page(result: dict[str, Any]) -> HTMLResponse:
 
 
 def _step_facts(result: dict[str, Any]) -> Markup:
-    if result["step"] == 0:
-        return Markup("<p>Step 0: the world right after reset, before the agent's first action.</p>")
+    if result["step"] == 0:  # with the chaos planted at reset, as `replay --step 0` shows it
+        said = "<p>Step 0: the world right after reset, before the agent's first action.</p>"
+        return Markup(said) + summary_list(_chaos_pairs(result)) if result.get("chaos") else Markup(said)
     info = result.get("result") or {}
     pairs: list[tuple[str, Any]] = [("action", Markup(f"<code>{esc(json_text(result['action']))}</code>"))]
     if info.get("rejected"):
@@ -297,13 +298,16 @@ def _step_facts(result: dict[str, Any]) -> Markup:
     if result.get("rewards"):
         pairs.append(("rewards", ", ".join(f"{r.get('rule')} {_signed(r.get('value'))}"
                                            for r in result["rewards"])))
-    for c in result.get("chaos") or []:
-        pairs.append(("chaos", f"{c.get('mechanism') or 'chaos'}: {c.get('type')}"))
+    pairs += _chaos_pairs(result)
     if result.get("ended"):
         e = result["ended"]
         pairs.append(("episode ended", f"{e.get('outcome')}"
                       + (f" ({e['failure_mode']})" if e.get("failure_mode") else "")))
     return summary_list(pairs)
+
+
+def _chaos_pairs(result: dict[str, Any]) -> list[tuple[str, Any]]:
+    return [("chaos", f"{c.get('mechanism') or 'chaos'}: {c.get('type')}") for c in result.get("chaos") or []]
 
 
 def app_view(view: Any) -> Markup:

@@ -434,6 +434,23 @@ def _number(value) -> str:
     return number_text(value) if isinstance(value, float) else str(value)
 
 
+def test_the_step_0_page_shows_the_chaos_planted_at_reset(ui):
+    """`replay --step 0` and the JSON named the chaos planted at reset; the page said only "the
+    world right after reset"."""
+    c, _, ids = ui
+    planted = {}
+    for name in ("success", "random", "random2"):
+        chaos = c.get(f"/episodes/{ids[name]}/views", params={"step": 0}).json()["chaos"]
+        if chaos:
+            planted[ids[name]] = chaos
+    assert planted, "no episode of the fixture has chaos at reset"
+    for episode_id, chaos in planted.items():
+        page = _html_ok(c.get(f"/ui/episodes/{episode_id}/views", params={"step": 0}))
+        assert "right after reset" in page
+        for fired in chaos:
+            assert html.escape(f"{fired['mechanism']}: {fired['type']}") in page
+
+
 def _section(page: str, app: str) -> str:
     return page.split(f"<h2>{app}</h2>", 1)[1].split("<h2>", 1)[0]
 
