@@ -28,7 +28,7 @@ from api.analytics_routes import analytics_router
 from api.apidocs import add_api_docs
 from api.config import ServerConfig
 from api.episodes import EpisodeLog
-from api.guard import BodyTooLarge, Guard, deny_websocket, no_websocket_at, route_path
+from api.guard import BodyTooLarge, Guard, deny_websocket, no_websocket_at, proxy_root, route_path
 from api.jsonbody import JsonRoute
 from api.models import (
     ERROR_RESPONSES,
@@ -289,7 +289,7 @@ def _register_errors(app: FastAPI) -> None:
             return await too_large(request, cause)
         if is_ui_path(route_path(request.scope)):  # a person's page (POST /ui): said as a page
             # no UI route ran to set the links' prefix (a 405 is the router's), so set it here
-            ROOT_PATH.set(request.scope.get("root_path", ""))
+            ROOT_PATH.set(proxy_root(request.scope))
             allowed = (exc.headers or {}).get("Allow")
             message = (f"{request.method} is not allowed here: this page answers {allowed}"
                        if exc.status_code == 405 and allowed else str(exc.detail))

@@ -16,9 +16,16 @@ from api.ui_html import HEADERS, ROOT_PATH, error_document, is_ui_path
 OPEN_PATHS = frozenset({"/health", "/ready"})  # probes carry no key
 
 
+def proxy_root(scope: dict) -> str:
+    """The prefix a reverse proxy mounts the server under (`--root-path`). Inside a mounted app
+    (the docs' assets) `root_path` also holds the mount's path, which Starlette keeps apart as
+    `app_root_path`: taken for the proxy's, `/docs/assets/` was a UI page whose links all 404."""
+    return scope.get("app_root_path", scope.get("root_path", ""))
+
+
 def route_path(scope: dict) -> str:
     """The path the app routes on: Uvicorn puts `--root-path` in front of the request's path."""
-    path, root = scope["path"], scope.get("root_path", "")
+    path, root = scope["path"], proxy_root(scope)
     if root and (path == root or path.startswith(root + "/")):
         return path[len(root):] or "/"
     return path
@@ -93,7 +100,7 @@ class Guard:
             error = self.auth_error(scope) or self._body_error(scope)
             if error is not None:
                 if is_ui_path(route_path(scope)):
-                    ROOT_PATH.set(scope.get("root_path", ""))  # the page's links, under the prefix
+                    ROOT_PATH.set(proxy_root(scope))  # the page's links, under the prefix
                     error = _as_page(*error)
                 await _send_http(send, *error)
                 return

@@ -34,6 +34,7 @@ from analytics.stores import UnsyncableStore
 from analytics.warehouse import WarehouseError
 from api.analytics_routes import RETRY_AFTER_S, SYNC_WAIT_S  # as long as the JSON route waits and asks to
 from api.episodes import EpisodeLog
+from api.guard import proxy_root
 from api.querystring import RepeatedParameter, single_valued, unknown_parameter, whole_number
 from api.sessions import ApiError
 from api.ui_html import ROOT_PATH, UI, episode_url, error_page, ui_href
@@ -164,7 +165,7 @@ def ui_router(log: EpisodeLog, db: str | Callable[[], str], warehouse: str | Non
 async def _under_root_path(request: Request) -> None:
     """Links under the proxy's prefix (`serve --root-path`). Async, so it sets the variable in the
     request's own context, which the handler (on a worker thread or not) runs in."""
-    ROOT_PATH.set(request.scope.get("root_path", ""))
+    ROOT_PATH.set(proxy_root(request.scope))
 
 
 def report_data(db_url: str, warehouse: str | None, filters: dict[str, str]) -> dict[str, Any]:

@@ -664,6 +664,22 @@ def test_behind_a_proxy_prefix_every_link_and_form_stays_under_it(logged, tmp_pa
         assert any(a.startswith(f"/cos/ui/episodes/{ids['failure']}/views?step=") for a in seen)
 
 
+@pytest.mark.parametrize("prefix", ["", "/cos"])
+def test_an_address_under_the_docs_assets_is_no_ui_page(logged, prefix):
+    """`/docs/assets/` (the mounted directory itself) was taken for a UI page under a proxy
+    prefix `/docs/assets`: an HTML 404 whose every link (`/docs/assets/ui`, ...) led nowhere."""
+    url, _ = logged
+    with TestClient(create_app(ServerConfig(db=url)), root_path=prefix) as c:
+        for method, path in (("GET", "/docs/assets/"), ("POST", "/docs/assets/"),
+                             ("GET", "/docs/assets/nope.js")):
+            r = c.request(method, prefix + path)
+            assert r.status_code in (404, 405) and r.headers["content-type"] == "application/json", path
+        assert c.get(prefix + "/docs/assets/swagger-ui.css").status_code == 200
+        page = c.get(prefix + "/ui/nothing-here")  # a UI address still gets a page
+        assert page.status_code == 404 and all(a.startswith(prefix + "/") for a in _addresses(page.text))
+        assert prefix + "/ui" in _addresses(page.text)
+
+
 def test_behind_a_proxy_prefix_the_key_guard_and_the_websocket_still_work(logged):
     url, ids = logged
     with TestClient(create_app(ServerConfig(db=url, api_key="sekret")), root_path="/cos") as c:
