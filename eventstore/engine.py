@@ -45,6 +45,18 @@ def normalise_url(url: str) -> sa.URL:
     return parsed
 
 
+def _check_every_argument_has_a_value(url: str) -> None:
+    """SQLAlchemy drops a query argument without `=` (`?readonly`, `?ro`): the store opened
+    read-write as if it were absent, and `sqlite:////tmp/a?.db` opened `/tmp/a`."""
+    if not isinstance(url, str):
+        return
+    query = url.rpartition("@")[2].partition("?")[2]
+    bare = [part for part in query.split("&") if part and "=" not in part]
+    if bare:
+        raise ValueError(f"the query argument {unquote(bare[0])!r} has no value: write name=value, "
+                         "and a '?' in a file name as %3F")
+
+
 def in_memory_sqlite(url: str | sa.URL) -> bool:
     """Whether the URL names an in-memory SQLite database (`sqlite://`, `sqlite:///`,
     `:memory:`, or a URI such as `file:db?mode=memory&uri=true`) or SQLite's anonymous temporary
@@ -112,6 +124,7 @@ def _sqlite_uri_argument(url: str | sa.URL, name: str) -> str | None:
 
 
 def create_engine(url: str, synchronous: str | None = None) -> sa.Engine:
+    _check_every_argument_has_a_value(url)
     parsed = normalise_url(url)
     if parsed.get_backend_name() == "sqlite":
         if "\x00" in (parsed.database or ""):  # sqlite3 raised "embedded null byte" on connect

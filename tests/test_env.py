@@ -508,6 +508,11 @@ def test_a_sqlite_url_argument_the_driver_would_ignore_is_refused(tmp_path):
     ("sqlite:///file:s.db?mdoe=ro&uri=true", "SQLite takes no URI argument 'mdoe'"),
     # without file: the name was a file of its own, `s.db?mode=ro`, made and written
     ("sqlite:///s.db?uri=true&mode=rw", "begins with file:"),
+    # an argument without a value was dropped by SQLAlchemy: `?readonly` opened read-write, and
+    # a `?` in the name opened another file (`a?.db` was `a`)
+    ("sqlite:///s.db?readonly", "the query argument 'readonly' has no value"),
+    ("sqlite:///file:s.db?uri=true&immutable", "the query argument 'immutable' has no value"),
+    ("sqlite:///a?.db", "a '?' in a file name as %3F"),
 ])
 def test_a_sqlite_uri_that_would_open_another_file_or_drop_an_argument_is_refused(tmp_path, url, said):
     EventStore.open(f"sqlite:///{tmp_path / 's.db'}").close()
