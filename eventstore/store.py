@@ -350,6 +350,7 @@ class EventStore:
     def read_stream(self, stream_id: str, from_version: int = 0) -> Iterator[RecordedEvent]:
         """The stream's events in version order (upcast to the current schema), read a page of
         commits at a time (STREAM_PAGE_COMMITS)."""
+        _check_stream_id(stream_id)  # else each database answered in its own way (42 read "42")
         from_version = _checked_count("from_version", from_version)
         apply = self.upcasters.apply if self.upcasters.types else None
         sql, backend = self._backend.stream_sql(), self._backend
@@ -399,6 +400,7 @@ class EventStore:
         The first row may hold events at or before `after` (a commit is one row). On PostgreSQL
         only rows below the transaction-id high-water mark, as `read_all`.
         """
+        after, commits = _checked_count("after", after), _checked_count("commits", commits)
         if upto is None:
             return self._backend.fetch(self._backend.page_sql(), (after, commits))
         return self._backend.fetch(self._backend.page_sql(upto=True), (after, upto, commits))
@@ -439,6 +441,7 @@ class EventStore:
 
     def _head(self, stream_id: str) -> tuple[int, str] | None:
         """(last version, last digest) as stored, by the same query the writers run."""
+        _check_stream_id(stream_id)
         rows = self._backend.fetch(self._backend.head_sql(), (stream_id,))
         return rows[0] if rows else None
 

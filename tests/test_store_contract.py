@@ -369,6 +369,14 @@ def test_read_all_pages_through_large_ranges_with_limit(store):
     (lambda s: list(s.read_stream("x", from_version=2**63)), "from_version must be from 0"),
     (lambda s: s.count_events(2**63), "after_position must be from 0"),  # the driver's OverflowError
     (lambda s: s.count_events(0, upto=True), "upto must be a whole number, not bool"),
+    (lambda s: s.commit_rows(0, -1), "commits must be from 0"),  # SQLite read it as "all rows"
+    (lambda s: s.commit_rows(-1, 10), "after must be from 0"),
+    # a stream id no stream can have: SQLite read 42 as "42", PostgreSQL raised its own errors
+    (lambda s: list(s.read_stream(42)), "stream_id must be a non-empty string"),
+    (lambda s: s.stream_version(42), "stream_id must be a non-empty string"),
+    (lambda s: s.stream_digest(""), "stream_id must be a non-empty string"),
+    (lambda s: list(s.read_stream("a\x00")), "holds a NUL or a lone surrogate"),
+    (lambda s: s.stream_version("\ud800"), "holds a NUL or a lone surrogate"),
 ])
 def test_a_reader_given_no_position_says_so_in_words(store, read, words):
     with pytest.raises(ValueError, match=words):
