@@ -489,6 +489,20 @@ class EventStore:
                 f"SELECT position, stream_id FROM commits WHERE {where} ORDER BY position "
                 "LIMIT :n"), {"n": limit})]
 
+    def misnumbered_commits(self, upto: int, limit: int = 20) -> list[tuple[int, str]]:
+        """(position, stream_id) of up to `limit` commit rows at or before `upto` whose version
+        bounds do not join their stream's next commit (`last_version + 1` is where it begins).
+        Readers pick commits by those bounds (`read_stream(s, from_version)` skipped events past a
+        lowered `last_version`), and no digest covers them: only tampering breaks them."""
+        upto = _checked_count("upto", upto)
+        with self.engine.connect() as conn:
+            return [tuple(r) for r in conn.execute(sa.text(
+                "SELECT position, stream_id FROM (SELECT position, stream_id, first_version, "
+                "last_version, lead(first_version) OVER (PARTITION BY stream_id ORDER BY "
+                "first_version) AS next_first FROM commits WHERE position <= :upto) c "
+                "WHERE last_version < first_version OR next_first <> last_version + 1 "
+                "ORDER BY position LIMIT :n"), {"upto": upto, "n": limit})]
+
     def takes_writes(self) -> bool:
         """Whether the database would take a write: not a SQLite file opened `mode=ro` or
         `immutable=1`, nor a PostgreSQL session that is read-only (a hot standby, or

@@ -100,6 +100,10 @@ def verify(store: EventStore, projections: Sequence[Projection] | None = None,
         report.add(stream_id, f"a commit row at position {position}, past every transaction the "
                               "database has begun: its position was altered, and no reader "
                               "reaches it")
+    for position, stream_id in store.misnumbered_commits(upto):
+        report.add(stream_id, f"the commit at position {position} states versions that do not "
+                              "join the stream's next commit: its version columns were altered, "
+                              "and readers starting inside the stream skip or repeat events")
     report.upto = upto
     report.waiting = waiting
     return report

@@ -452,6 +452,19 @@ def test_verify_catches_a_forged_head(damaged, workers, column):
     assert any("head columns were altered" in p for p in report.problems[victim])
 
 
+@pytest.mark.parametrize("shift", [-1, 1])
+def test_verify_catches_a_middle_commits_altered_last_version(damaged, workers, shift):
+    """Lowered by one, `read_stream(s, from_version)` from inside the commit skipped its last
+    event, and `count_events` miscounted; verify said ok, since no digest covers the column."""
+    store, played = damaged
+    victim = played[3]["episode_id"]
+    position, first, last = _middle_commit(store, victim)
+    _sql(store, "UPDATE commits SET last_version = :v WHERE position = :p", v=last + shift, p=position)
+    report = verify(store, workers=workers)
+    assert set(report.problems) == {victim}
+    assert any(f"commit at position {position} states versions" in p for p in report.problems[victim])
+
+
 def test_verify_and_the_runner_survive_an_event_that_does_not_decode(damaged, workers):
     store, played = damaged
     victim = played[4]["episode_id"]
