@@ -33,7 +33,7 @@ from typing import NamedTuple
 import lz4.block
 import orjson
 
-from eventstore.records import RecordedEvent
+from eventstore.records import CorruptCommit, RecordedEvent
 
 COMMIT_COLUMNS = "position, stream_id, first_version, last_version, last_digest, payload"
 READ_COLUMNS = "position, stream_id, first_version, payload"
@@ -175,17 +175,6 @@ def _records(first: int, stream_id: str, first_version: int, columns: tuple[list
                     zip(range(first, first + n), repeat(stream_id, n),  # noqa: B905
                         range(first_version, first_version + n), ids, types, schemas, datas,
                         metas, digests)))
-
-
-class CorruptCommit(ValueError):
-    """A stored commit row whose payload cannot be unpacked: damaged behind the store's back."""
-
-    def __init__(self, stream_id: str, position: int, reason: str) -> None:
-        self.stream_id = stream_id
-        self.position = position
-        self.reason = reason
-        super().__init__(f"stream {stream_id!r}: the commit at position {position} does not "
-                         f"unpack: {reason}")
 
 
 class NotUtf8(str):

@@ -85,8 +85,36 @@ class RecordedEvent(NamedTuple):
 
     @property
     def data(self) -> dict[str, Any]:
-        return decode_json(self.data_json)
+        try:
+            return decode_json(self.data_json)
+        except (ValueError, TypeError) as exc:  # orjson's words, with no stream or position
+            raise CorruptEvent(self, "data", exc) from None
 
     @property
     def meta(self) -> dict[str, Any]:
-        return decode_json(self.meta_json)
+        try:
+            return decode_json(self.meta_json)
+        except (ValueError, TypeError) as exc:
+            raise CorruptEvent(self, "meta", exc) from None
+
+
+class CorruptCommit(ValueError):
+    """A stored commit row whose payload cannot be unpacked: damaged behind the store's back."""
+
+    def __init__(self, stream_id: str, position: int, reason: str) -> None:
+        self.stream_id = stream_id
+        self.position = position
+        self.reason = reason
+        super().__init__(f"stream {stream_id!r}: the commit at position {position} does not "
+                         f"unpack: {reason}")
+
+
+class CorruptEvent(CorruptCommit):
+    """An event whose stored data or meta is no JSON (edited behind the store's back), raised as
+    it is decoded: named by its stream, version and position as projections' `DamagedEvent`
+    names one, not as orjson's bare error."""
+
+    def __init__(self, record: RecordedEvent, part: str, exc: Exception) -> None:
+        super().__init__(record.stream_id, record.position, f"its {part} is not JSON ({exc})")
+        self.args = (f"stream {record.stream_id!r}: the event at version {record.version} "
+                     f"(position {record.position}) does not decode: {self.reason}",)

@@ -1561,3 +1561,19 @@ def test_an_append_as_a_given_up_grant_is_let_go_still_writes_under_the_lock(tmp
         store.append("s", [NewEvent("Noted", {})], 0)
         assert lock_free_while_writing == [False], "the append wrote without the writer lock"
         assert _free(lock_path) and store.stream_version("s") == 1
+
+
+def test_an_event_whose_stored_json_was_damaged_is_named_when_decoded(store):
+    """`record.data` raised orjson's bare JSONDecodeError, which named no stream or position."""
+    stream = unique_stream()
+    recorded = store.append(stream, [NewEvent("A", {"n": 1}), NewEvent("B", {"n": 2})], None)
+    tamper.edit_event(store.engine, stream, 1, "data", lambda _old: '{"broken')
+    first, second = store.read_stream(stream)
+    assert first.data == {"n": 1}
+    with pytest.raises(CorruptCommit, match=rf"stream '{stream}': the event at version 1 \(position "
+                                            rf"{recorded[1].position}\) does not decode: "
+                                            "its data is not JSON"):
+        _ = second.data
+    tamper.edit_payload(store.engine, recorded[1].position, lambda p: p.__setitem__("meta", "[1"))
+    with pytest.raises(CorruptCommit, match="at version 0 .* does not decode: its meta is not JSON"):
+        _ = next(iter(store.read_stream(stream))).meta
