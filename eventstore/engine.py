@@ -145,6 +145,9 @@ def create_engine(url: str, synchronous: str | None = None) -> sa.Engine:
     # SQL_ASCII made psycopg hand out bytes); a URL's own ?client_encoding= wins.
     if "client_encoding" not in parsed.query:
         connect_args["client_encoding"] = "utf8"
+    elif str(parsed.query["client_encoding"]).replace("_", "").lower() == "sqlascii":
+        raise ValueError("client_encoding=SQL_ASCII makes the driver hand out bytes, not text, which "
+                         "the store cannot read; leave it out: the store talks UTF-8")
     # a server that went silent (a partition, a failover with no reset): a request waited on it
     # until the kernel gave up, minutes later, and only then became a 503. Keepalives and a bound
     # on unacknowledged data end such a connection in about a minute; a URL's own values win

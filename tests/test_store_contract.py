@@ -972,7 +972,9 @@ def test_postgresql_text_round_trips_whatever_client_encoding_the_environment_se
         assert store.stream_digest(stream) == chain_digest(chain_digest("", "Said", 1, text), "Said", 1, text)
     finally:
         store.close()
-
+    # named in the URL itself, SQL_ASCII is refused in words (a TypeError traceback before)
+    with pytest.raises(StoreUnavailable, match="client_encoding=SQL_ASCII makes the driver hand out bytes"):
+        EventStore.open(f"{pg_database_url}?client_encoding=sql_ascii")
 
 
 _ENCODED = "ENCODING '{}' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0"
