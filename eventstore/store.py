@@ -309,14 +309,15 @@ class EventStore:
             position, commit = self._backend.append(stream_id, build, expected_version,
                                                     self._heads.get(stream_id))
         except _VersionMismatch as mismatch:
-            retry = _as_retry(stream_id, self._by_event_ids(supplied_ids), supplied_ids, len(events))
+            retry = _as_retry(stream_id, self._by_event_ids(supplied_ids), supplied_ids, len(events),
+                              expected_version)
             if retry is not None:
                 return retry
             raise ConcurrencyError(stream_id, expected_version, mismatch.actual) from None
         except UniqueViolation:
             self._heads.pop(stream_id, None)
             stored = self._by_event_ids(supplied_ids)
-            retry = _as_retry(stream_id, stored, supplied_ids, len(events))
+            retry = _as_retry(stream_id, stored, supplied_ids, len(events), expected_version)
             if retry is not None:
                 return retry
             if stored:
@@ -543,14 +544,21 @@ class EventStore:
 
 
 def _as_retry(stream_id: str, stored: list[RecordedEvent], supplied_ids: list[str],
-              count: int) -> list[RecordedEvent] | None:
-    """The stored records, in append order, when this append repeats one that already committed."""
+              count: int, expected_version: int | None) -> list[RecordedEvent] | None:
+    """The stored records, in append order, when this append repeats one that already committed:
+    the same ids in the same order, stored where this append expected to write them. Ids in
+    another order, or a part of the first append, were answered as a retry with whichever event
+    came last (`append_head` said version 0 of a stream at 1)."""
     if len(supplied_ids) != count or len(stored) != count:
         return None
     if any(r.stream_id != stream_id for r in stored):
         return None
-    order = {event_id: i for i, event_id in enumerate(supplied_ids)}
-    return sorted(stored, key=lambda r: order[r.event_id])
+    by_id = {r.event_id: r for r in stored}
+    ordered = [by_id[event_id] for event_id in supplied_ids]
+    first = 0 if expected_version is None else expected_version + 1
+    if [r.version for r in ordered] != list(range(first, first + count)):
+        return None
+    return ordered
 
 
 def _refuse_a_sqlite_file_without_a_store(url: str, shown: str) -> None:

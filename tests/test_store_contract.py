@@ -134,6 +134,20 @@ def test_retry_with_same_event_ids_returns_stored_records(store):
     fresh.close()
 
 
+def test_only_the_same_append_again_is_a_retry(store):
+    """The ids of a committed append in another order, or a part of them, were answered as its
+    retry with whichever event came last: `append_head` said version 0 of a stream at 1."""
+    stream = unique_stream()
+    a, b = (NewEvent(t, {}, event_id=f"id-{uuid.uuid4().hex}") for t in "AB")
+    first = store.append(stream, [a, b], None)
+    assert store.append_head(stream, [a, b], None) == (1, first[-1].digest)  # the same: a retry
+    for events, expected in (([b, a], None), ([a], 1), ([b], 1)):  # ([b], 0): where it stands
+        for write in (store.append, store.append_head):  # a clash of ids, or of versions
+            with pytest.raises((ValueError, ConcurrencyError)):
+                write(stream, events, expected)
+    assert [r.event_id for r in store.read_stream(stream)] == [a.event_id, b.event_id]
+
+
 def test_append_head_writes_what_append_would_and_says_where_the_stream_stands(store):
     """The runtime's write: the same commit as `append` (same digests, same concurrency check,
     the same idempotent retry), answered with the stream's head instead of its records."""
