@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import quote
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.concurrency import run_in_threadpool
@@ -154,9 +155,13 @@ def ui_router(log: EpisodeLog, db: str | Callable[[], str], warehouse: str | Non
     def not_found(rest: str, request: Request) -> Response:
         """Any other /ui/... path: a page that says so; one ending in a slash leads to the page
         without it (`/ui/` is the list, `/ui/episodes/x/` the episode: it was a 404)."""
-        if not rest or rest.endswith("/"):
-            target, query = rest.rstrip("/"), request.url.query
-            return RedirectResponse(ui_href(f"/{target}" if target else "") + (f"?{query}" if query else ""))
+        target = rest.rstrip("/")
+        # `rest` is decoded: sent back as it is, `%3F` became a real query and `%2E%2E` a step
+        # out of the UI (`/ui/../episodes`, the JSON API)
+        if (not rest or rest.endswith("/")) and not {".", ".."} & set(target.split("/")):
+            query = request.url.query
+            return RedirectResponse(ui_href(f"/{quote(target, safe='/')}" if target else "")
+                                    + (f"?{query}" if query else ""))
         return error_page(404, f"there is no UI page at {ui_href('/' + rest)}")
 
     return router

@@ -415,6 +415,11 @@ def test_a_page_asked_for_with_a_trailing_slash_leads_to_the_page(ui):
     assert moved.headers["location"] == f"/ui/episodes/{episode}/views?step=1"
     assert episode in _html_ok(c.get(f"/ui/episodes/{episode}/"))
     assert "no UI page" in _html_ok(c.get("/ui/nothing/here/"), 404)  # still a 404, said in words
+    # the path is sent back encoded as it came: `%3F` became a real query, `%2E%2E` a step out
+    moved = c.get("/ui/episodes/long-ep.1%3Ffrom=9800/", follow_redirects=False)
+    assert moved.headers["location"] == "/ui/episodes/long-ep.1%3Ffrom%3D9800"
+    for outside in ("/ui/%2E%2E/episodes/", "/ui/episodes/%2E/"):
+        assert "no UI page" in _html_ok(c.get(outside, follow_redirects=False), 404)
 
 
 # -- the apps at a step -------------------------------------------------------------------------
