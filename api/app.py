@@ -368,7 +368,7 @@ def _register_openenv(app: FastAPI, server: Server) -> None:
         return JSON(catalog.schemas())
 
     @app.post("/reset", response_model=StepResponse, tags=["OpenEnv"],
-              responses=errors(400, 401, 403, 409, 413))
+              responses=errors(400, 401, 403, 409, 413, 500, 503))
     def reset(request: Annotated[ResetRequest | None, Body()] = None) -> JSON:
         """Start an episode. `metadata` carries `episode_id` and `episode_token`: send the token
         with every step (header `X-Episode-Token` or body `episode_token`)."""
@@ -377,7 +377,7 @@ def _register_openenv(app: FastAPI, server: Server) -> None:
         return JSON(payload)
 
     @app.post("/step", response_model=StepResponse, tags=["OpenEnv"],
-              responses=errors(400, 401, 403, 404, 409, 413))
+              responses=errors(400, 401, 403, 404, 409, 413, 500, 503))
     def step(request: StepRequest, http: Request,
              x_episode_token: Annotated[str | None, Header()] = None) -> JSON:
         """One action. A bad action (unknown tool, wrong params) is not an HTTP error: it is
@@ -390,7 +390,7 @@ def _register_openenv(app: FastAPI, server: Server) -> None:
         return JSON(sessions.step(session, action))
 
     @app.get("/state", dependencies=STRICT_QUERY, tags=["OpenEnv"], responses={200: {"model": dict[str, Any]},
-                                                    **errors(400, 401, 403, 404)})
+                                                    **errors(400, 401, 403, 404, 500, 503)})
     def state(http: Request, episode_id: Annotated[str, Query(max_length=128)],
               episode_token: Annotated[str | None, Query(max_length=200)] = None,
               x_episode_token: Annotated[str | None, Header()] = None) -> JSON:
@@ -400,7 +400,7 @@ def _register_openenv(app: FastAPI, server: Server) -> None:
 
     @app.post("/mcp", tags=["MCP"], responses={200: {"description": "a JSON-RPC 2.0 response"},
                                                202: {"description": "notification accepted"},
-                                               **errors(401, 403, 404, 413)},
+                                               **errors(401, 403, 404, 413, 500, 503)},
               openapi_extra={"requestBody": {"required": True, "content": {
                   "application/json": {"schema": {"type": "object"}}}}})
     async def mcp_post(request: Request) -> Response:
@@ -468,7 +468,7 @@ def _register_log(app: FastAPI, server: Server) -> None:
         return JSON(catalog.openai_tools())
 
     @app.get("/episodes", dependencies=STRICT_QUERY, response_model=EpisodeList, tags=["Episode log"],
-             responses=errors(400, 401, 403))
+             responses=errors(400, 401, 403, 503))
     def list_episodes(task: Annotated[TaskFamily | None, Query()] = None,
                       agent: Annotated[AgentFilter | None, Query()] = None,
                       outcome: Annotated[Outcome | None, Query()] = None,
@@ -482,12 +482,12 @@ def _register_log(app: FastAPI, server: Server) -> None:
 
     @app.get("/episodes/{episode_id}", dependencies=STRICT_QUERY, response_model=EpisodeSummary,
              tags=["Episode log"],
-             responses=errors(400, 401, 403, 404))
+             responses=errors(400, 401, 403, 404, 500, 503))
     def get_episode(episode_id: EpisodeId) -> JSON:
         return JSON(log.get(episode_id))
 
     @app.get("/episodes/{episode_id}/events", dependencies=STRICT_QUERY, response_model=EpisodeEvents,
-             tags=["Episode log"], responses=errors(400, 401, 403, 404))
+             tags=["Episode log"], responses=errors(400, 401, 403, 404, 500, 503))
     def episode_events(episode_id: EpisodeId,
                        from_version: Annotated[Offset, Query()] = 0,
                        limit: Annotated[EventsLimit, Query()] = 100) -> JSON:
@@ -496,7 +496,7 @@ def _register_log(app: FastAPI, server: Server) -> None:
 
     @app.get("/episodes/{episode_id}/rerun", dependencies=STRICT_QUERY, response_model=EpisodeRerun,
              tags=["Episode log"],
-             responses=errors(400, 401, 403, 404))
+             responses=errors(400, 401, 403, 404, 500, 503))
     def episode_rerun(episode_id: EpisodeId) -> JSON:
         """Deterministic replay, checked: the episode re-simulated in memory from its seed, options
         and actions (nothing is written), and whether it gives the stored digest."""
@@ -504,7 +504,7 @@ def _register_log(app: FastAPI, server: Server) -> None:
 
     @app.get("/episodes/{episode_id}/views", dependencies=STRICT_QUERY, response_model=EpisodeViews,
              tags=["Episode log"],
-             responses=errors(400, 401, 403, 404))
+             responses=errors(400, 401, 403, 404, 500, 503))
     def episode_views(episode_id: EpisodeId,
                       step: Annotated[StepNumber | None, Query()] = None) -> JSON:
         """Time travel: the three apps' views after step K (default: the last), from the log."""

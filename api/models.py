@@ -25,7 +25,10 @@ _ERROR_TEXT = {
     404: "No such episode (or step)",
     409: "Another step on this episode is running, the episode has finished, or the id exists",
     413: "Request body over the size limit",
-    503: "The store's database does not answer: try again after `Retry-After` seconds",
+    500: "The log is damaged behind the store's back (code log_damaged, naming the stream): "
+         "`companyos verify` names every damaged episode",
+    503: "The store's database does not answer (code store_unavailable: try again after "
+         "`Retry-After` seconds), or takes no writes (store_read_only)",
 }
 
 

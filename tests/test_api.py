@@ -1931,3 +1931,18 @@ def test_listings_waiting_for_a_catch_up_that_failed_take_its_answer_not_another
         assert len(calls) == 1  # refused before the catch-up
         log._runner.catch_up = lambda upto=None, **_: calls.append(upto)
         assert log.list()["episodes"] == [] and len(calls) == 2  # a later listing catches up anew
+
+
+def test_the_openapi_document_names_the_outage_and_damage_answers_of_the_episode_routes(sqlite_url):
+    """/reset, /step and /state answer 503 when the store does not answer or takes no writes, and
+    the log's routes 500 `log_damaged`; the document said neither, so generated clients had no
+    type for them."""
+    with client(sqlite_url) as c:
+        paths = c.get("/openapi.json").json()["paths"]
+    for path, method, codes in (("/reset", "post", {"503"}), ("/step", "post", {"500", "503"}),
+                                ("/state", "get", {"503"}), ("/episodes", "get", {"503"}),
+                                ("/episodes/{episode_id}", "get", {"500", "503"}),
+                                ("/episodes/{episode_id}/views", "get", {"500", "503"})):
+        documented = paths[path][method]["responses"]
+        assert codes <= set(documented), (path, sorted(documented))
+        assert "store_unavailable" in documented["503"]["description"]
