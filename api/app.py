@@ -287,18 +287,19 @@ def _register_errors(app: FastAPI) -> None:
         cause = exc.__cause__  # FastAPI's "error parsing the body" hides what went wrong
         if isinstance(cause, BodyTooLarge):  # a chunked body, cut off at the limit
             return await too_large(request, cause)
+        headers = _with_head(exc.headers)
         if is_ui_path(route_path(request.scope)):  # a person's page (POST /ui): said as a page
             # no UI route ran to set the links' prefix (a 405 is the router's), so set it here
             ROOT_PATH.set(proxy_root(request.scope))
-            allowed = (exc.headers or {}).get("Allow")
+            allowed = (headers or {}).get("Allow")
             message = (f"{request.method} is not allowed here: this page answers {allowed}"
                        if exc.status_code == 405 and allowed else str(exc.detail))
             page = error_page(exc.status_code, message)
-            page.headers.update(exc.headers or {})
+            page.headers.update(headers or {})
             return page
         code = HTTPStatus(exc.status_code).phrase.lower().replace(" ", "_").replace("-", "_")
         return JSON({"detail": str(exc.detail), "code": code}, status_code=exc.status_code,
-                    headers=exc.headers)
+                    headers=headers)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSON:
@@ -306,6 +307,18 @@ def _register_errors(app: FastAPI) -> None:
         errors = [{"loc": list(e.get("loc", ())), "msg": _said(e, json_body),
                    "type": str(e.get("type", ""))} for e in exc.errors()]
         return JSON({"detail": errors}, status_code=422)
+
+
+def _with_head(headers: dict[str, str] | None) -> dict[str, str] | None:
+    """A 405's `Allow` with HEAD wherever GET is: every GET route answers HEAD (see `App`), and
+    the router's list said only GET."""
+    allowed = (headers or {}).get("Allow")
+    if not allowed:
+        return headers
+    methods = [m.strip() for m in allowed.split(",")]
+    if "GET" in methods and "HEAD" not in methods:
+        methods.insert(methods.index("GET") + 1, "HEAD")
+    return {**(headers or {}), "Allow": ", ".join(methods)}
 
 
 def _is_json(content_type: str | None) -> bool:

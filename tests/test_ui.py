@@ -392,10 +392,14 @@ def test_a_method_a_page_does_not_take_is_a_405_page_naming_the_one_it_does(ui):
     c, _, ids = ui
     for method, path in (("POST", "/ui"), ("DELETE", f"/ui/episodes/{ids['failure']}"), ("PUT", "/")):
         r = c.request(method, path)
-        assert r.headers["allow"] == "GET", (method, path)
+        assert r.headers["allow"] == "GET, HEAD", (method, path)  # HEAD is answered too
         page = _html_ok(r, 405)
-        assert "Method not allowed" in page and f"{method} is not allowed here: this page answers GET" in page
-    assert c.post("/episodes").headers["content-type"] == "application/json"  # the API stays JSON
+        assert "Method not allowed" in page and f"{method} is not allowed here: this page answers GET, HEAD" in page
+        assert c.head(path).status_code in (200, 307), path
+    refused = c.post("/episodes")
+    assert refused.headers["content-type"] == "application/json"  # the API stays JSON
+    assert refused.headers["allow"] == "GET, HEAD" and c.head("/episodes").status_code == 200
+    assert c.get("/step").headers["allow"] == "POST"  # no GET, no HEAD
 
 
 def test_the_server_root_and_ui_slash_lead_to_the_episode_list(ui):
