@@ -44,6 +44,10 @@ class Command(NamedTuple):
     method: str
     params: dict
     step: int
+    # rules version 3 on: a metric read while a refresh runs is as stale as the metric is (before,
+    # always stale: a fresh metric refreshed needlessly read as stale, and a decision on it was
+    # labelled stale_data_used)
+    refresh_keeps_freshness: bool
 
 
 def decide(state: DataHubState, cmd: Command) -> list:
@@ -71,7 +75,8 @@ def decide(state: DataHubState, cmd: Command) -> list:
     # query_metric
     if m["refreshing"]:
         if m["polls_left"] > 0:
-            return [MetricQueried(name, m["value"], True, True, m["polls_left"] - 1)]
+            stale = m["stale"] if cmd.refresh_keeps_freshness else True
+            return [MetricQueried(name, m["value"], stale, True, m["polls_left"] - 1)]
         return [MetricRefreshed(name, m["true_value"], m["value"], m["stale"], TODAY),
                 MetricQueried(name, m["true_value"], False, False, 0)]
     return [MetricQueried(name, m["value"], m["stale"], False, 0)]
@@ -221,6 +226,10 @@ def result(method: str, state: DataHubState, params: dict, events: list):
     res = {"metric": name, "value": q.value, "unit": m["unit"],
            "as_of": TODAY if len(events) == 2 else m["as_of"], "stale": q.stale,
            "refreshing": q.refreshing, "warnings": []}
+    if q.refreshing and not q.stale:  # rules version 3 on: the metric was fresh already
+        res["warnings"].append(f"A refresh of {name} is still running; the value shown is "
+                               "current all the same. Query again to poll.")
+        return res, f"{name} = {q.value} (refresh running)."
     if q.refreshing:
         res["warnings"].append(f"A refresh of {name} is still running; the value shown is the "
                                "old, stale one. Query again to poll.")

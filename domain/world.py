@@ -10,6 +10,7 @@ from typing import NamedTuple
 
 from domain import approvalflow, datahub, ticketdesk
 from domain.outcomes import review, routing_problem
+from domain.rules import rules_of
 
 # Building a NamedTuple through its class runs a Python-level __new__; on the hot path we call
 # tuple.__new__ directly, which builds the same value in C (fields in declaration order).
@@ -57,7 +58,8 @@ def decide(world: World, app: str, method: str, params: dict, step: int, target:
         return ticketdesk.decide(world.ticketdesk, _new(ticketdesk.Command, (
             method, params, step, world.approvalflow.approvals)))
     if app == "datahub":
-        return datahub.decide(world.datahub, _new(datahub.Command, (method, params, step)))
+        return datahub.decide(world.datahub, _new(datahub.Command, (method, params, step,
+                                                                    rules_of(target) >= 3)))
     if method != "submit_approval":
         return approvalflow.decide(world.approvalflow,
                                    _new(approvalflow.Command,

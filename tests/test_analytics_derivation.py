@@ -11,6 +11,7 @@ from analytics.sync import sync
 from analytics.warehouse import Warehouse
 from companyos.batch import RunPlan
 from companyos.batch import run as run_plan
+from domain import CURRENT_RULES
 from eventstore import EventStore
 from tests import derivation_oracle as oracle
 from tests.test_analytics import _episode as hand_written
@@ -87,4 +88,5 @@ def test_the_episodes_cover_what_the_derivation_must_handle(expected):
     assert {"success", "failure", "truncated", None} <= outcomes  # None: left open
     assert any(ep[e["lead_in"]] for ep in episodes if ep[e["outcome"]] in ("failure", "truncated"))
     assert {ep[e["reward_profile"]] for ep in episodes} >= {"default", "sparse"}
-    assert {ep[e["rules"]] for ep in episodes} == {1, 2}  # runs at each version, synthetic ones name none
+    # runs at each version, synthetic ones name none
+    assert {ep[e["rules"]] for ep in episodes} == {1, CURRENT_RULES}

@@ -260,7 +260,7 @@ def test_same_seed_and_actions_give_the_same_digest_in_any_process(tmp_path):
     ({"task": ""}, "task must be a non-empty string"),
     ({"reward_profile": ""}, "reward_profile must be a non-empty string"),
     ({"rules": 9}, "no rules version 9; the versions are 1, 2"),
-    ({"rules": "2"}, "rules must be a whole number, one of the versions 1, 2, not '2'"),
+    ({"rules": "2"}, "rules must be a whole number, one of the versions 1, 2, 3, not '2'"),
 ])
 def test_bad_reset_options_are_refused_in_words(sqlite_url, options, message):
     with CompanyEnv(sqlite_url) as env, pytest.raises(ValueError, match=message):
@@ -425,7 +425,7 @@ def test_run_judges_by_the_rules_version_asked_for_and_says_which(tmp_path):
         assert doc["rules"] == rules and doc["summary"]["episodes"] == 2
     with EventStore.open(url) as store:
         starts = [json.loads(r.data_json)["target"] for r in store.read_all() if r.version == 0]
-    assert [domain.rules_of(t) for t in starts] == [2, 2, 1, 1]
+    assert [domain.rules_of(t) for t in starts] == [domain.CURRENT_RULES] * 2 + [1, 1]
     out = cli("run", "--episodes", "2", "--db", url, "--rules", "9")
     assert out.exit_code == 2 and "no rules version 9" in out.output
 

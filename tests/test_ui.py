@@ -18,6 +18,7 @@ from api.app import create_app
 from api.config import ServerConfig
 from companyos.agents import make_agent
 from companyos.env import CompanyEnv
+from domain import CURRENT_RULES
 from eventstore import EventStore
 from tests import tamper
 
@@ -136,9 +137,9 @@ def test_list_filters_and_drops_the_empty_fields_a_form_sends(ui):
     assert all(i in page for i in ids.values())
     # a filter accepted as written otherwise is shown as the form writes it: the select showed
     # "any" beside a filtered list, and the next Filter dropped the filter
-    page = _html_ok(c.get("/ui", params={"rules": "02", "task": " expense_report", "outcome": "failure "}))
+    page = _html_ok(c.get("/ui", params={"rules": "03", "task": " expense_report", "outcome": "failure "}))
     assert ids["failure"] in page and ids["success"] not in page
-    for chosen in ('<option value="2" selected>', '<option value="expense_report" selected>',
+    for chosen in ('<option value="3" selected>', '<option value="expense_report" selected>',
                    '<option value="failure" selected>'):
         assert chosen in page
 
@@ -291,7 +292,7 @@ def test_an_episode_re_simulated_from_its_seed_matches_and_an_altered_one_does_n
     digest = c.get(f"/episodes/{ids['success']}").json()["digest"]
     page = _html_ok(c.get(f"/ui/episodes/{ids['success']}/rerun"))
     assert "<b>Match.</b>" in page and f"digest <code>{digest}</code>" in page
-    assert "actions under rules version 2, the episode gives the stored stream" in page
+    assert f"actions under rules version {CURRENT_RULES}, the episode gives the stored stream" in page
     assert "no episode" in _html_ok(c.get("/ui/episodes/nope/rerun"), 404)
 
     with CompanyEnv(sqlite_url, agent="expert") as env:
@@ -394,7 +395,8 @@ def test_a_method_a_page_does_not_take_is_a_405_page_naming_the_one_it_does(ui):
         r = c.request(method, path)
         assert r.headers["allow"] == "GET, HEAD", (method, path)  # HEAD is answered too
         page = _html_ok(r, 405)
-        assert "Method not allowed" in page and f"{method} is not allowed here: this page answers GET, HEAD" in page
+        assert "Method not allowed" in page
+        assert f"{method} is not allowed here: this page answers GET, HEAD" in page
         assert c.head(path).status_code in (200, 307), path
     refused = c.post("/episodes")
     assert refused.headers["content-type"] == "application/json"  # the API stays JSON

@@ -38,18 +38,18 @@ def _comment_and_close(s):
 
 
 def test_the_latest_rules_are_the_default_and_version_1_leaves_the_start_as_it_was():
-    assert CURRENT_RULES == max(RULES_VERSIONS) == 2
+    assert CURRENT_RULES == max(RULES_VERSIONS) == 3
     assert checked_rules(None) == CURRENT_RULES
     old, _, _ = reset(EpisodeSpec("expense_report", 3, "medium", rules=1))
     new, events, _ = reset(EpisodeSpec("expense_report", 3, "medium"))
     assert "rules" not in old.target and rules_of(old.target) == 1  # as every log before versions
-    assert type(events[0]) is EpisodeStarted and events[0].target["rules"] == 2 == rules_of(new.target)
+    assert type(events[0]) is EpisodeStarted and events[0].target["rules"] == 3 == rules_of(new.target)
     assert {k: v for k, v in new.target.items() if k != "rules"} == old.target
-    for bad in (0, 3):
-        with pytest.raises(ValueError, match=f"no rules version {bad}; the versions are 1, 2"):
+    for bad in (0, 4):
+        with pytest.raises(ValueError, match=f"no rules version {bad}; the versions are 1, 2, 3"):
             reset(EpisodeSpec("expense_report", 3, "medium", rules=bad))
     for bad, shown in ((True, "True"), ("2", "'2'"), (2.0, "2.0")):  # not a version: said as given
-        with pytest.raises(ValueError, match=f"rules must be a whole number, one of the versions 1, 2, "
+        with pytest.raises(ValueError, match=f"rules must be a whole number, one of the versions 1, 2, 3, "
                                              f"not {shown}$"):
             reset(EpisodeSpec("expense_report", 3, "medium", rules=bad))
 
@@ -293,3 +293,29 @@ def test_a_premature_resolution_does_not_hide_the_mistake_that_kept_the_work_fro
         s, _, _ = step(s, act("ticketdesk", "list_tickets"))
     assert [m.mode for m in s.mistakes][:2] == ["premature_resolution", "incorrect_submission"]
     assert s.failure_mode == "incorrect_submission"
+
+
+def test_from_version_3_refreshing_a_fresh_metric_leaves_its_reads_fresh():
+    """A query while a slow refresh of a fresh metric ran read as STALE, so a wrong decision on it
+    was labelled stale_data_used (the taxonomy then sent researchers after the wrong cause).
+    Version 2 still does so, so its logs re-run to the same events. Seed 13 at `high`: a decline
+    whose metric never goes stale and whose refresh is slow."""
+    metric = "compliance_score.starling_energy"
+    submit = act("approvalflow", "submit_approval", approval_type="vendor_onboarding",
+                 approver="Dev Weber", data={"vendor": "Starling Energy", "compliance_score": 58,
+                                             "cost_center": "CC-7968", "contract_value": 232000})
+    seen = {}
+    for rules in (2, 3):
+        s, _, _ = reset(EpisodeSpec("vendor_onboarding", 13, "high", rules=rules))
+        assert s.target["metric"] == metric and s.target["expected"] == "decline"
+        for _ in range(2):
+            s, _, _ = step(s, act("datahub", "query_metric", metric_name=metric))
+        s, _, _ = step(s, act("datahub", "refresh_data", metric_name=metric))
+        s, _, info = step(s, act("datahub", "query_metric", metric_name=metric))
+        true_value = s.world.datahub.metrics[metric]["true_value"]
+        assert info.result["refreshing"] and info.result["value"] == true_value
+        seen[rules] = (info.result["stale"], info.message)
+        s, _, _ = step(s, submit)
+        seen[rules] += ((s.outcome, s.failure_mode),)
+    assert seen[2] == (True, f"{metric} = 58 (STALE, refresh running).", ("failure", "stale_data_used"))
+    assert seen[3] == (False, f"{metric} = 58 (refresh running).", ("failure", "wrong_decision"))
