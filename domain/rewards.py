@@ -49,6 +49,16 @@ def _verified_when_due(e, s) -> bool:
     return rules_of(target) < 2 or approved_request_linked(s.world, target)
 
 
+def _missing_priority_set(e, s) -> bool:
+    """A priority set where chaos had cleared it; from rules version 3 only on the task's ticket of
+    a task that goes ahead (version 2 paid +1 for triaging a ticket a decline only closes, so an
+    agent that did it beat the expert's return)."""
+    if e.previous is not None:
+        return False
+    target = s.target
+    return rules_of(target) < 3 or (target["expected"] == "proceed" and e.ticket_id == target["ticket"])
+
+
 def _valid_submission(e, s) -> bool:
     """A correct request of the task's type to an available approver; from rules version 2 only one
     the policy allows, made on a fresh read (version 1 paid +2 for the request that ended the
@@ -67,8 +77,9 @@ def _is_task_approval(e, s) -> bool:
 
 DEFAULT = (
     RewardRule("step", ActionTaken, None, -0.1, False, "every step costs a little"),
-    RewardRule("set_missing_priority", TicketPriorityChanged,
-               lambda e, s: e.previous is None, 1.0, True, "set a missing priority"),
+    RewardRule("set_missing_priority", TicketPriorityChanged, _missing_priority_set, 1.0, True,
+               "set a missing priority (from rules version 3: the task's ticket's, where the task "
+               "goes ahead)"),
     RewardRule("verify_ticket", TicketVerificationChanged, _verified_when_due, 1.5, True,
                "mark the task's ticket verified (from rules version 2: once it is linked to the "
                "approved request)"),

@@ -19,9 +19,10 @@ RULES_VERSIONS: dict[int, str] = {
        "that qualifies, verify_ticket only once the ticket is linked to the approved request; a "
        "request sent to a delegate while an approver before them is available is objected to; "
        "resolving the task's ticket before the task is done is a mistake (premature_resolution)",
-    3: "as version 2, but a metric read while a refresh of it runs is as stale as the metric is: "
-       "refreshing a fresh metric no longer makes its reads stale (they read as stale, and a "
-       "decision on them was labelled stale_data_used)",
+    3: "as version 2, but a metric read while a refresh of it runs is as stale as the metric is "
+       "(refreshing a fresh metric made its reads stale, and a decision on them was labelled "
+       "stale_data_used); set_missing_priority pays only on the task's ticket of a task that goes "
+       "ahead (it paid for triaging a decline's ticket)",
 }
 CURRENT_RULES = max(RULES_VERSIONS)
 

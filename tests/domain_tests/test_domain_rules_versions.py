@@ -319,3 +319,28 @@ def test_from_version_3_refreshing_a_fresh_metric_leaves_its_reads_fresh():
         seen[rules] += ((s.outcome, s.failure_mode),)
     assert seen[2] == (True, f"{metric} = 58 (STALE, refresh running).", ("failure", "stale_data_used"))
     assert seen[3] == (False, f"{metric} = 58 (refresh running).", ("failure", "wrong_decision"))
+
+
+def test_from_version_3_a_missing_priority_pays_only_where_the_task_goes_ahead():
+    """Version 2 paid +1 for setting the priority chaos cleared on a decline's ticket, which the
+    goal only asks to close: an agent that triaged it beat the expert's return (seed 54 at
+    `medium`, license_renewal: 16.0 against 15.1)."""
+    returns = {}
+    for rules in (2, 3):
+        s, _, _ = reset(EpisodeSpec("license_renewal", 54, "medium", rules=rules))
+        target = s.target
+        assert target["expected"] == "decline"
+        assert s.world.ticketdesk.tickets[target["ticket"]]["priority"] is None  # chaos cleared it
+        total = 0.0
+        for action in (act("datahub", "query_metric", metric_name=target["metric"]),
+                       act("datahub", "query_metric", metric_name=target["metric"]),
+                       act("ticketdesk", "add_comment", ticket_id=target["ticket"], text="does not qualify"),
+                       act("ticketdesk", "update_ticket", ticket_id=target["ticket"], field="priority",
+                           value="low"),
+                       act("ticketdesk", "update_ticket", ticket_id=target["ticket"], field="status",
+                           value="closed")):
+            s, events, _ = step(s, action)
+            total += sum(e.value for e in events if type(e) is RewardGranted)
+        assert s.outcome == "success"
+        returns[rules] = round(total, 6)
+    assert returns == {2: 16.0, 3: 15.0}  # version 3: the extra step's cost, and no pay for it
