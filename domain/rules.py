@@ -22,7 +22,8 @@ RULES_VERSIONS: dict[int, str] = {
     3: "as version 2, but a metric read while a refresh of it runs is as stale as the metric is "
        "(refreshing a fresh metric made its reads stale, and a decision on them was labelled "
        "stale_data_used); set_missing_priority pays only on the task's ticket of a task that goes "
-       "ahead (it paid for triaging a decline's ticket)",
+       "ahead (it paid for triaging a decline's ticket); a status cleared on a ticket chaos also "
+       "blocks is not logged (the block overwrote it: a trap with no effect)",
 }
 CURRENT_RULES = max(RULES_VERSIONS)
 

@@ -344,3 +344,24 @@ def test_from_version_3_a_missing_priority_pays_only_where_the_task_goes_ahead()
         assert s.outcome == "success"
         returns[rules] = round(total, 6)
     assert returns == {2: 16.0, 3: 15.0}  # version 3: the extra step's cost, and no pay for it
+
+
+def test_from_version_3_a_status_cleared_on_a_ticket_chaos_also_blocks_is_not_logged():
+    """The block sets the status and unblocking reopens it, so the cleared status was a trap with
+    no effect, yet `missing_fields` counted among the chaos the episode met (637 of 1,236
+    status-clearing episodes in 5,000 seeds at `high`). Version 2 keeps logging it."""
+    from domain.events import TicketBlocked, TicketFieldCleared
+
+    def planted(rules):
+        _, events, _ = reset(EpisodeSpec("vendor_onboarding", 19054, "high", rules=rules))
+        return [(type(e).__name__, getattr(e, "field", None)) for e in events
+                if type(e) in (TicketFieldCleared, TicketBlocked)]
+
+    assert ("TicketFieldCleared", "status") in planted(2)
+    assert [kind for kind, _ in planted(3)] == ["TicketBlocked", "TicketBlocked"]
+    # a status cleared on a ticket no chaos blocks stays a trap
+    seed = find_seed("vendor_onboarding", "high", lambda ev: any(
+        type(e) is TicketFieldCleared and e.field == "status" for e in ev)
+        and not any(type(e) is TicketBlocked for e in ev))
+    _, events, _ = reset(EpisodeSpec("vendor_onboarding", seed, "high", rules=3))
+    assert any(type(e) is TicketFieldCleared and e.field == "status" for e in events)
