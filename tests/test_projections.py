@@ -1282,6 +1282,33 @@ def test_episodes_logged_before_rules_versions_existed_replay_to_their_digests(t
     assert changed.count(("success", "failure")) == 10  # the blind declines
 
 
+def test_episodes_judged_by_rules_version_3_replay_to_their_digests(tmp_path):
+    """tests/data/rules_v3_episodes.jsonl: the 60 specs and actions of the version 2 fixture played
+    under version 3 when it was new (the actions up to each episode's end), and two scripted
+    episodes where version 3 judges apart (a slow refresh of a fresh metric, then a wrong request:
+    `wrong_decision`, not `stale_data_used`; a decline's ticket triaged: no `set_missing_priority`).
+    Played again they give the same events and judgement: a change to version 3 must be a new
+    version, not an edit of this one."""
+    from companyos.env import CompanyEnv
+
+    logged = _fixture_episodes("rules_v3_episodes.jsonl")
+    assert len(logged) == 62 and {e["rules"] for e in logged} == {3}
+    assert [(e["outcome"], e["failure_mode"]) for e in logged[-2:]] == [
+        ("failure", "wrong_decision"), ("success", None)]
+    with CompanyEnv(f"sqlite:///{tmp_path / 'store.db'}", durability="episode") as env:
+        for e in logged:
+            info = _reset_as_logged(env, e, e["rules"])
+            for action in e["actions"]:
+                assert not env.state["done"], e
+                env.step(action)
+            judged = env.state
+            assert (judged["outcome"], judged["failure_mode"]) == (e["outcome"], e["failure_mode"]), e
+            assert judged["total_return"] == e["total_return"], e
+            env.reset(seed=0)  # writes the episode, held back with durability "episode"
+            assert env.store.stream_digest(info["episode_id"]) == e["digest"], e
+            assert env.store.stream_version(info["episode_id"]) + 1 == e["events"], e
+
+
 def test_episodes_judged_by_rules_version_2_replay_to_their_digests(tmp_path):
     """tests/data/rules_v2_episodes.jsonl holds 60 episodes logged under rules version 2 when it
     was new: 48 by `companyos run` (random, expert and noop agents at chaos 0.25 to 0.8, both
