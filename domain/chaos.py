@@ -111,19 +111,25 @@ def value_of(k: int, scale: float) -> int | float:
 # --- static chaos ------------------------------------------------------------------------
 
 
-def with_static_chaos(inst, seed: int, level: float):
-    """The instance with static chaos events appended and its budget widened for chaos."""
+def with_static_chaos(inst, seed: int, level: float, status_under_block: bool = True):
+    """The instance with static chaos events appended and its budget widened for chaos.
+
+    `status_under_block` False (rules version 3 on): no status is cleared on the ticket that is
+    also blocked, since the block sets the status and unblocking reopens it: the trap had no
+    effect, yet `missing_fields` counted among the chaos the episode met."""
     tg = inst.target
     rng = Stream(seed, f"chaos:{tg['family']}")
     u = [rng.random() for _ in range(16)]  # fixed number of draws: levels stay coupled
     events = list(inst.events)
     main = tg["ticket"]
     L = level
+    blocked = u[3] < _P["blocked_ticket"] * L
     for i, (field, share) in enumerate((("priority", 1.0), ("assignee", 0.8),
                                         ("status", 0.5))):
-        if u[i] < _P["missing_fields"] * share * L:
+        if u[i] < _P["missing_fields"] * share * L and (
+                status_under_block or field != "status" or not blocked):
             events.append(TicketFieldCleared(main, field, CHAOS, "missing_fields"))
-    if u[3] < _P["blocked_ticket"] * L:
+    if blocked:
         b1, b2 = tg["spare_ticket_ids"]
         titles = tg["blocker_titles"]
         first = int(u[4] * 2)

@@ -107,15 +107,6 @@ _WORLD = _world.EVOLVERS
 _evolve = _world.evolve
 
 
-def _without_overwritten_status(events: list) -> list:
-    """The reset's events without a status cleared by chaos on a ticket chaos also blocks: the
-    block sets the status and unblocking reopens it, so the trap had no effect, yet the log
-    counted `missing_fields` among the chaos the episode met (rules version 3 on)."""
-    blocked = {e.ticket_id for e in events if type(e) is TicketBlocked}
-    return [e for e in events if not (type(e) is TicketFieldCleared and e.field == "status"
-                                       and e.ticket_id in blocked)]
-
-
 def _fold_into(s: EpisodeState, events: Iterable) -> EpisodeState:
     (task, seed, level, profile, max_steps, goal, target, step, version, done, outcome,
      failure_mode, ret, world, paid, mistakes, rejected) = s
@@ -169,11 +160,10 @@ def reset(spec: EpisodeSpec) -> tuple[EpisodeState, list, StepInfo]:
         raise ValueError(f"max_steps must be a positive integer or None, not {spec.max_steps!r}")
     rules = checked_rules(spec.rules)
     level = _chaos.parse_chaos(spec.chaos)
-    inst = family.generate(int(spec.seed), level)
+    inst = family.generate(int(spec.seed), level, rules < 3)
     max_steps = spec.max_steps if spec.max_steps is not None else inst.budget
-    planted = inst.events if rules < 3 else _without_overwritten_status(inst.events)
     events = [EpisodeStarted(spec.task, int(spec.seed), level, spec.reward_profile, max_steps,
-                             inst.goal, stamped(inst.target, rules)), *planted]
+                             inst.goal, stamped(inst.target, rules)), *inst.events]
     state = _fold_into(INITIAL_STATE, events)
     return state, events, step_info(INITIAL_STATE, events)
 

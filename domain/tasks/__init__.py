@@ -20,7 +20,7 @@ from domain.tasks.common import Instance, generate
 class TaskFamily(NamedTuple):
     name: str
     description: str  # one line, for `companyos tasks`
-    generate: Callable[[int, float], Instance]
+    generate: Callable[..., Instance]  # (seed, chaos level, status_under_block=True)
 
 
 TASK_FAMILIES: dict[str, TaskFamily] = {

@@ -231,6 +231,7 @@ def goal_text(intro: str, policy: str, ticket: str, atype: str, role: str, role_
     )
 
 
-def generate(fam: Family, seed: int, chaos: float) -> Instance:
-    """The family's instance for `seed`, with the chaos that strikes at reset applied."""
-    return with_static_chaos(build(fam, seed), seed, chaos)
+def generate(fam: Family, seed: int, chaos: float, status_under_block: bool = True) -> Instance:
+    """The family's instance for `seed`, with the chaos that strikes at reset applied
+    (`status_under_block`: see `with_static_chaos`)."""
+    return with_static_chaos(build(fam, seed), seed, chaos, status_under_block)
