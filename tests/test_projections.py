@@ -1296,17 +1296,24 @@ def test_episodes_judged_by_rules_version_3_replay_to_their_digests(tmp_path):
     assert [(e["outcome"], e["failure_mode"]) for e in logged[-2:]] == [
         ("failure", "wrong_decision"), ("success", None)]
     with CompanyEnv(f"sqlite:///{tmp_path / 'store.db'}", durability="episode") as env:
-        for e in logged:
-            info = _reset_as_logged(env, e, e["rules"])
-            for action in e["actions"]:
-                assert not env.state["done"], e
-                env.step(action)
-            judged = env.state
-            assert (judged["outcome"], judged["failure_mode"]) == (e["outcome"], e["failure_mode"]), e
-            assert judged["total_return"] == e["total_return"], e
-            env.reset(seed=0)  # writes the episode, held back with durability "episode"
-            assert env.store.stream_digest(info["episode_id"]) == e["digest"], e
-            assert env.store.stream_version(info["episode_id"]) + 1 == e["events"], e
+        assert len(list(_replayed_as_logged(env, logged))) == 62
+
+
+def _replayed_as_logged(env, logged: list[dict]):
+    """Each fixture episode played again under its own rules version, checked against what was
+    logged (judgement, return, digest, events); yields (episode, its stored stream id)."""
+    for e in logged:
+        info = _reset_as_logged(env, e, e["rules"])
+        for action in e["actions"]:
+            assert not env.state["done"], e
+            env.step(action)
+        judged = env.state
+        assert (judged["outcome"], judged["failure_mode"]) == (e["outcome"], e["failure_mode"]), e
+        assert judged["total_return"] == e["total_return"], e
+        env.reset(seed=0)  # writes the episode, held back with durability "episode"
+        assert env.store.stream_digest(info["episode_id"]) == e["digest"], e
+        assert env.store.stream_version(info["episode_id"]) + 1 == e["events"], e
+        yield e, info["episode_id"]
 
 
 def test_episodes_judged_by_rules_version_2_replay_to_their_digests(tmp_path):
@@ -1325,17 +1332,7 @@ def test_episodes_judged_by_rules_version_2_replay_to_their_digests(tmp_path):
     assert {e["failure_mode"] for e in logged} == {None, *FAILURE_MODES}
     objected = 0
     with CompanyEnv(f"sqlite:///{tmp_path / 'store.db'}", durability="episode") as env:
-        for e in logged:
-            info = _reset_as_logged(env, e, e["rules"])
-            for action in e["actions"]:
-                assert not env.state["done"], e
-                env.step(action)
-            judged = env.state
-            assert (judged["outcome"], judged["failure_mode"]) == (e["outcome"], e["failure_mode"]), e
-            assert judged["total_return"] == e["total_return"], e
-            env.reset(seed=0)  # writes the episode, held back with durability "episode"
-            assert env.store.stream_digest(info["episode_id"]) == e["digest"], e
-            assert env.store.stream_version(info["episode_id"]) + 1 == e["events"], e
-            objected += any("is a delegate" in problem for ev in env.store.read_stream(info["episode_id"])
+        for _, episode_id in _replayed_as_logged(env, logged):
+            objected += any("is a delegate" in problem for ev in env.store.read_stream(episode_id)
                             if ev.type == "ApprovalSubmitted" for problem in ev.data["problems"])
     assert objected == 5  # version 2's routing objection: the four scripted misroutings and one random
