@@ -232,31 +232,33 @@ class ProjectionRunner:
         table = projection_checkpoints
         with transaction(self.store.engine) as conn:
             stored = _stored_checkpoints(conn, for_update=True)  # it may clear a read model
-            result = {}
+            result, generations = {}, {}
             for projection in self.projections:
-                position, version, _ = stored.get(projection.name, (None, None, None))
+                position, version, generation = stored.get(projection.name, (None, None, 0))
                 if position is None:
                     conn.execute(sa.insert(table).values(name=projection.name, position=0,
                                                          version=projection.version))
                     conn.execute(sa.delete(projection.table))
                     position = 0
                 elif version != projection.version:  # the fold changed: refold from the start
-                    self._clear(conn, projection)
+                    generation = self._clear(conn, projection, generation)
                     position = 0
-                result[projection.name] = position
-            self._generations = {name: generation for name, (_, generation)
-                                 in lock_checkpoints(conn, result).items()}
+                result[projection.name], generations[projection.name] = position, generation
+            self._generations = generations
         return result
 
-    def _clear(self, conn: sa.Connection, projection: Projection) -> None:
+    def _clear(self, conn: sa.Connection, projection: Projection, generation: int) -> int:
+        """Empty the read model and reset its checkpoint, whose row the caller holds locked at
+        `generation`; the generation it has now."""
         # a read model's table dropped by hand is made again (as the migrations make it: a test
         # keeps their schema equal to the tables'), so a rebuild mends any damage to a read model
         projection.table.create(conn, checkfirst=True)
         conn.execute(sa.delete(projection.table))
-        table = projection_checkpoints
-        conn.execute(sa.update(table).where(table.c.name == projection.name)
-                     .values(position=0, version=projection.version, generation=table.c.generation + 1))
+        conn.execute(sa.update(projection_checkpoints)
+                     .where(projection_checkpoints.c.name == projection.name)
+                     .values(position=0, version=projection.version, generation=generation + 1))
         self._entries[projection.name] = {}
+        return generation + 1
 
     # -- running -------------------------------------------------------------------------------
 
@@ -275,10 +277,8 @@ class ProjectionRunner:
         chosen = [p for p in self.projections if names is None or p.name in names]
         self.checkpoints()  # make sure every checkpoint row exists
         with transaction(self.store.engine) as conn:
-            lock_checkpoints(conn, [p.name for p in chosen])
-            for projection in chosen:
-                self._clear(conn, projection)
-            cleared = lock_checkpoints(conn, [p.name for p in chosen])  # (0, this clear's generation)
+            before = lock_checkpoints(conn, [p.name for p in chosen])
+            cleared = {p.name: (0, self._clear(conn, p, before[p.name][1])) for p in chosen}
         self._forget()
         upto = self.store.last_position()
         if workers is None:
