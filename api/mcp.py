@@ -29,10 +29,10 @@ SERVER_ERROR = -32000
 
 _INT_OPTIONS = ("seed", "max_steps", "rules")
 ID_MIN, ID_MAX = -(2**63), 2**64 - 1
+"""The integer ids a reply can echo (what the JSON encoder writes)."""
 MAX_BATCH = 1000
 """Messages in one JSON-RPC batch: each is a step or more, answered in one reply of up to ~5 KB
 a call, which a client's default 1 MiB message limit refuses long before."""
-"""The integer ids a reply can echo (what the JSON encoder writes)."""
 
 
 @dataclass(slots=True)

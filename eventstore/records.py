@@ -85,17 +85,17 @@ class RecordedEvent(NamedTuple):
 
     @property
     def data(self) -> dict[str, Any]:
-        try:
-            return decode_json(self.data_json)
-        except (ValueError, TypeError) as exc:  # orjson's words, with no stream or position
-            raise CorruptEvent(self, "data", exc) from None
+        return self._decoded(self.data_json, "data")
 
     @property
     def meta(self) -> dict[str, Any]:
+        return self._decoded(self.meta_json, "meta")
+
+    def _decoded(self, text: str, part: str) -> Any:
         try:
-            return decode_json(self.meta_json)
-        except (ValueError, TypeError) as exc:
-            raise CorruptEvent(self, "meta", exc) from None
+            return decode_json(text)
+        except (ValueError, TypeError) as exc:  # orjson's words, with no stream or position
+            raise CorruptEvent(self, part, exc) from None
 
 
 class CorruptCommit(ValueError):

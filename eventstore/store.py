@@ -232,11 +232,7 @@ class EventStore:
         stream built by another store is refused too. Any iterable of streams will do, a
         generator included (its first pass used it up: nothing was written, and no error said so).
         """
-        if isinstance(streams, NewStream):
-            raise TypeError("streams must be a list of new_stream()'s results, not one: pass [stream]")
-        if not isinstance(streams, Iterable) or isinstance(streams, (str, bytes, dict)):
-            raise TypeError(f"streams must be a list of new_stream()'s results, not {type(streams).__name__}")
-        streams = list(streams)
+        streams = _listed(streams, NewStream, "streams", "new_stream()'s results")
         names = [stream.commit.stream_id for stream in streams]
         if strangers := [stream.commit.stream_id for stream in streams if stream.store is not self]:
             raise ValueError(f"streams {strangers} were built by another store: build them with "
@@ -611,16 +607,22 @@ def shown_url(url: str) -> str:
 
 
 def _event_list(events: Any) -> Sequence[NewEvent]:
-    """The events a writer passed, as a sequence: a list or tuple as is, any other iterable of
-    them (a generator) listed. A single event, a mapping, text or None is a TypeError saying so:
-    the write counts its events first, and iterating a lone NewEvent would give its fields."""
-    if type(events) is list or type(events) is tuple:
-        return events
-    if isinstance(events, NewEvent):
-        raise TypeError("events must be a list of NewEvent, not one NewEvent: pass [event]")
-    if isinstance(events, (str, bytes, bytearray, dict)) or not isinstance(events, Iterable):
-        raise TypeError(f"events must be a list of NewEvent, not {type(events).__name__}")
-    return list(events)
+    """The events a writer passed, as a sequence (see `_listed`)."""
+    return _listed(events, NewEvent, "events", "NewEvent")
+
+
+def _listed(items: Any, one: type, name: str, what: str) -> Sequence:
+    """What a writer passed as a sequence: a list or tuple as is, any other iterable (a
+    generator) listed. A single item, a mapping, text or None is a TypeError saying so: the write
+    counts its items first, a generator's first pass used it up, and iterating a lone item (a
+    NamedTuple) would give its fields."""
+    if type(items) is list or type(items) is tuple:
+        return items
+    if isinstance(items, one):
+        raise TypeError(f"{name} must be a list of {what}, not one {one.__name__}: pass [{name[:-1]}]")
+    if isinstance(items, (str, bytes, bytearray, dict)) or not isinstance(items, Iterable):
+        raise TypeError(f"{name} must be a list of {what}, not {type(items).__name__}")
+    return list(items)
 
 
 def _check_stream_id(stream_id: Any) -> None:

@@ -194,7 +194,7 @@ def test_create_streams_takes_a_generator_and_refuses_what_is_no_list_of_streams
     heads = store.create_streams(store.new_stream(name, [NewEvent("A", {})]) for name in names)
     assert len(heads) == 3 and [store.stream_version(name) for name in names] == [0, 0, 0]
     one = store.new_stream(unique_stream(), [NewEvent("A", {})])
-    with pytest.raises(TypeError, match="not one: pass"):
+    with pytest.raises(TypeError, match="not one NewStream: pass \\[stream\\]"):
         store.create_streams(one)
     for wrong in (None, "streams", {"a": one}):
         with pytest.raises(TypeError, match="streams must be a list"):
