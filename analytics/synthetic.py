@@ -17,7 +17,7 @@ from typing import Any
 
 from domain.chaos import CHAOS_LEVELS as CHAOS_LEVEL_NAMES
 from domain.chaos import MECHANISMS as CHAOS_MECHANISMS
-from domain.outcomes import FAILURE_MODES
+from domain.outcomes import FAILURE_MODES, FIRST_JUDGED_BY
 from eventstore import GENESIS_DIGEST, NewEvent, canonical_json
 from eventstore.encoding import chain_digests
 from eventstore.ids import new_event_ids
@@ -32,9 +32,9 @@ TOOLS = (
     ("approvalflow", "submit_approval"), ("approvalflow", "check_status"), ("approvalflow", "escalate"),
 )
 MECHANISMS = tuple(m for m in CHAOS_MECHANISMS if m not in ("stale_metric", "transient_outage"))
-# synthetic episodes name no rules version, so they are version 1's, which has no premature_resolution
+# synthetic episodes name no rules version, so they are version 1's, which has none of the later modes
 MODES = tuple(m for m in FAILURE_MODES
-              if m not in ("invalid_tool_calls", "step_budget_exhausted", "premature_resolution"))
+              if m not in ("invalid_tool_calls", "step_budget_exhausted") and m not in FIRST_JUDGED_BY)
 REJECT_CODES = ("invalid_params", "not_found", "precondition_failed", "unknown_tool", "transient_outage")
 
 

@@ -44,11 +44,16 @@ FAILURE_MODES: dict[str, str] = {
                             "no approved request linked, a required field unset, or a request "
                             "to decline), never finished it and left no other mistake unrepaired "
                             "(from rules version 2)",
+    "unrequested_submission": "submitted an approval request of a type the task does not ask for "
+                              "(from rules version 4)",
     "invalid_tool_calls": "ran out of steps with no decisive mistake, but at least half of the "
                           "steps were malformed, unknown or failed calls",
     "step_budget_exhausted": "ran out of steps with no identifiable mistake (too slow or "
                              "stuck)",
 }
+FIRST_JUDGED_BY: dict[str, int] = {"premature_resolution": 2, "unrequested_submission": 4}
+"""The rules version that introduced a failure mode; the others are version 1's. An episode judged by
+an older version never carries a newer mode."""
 
 # --- comparing submitted values with the records -----------------------------------------
 
@@ -227,26 +232,31 @@ def judge(state, params, effects: list) -> list:
                 found.append(MistakeRecorded(step, "routed_to_ooo_approver", e.approval_id,
                                              f"submitted {e.approval_id} to {e.approver}, who "
                                              "is out of office", True))
-            elif e.approval_type == tg["approval_type"]:
-                if tg["expected"] == "decline":
-                    found.append(MistakeRecorded(step, _decision_mode(world, tg),
-                                                 e.approval_id, f"submitted {e.approval_id} "
-                                                 "although the request does not qualify", True))
-                elif mode := uninformed(world, tg):
-                    found.append(MistakeRecorded(step, mode, e.approval_id,
-                                                 f"submitted {e.approval_id} without a fresh read "
-                                                 f"of {tg['metric']}", True))
-                elif e.problems:
-                    m = world.datahub.metrics[tg["metric"]]
-                    stale = (tg["field"] in e.data
-                             and not same(e.data[tg["field"]], m["true_value"])
-                             and (m["stale"] or (m["seen"] is not None and m["seen"][1])))
-                    found.append(MistakeRecorded(
-                        step, "stale_data_used" if stale else "incorrect_submission",
-                        e.approval_type, "; ".join(e.problems), False))
+            elif e.approval_type != tg["approval_type"]:
+                if rules_of(tg) >= 4:
+                    found.append(MistakeRecorded(step, "unrequested_submission", e.approval_id,
+                                                 f"submitted {e.approval_id}, a '{e.approval_type}' "
+                                                 "request the task does not ask for", True))
+            elif tg["expected"] == "decline":
+                found.append(MistakeRecorded(step, _decision_mode(world, tg),
+                                             e.approval_id, f"submitted {e.approval_id} "
+                                             "although the request does not qualify", True))
+            elif mode := uninformed(world, tg):
+                found.append(MistakeRecorded(step, mode, e.approval_id,
+                                             f"submitted {e.approval_id} without a fresh read "
+                                             f"of {tg['metric']}", True))
+            elif e.problems:
+                m = world.datahub.metrics[tg["metric"]]
+                stale = (tg["field"] in e.data
+                         and not same(e.data[tg["field"]], m["true_value"])
+                         and (m["stale"] or (m["seen"] is not None and m["seen"][1])))
+                found.append(MistakeRecorded(
+                    step, "stale_data_used" if stale else "incorrect_submission",
+                    e.approval_type, "; ".join(e.problems), False))
         elif t is ActionRejected:
             if (e.code == "missing_required_fields"
-                    and params.get("approval_type") == tg["approval_type"]):
+                    and params.get("approval_type") == tg["approval_type"]
+                    and (tg["expected"] == "proceed" or rules_of(tg) < 4)):
                 found.append(MistakeRecorded(step, "missing_required_fields",
                                              tg["approval_type"], e.reason, False))
         elif (t is ApprovalDecided and e.decision == "rejected"

@@ -24,6 +24,11 @@ RULES_VERSIONS: dict[int, str] = {
        "stale_data_used); set_missing_priority pays only on the task's ticket of a task that goes "
        "ahead (it paid for triaging a decline's ticket); a status cleared on a ticket chaos also "
        "blocks is not logged (the block overwrote it: a trap with no effect)",
+    4: "as version 3, but a request of a type the task does not ask for is an irreversible mistake "
+       "(unrequested_submission: a decline's 'submit nothing' held only for the task's own type, "
+       "so any other request still succeeded); a decline's request refused for missing fields is "
+       "no missing_required_fields mistake (nothing was sent, and resubmitting is what the task "
+       "forbids)",
 }
 CURRENT_RULES = max(RULES_VERSIONS)
 

@@ -1546,18 +1546,18 @@ def test_episodes_judged_by_each_rules_version_are_told_apart(tmp_path):
         assert one["filters"] == {"rules": 1}
         assert one["notes"]["summary"] == "These episodes were judged by rules version 1."
         assert one["summary"]["successes"] == successes[1] and "rules=1" in report.report_title(one)
-        for bad, said in (("0", "no rules version 0; the versions are 1, 2, 3"),  # answered with no rows
-                          ("9", "no rules version 9; the versions are 1, 2, 3"),  # before, as a typo
-                          ("+1", "rules must be a whole number, one of the versions 1, 2, 3, not '+1'"),
-                          ("1.0", "rules must be a whole number, one of the versions 1, 2, 3, not '1.0'")):
+        for bad, said in (("0", "no rules version 0; the versions are 1, 2, 3, 4"),  # answered with no rows
+                          ("9", "no rules version 9; the versions are 1, 2, 3, 4"),  # before, as a typo
+                          ("+1", "rules must be a whole number, one of the versions 1, 2, 3, 4, not '+1'"),
+                          ("1.0", "rules must be a whole number, one of the versions 1, 2, 3, 4, not '1.0'")):
             said = f"'rules': {re.escape(said)}"
             with pytest.raises(QueryError, match=said):
                 service.run_named(wh, "failure_modes", {"rules": bad})
         compared = service.run_named(wh, "compare_agents")
         assert [(r["agent"], r["rules"]) for r in compared] == [("blind", [1, 2])]
-    for bad, said in (("4", "no rules version 4; the versions are 1, 2, 3"),
-                      ("one", "rules must be a whole number, one of the versions 1, 2, 3, not 'one'"),
-                      (0, "no rules version 0; the versions are 1, 2, 3")):
+    for bad, said in (("5", "no rules version 5; the versions are 1, 2, 3, 4"),
+                      ("one", "rules must be a whole number, one of the versions 1, 2, 3, 4, not 'one'"),
+                      (0, "no rules version 0; the versions are 1, 2, 3, 4")):
         with pytest.raises(ValueError, match=re.escape(said)):
             report.check_filters(None, None, rules=bad)
 

@@ -27,6 +27,7 @@ from api.analytics_routes import analytics_router
 from companyos.batch import RunPlan
 from companyos.batch import run as run_plan
 from companyos.commands import analytics as commands
+from domain import CURRENT_RULES
 from eventstore import EventStore
 from eventstore.engine import normalise_url
 from tests.conftest import command_runner, live_server, start_slow_sync
@@ -541,19 +542,21 @@ def test_the_report_narrows_to_one_rules_version_and_says_when_it_mixes_them(tmp
     for seed, rules in ((0, 1), (6, None)):
         run_plan(RunPlan(url, "random", "all", "none", 6, seed, "episode", "default", rules), workers=1)
     wh = str(tmp_path / "w.duckdb")
+    mixed = f"judged by rules versions 1 and {CURRENT_RULES}"
     out = cli("report", "--db", url, "--warehouse", wh)
-    assert out.exit_code == 0 and "judged by rules versions 1 and 3" in " ".join(out.stdout.split())
+    assert out.exit_code == 0 and mixed in " ".join(out.stdout.split())
     out = cli("report", "--markdown", "--rules", "1", "--db", url, "--warehouse", wh)
     assert out.exit_code == 0 and "rules=1" in out.stdout and "6 episodes" in out.stdout, out.output
     assert "rules versions" not in out.stdout
     out = cli("report", "--rules", "9", "--db", url, "--warehouse", str(tmp_path / "x.duckdb"))
-    assert out.exit_code == 2 and "no rules version 9; the versions are 1, 2, 3" in out.output, out.output
+    assert out.exit_code == 2 and "no rules version 9; the versions are 1, 2, 3, 4" in out.output, out.output
     assert not (tmp_path / "x.duckdb").exists()
     # a named query pooled them without a word; JSON stays one document on stdout
     out = cli("query", "failure_modes", "--format", "json", "--db", url, "--warehouse", wh)
-    assert json.loads(out.stdout) and "judged by rules versions 1 and 3" in out.stderr, out.stderr
+    assert json.loads(out.stdout) and mixed in out.stderr, out.stderr
     assert "`-p rules=V` keeps one" in out.stderr
-    for narrowed in (["failure_modes", "-p", "rules=3"], ["compare_agents"]):  # one, or each row says
+    # one version, or each row says which
+    for narrowed in (["failure_modes", "-p", f"rules={CURRENT_RULES}"], ["compare_agents"]):
         out = cli("query", *narrowed, "--format", "json", "--db", url, "--warehouse", wh)
         assert out.exit_code == 0 and json.loads(out.stdout) and "rules versions" not in out.stderr
     run_plan(RunPlan(url, "noop", "all", "none", 2, 20, "episode", "default", None), workers=1)

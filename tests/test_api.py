@@ -149,16 +149,16 @@ def test_reset_step_state(sqlite_url):
 def test_reset_takes_a_rules_version_and_tasks_lists_the_versions(sqlite_url):
     with client(sqlite_url) as c:
         tasks = c.get("/tasks").json()
-        assert [v["version"] for v in tasks["rules_versions"]] == [1, 2, 3] and tasks["current_rules"] == 3
-        assert "Rules versions: 1, 2, 3 (the latest, 3," in c.get("/metadata").json()["readme_content"]
-        for body, rules in (({"seed": 3}, 3), ({"seed": 3, "rules": 1}, 1)):
+        assert [v["version"] for v in tasks["rules_versions"]] == [1, 2, 3, 4] and tasks["current_rules"] == 4
+        assert "Rules versions: 1, 2, 3, 4 (the latest, 4," in c.get("/metadata").json()["readme_content"]
+        for body, rules in (({"seed": 3}, CURRENT_RULES), ({"seed": 3, "rules": 1}, 1)):
             episode_id, token, _ = reset(c, **body)
             state = c.get("/state", params={"episode_id": episode_id},
                           headers={"X-Episode-Token": token}).json()
             assert state["rules"] == rules == c.get(f"/episodes/{episode_id}").json()["rules"]
         for rules in (7, 0, -1):  # one refusal, naming the versions, for every version that is none
             r = c.post("/reset", json={"rules": rules})
-            assert r.status_code == 400 and f"no rules version {rules}; the versions are 1, 2, 3" in r.text
+            assert r.status_code == 400 and f"no rules version {rules}; the versions are 1, 2, 3, 4" in r.text
         assert c.post("/reset", json={"rules": "1"}).status_code == 422
         listed = c.get("/episodes", params={"rules": 1}).json()
         assert listed["total"] == 1 and [e["rules"] for e in listed["episodes"]] == [1]
@@ -692,8 +692,8 @@ def test_mcp_initialize_takes_a_rules_version_from_the_query(sqlite_url):
         r = rpc(c, "initialize", {"protocolVersion": "2025-06-18"}, path="/mcp?seed=3&rules=1")
         episode_id = r.headers["mcp-session-id"].rpartition(".")[0]
         assert c.get(f"/episodes/{episode_id}").json()["rules"] == 1
-        r = rpc(c, "initialize", {"protocolVersion": "2025-06-18"}, path="/mcp?seed=3&rules=4")
-        assert "no rules version 4; the versions are 1, 2, 3" in r.json()["error"]["message"]
+        r = rpc(c, "initialize", {"protocolVersion": "2025-06-18"}, path="/mcp?seed=3&rules=5")
+        assert "no rules version 5; the versions are 1, 2, 3, 4" in r.json()["error"]["message"]
         assert c.get("/episodes").json()["total"] == 1
 
 

@@ -260,7 +260,7 @@ def test_same_seed_and_actions_give_the_same_digest_in_any_process(tmp_path):
     ({"task": ""}, "task must be a non-empty string"),
     ({"reward_profile": ""}, "reward_profile must be a non-empty string"),
     ({"rules": 9}, "no rules version 9; the versions are 1, 2"),
-    ({"rules": "2"}, "rules must be a whole number, one of the versions 1, 2, 3, not '2'"),
+    ({"rules": "2"}, "rules must be a whole number, one of the versions 1, 2, 3, 4, not '2'"),
 ])
 def test_bad_reset_options_are_refused_in_words(sqlite_url, options, message):
     with CompanyEnv(sqlite_url) as env, pytest.raises(ValueError, match=message):

@@ -1299,6 +1299,25 @@ def test_episodes_judged_by_rules_version_3_replay_to_their_digests(tmp_path):
         assert len(list(_replayed_as_logged(env, logged))) == 62
 
 
+def test_episodes_judged_by_rules_version_4_replay_to_their_digests(tmp_path):
+    """tests/data/rules_v4_episodes.jsonl: the 62 specs and actions of the version 3 fixture played
+    under version 4 when it was new (one judged apart: a random agent's refused request in a decline,
+    no longer `missing_required_fields`), and three scripted episodes where version 4 judges apart
+    (a request of another type in a decline and in a task that goes ahead: `unrequested_submission`;
+    a decline's request refused for missing fields, then only reads: `step_budget_exhausted`).
+    Played again they give the same events and judgement: a change to version 4 must be a new
+    version, not an edit of this one."""
+    from companyos.env import CompanyEnv
+
+    logged = _fixture_episodes("rules_v4_episodes.jsonl")
+    assert len(logged) == 65 and {e["rules"] for e in logged} == {4}
+    assert [(e["outcome"], e["failure_mode"]) for e in logged[-3:]] == [
+        ("failure", "unrequested_submission"), ("failure", "unrequested_submission"),
+        ("truncated", "step_budget_exhausted")]
+    with CompanyEnv(f"sqlite:///{tmp_path / 'store.db'}", durability="episode") as env:
+        assert len(list(_replayed_as_logged(env, logged))) == 65
+
+
 def _replayed_as_logged(env, logged: list[dict]):
     """Each fixture episode played again under its own rules version, checked against what was
     logged (judgement, return, digest, events); yields (episode, its stored stream id)."""
@@ -1326,10 +1345,12 @@ def test_episodes_judged_by_rules_version_2_replay_to_their_digests(tmp_path):
     same judgement: a change to version 2's rules must be a new version, not an edit of this one."""
     from companyos.env import CompanyEnv
     from domain import FAILURE_MODES
+    from domain.outcomes import FIRST_JUDGED_BY
 
     logged = _fixture_episodes("rules_v2_episodes.jsonl")
     assert len(logged) == 60 and {e["rules"] for e in logged} == {2}
-    assert {e["failure_mode"] for e in logged} == {None, *FAILURE_MODES}
+    assert {e["failure_mode"] for e in logged} == {
+        None, *(m for m in FAILURE_MODES if FIRST_JUDGED_BY.get(m, 1) <= 2)}
     objected = 0
     with CompanyEnv(f"sqlite:///{tmp_path / 'store.db'}", durability="episode") as env:
         for _, episode_id in _replayed_as_logged(env, logged):

@@ -38,18 +38,18 @@ def _comment_and_close(s):
 
 
 def test_the_latest_rules_are_the_default_and_version_1_leaves_the_start_as_it_was():
-    assert CURRENT_RULES == max(RULES_VERSIONS) == 3
+    assert CURRENT_RULES == max(RULES_VERSIONS) == 4
     assert checked_rules(None) == CURRENT_RULES
     old, _, _ = reset(EpisodeSpec("expense_report", 3, "medium", rules=1))
     new, events, _ = reset(EpisodeSpec("expense_report", 3, "medium"))
     assert "rules" not in old.target and rules_of(old.target) == 1  # as every log before versions
-    assert type(events[0]) is EpisodeStarted and events[0].target["rules"] == 3 == rules_of(new.target)
+    assert type(events[0]) is EpisodeStarted and events[0].target["rules"] == 4 == rules_of(new.target)
     assert {k: v for k, v in new.target.items() if k != "rules"} == old.target
-    for bad in (0, 4):
-        with pytest.raises(ValueError, match=f"no rules version {bad}; the versions are 1, 2, 3"):
+    for bad in (0, 5):
+        with pytest.raises(ValueError, match=f"no rules version {bad}; the versions are 1, 2, 3, 4"):
             reset(EpisodeSpec("expense_report", 3, "medium", rules=bad))
     for bad, shown in ((True, "True"), ("2", "'2'"), (2.0, "2.0")):  # not a version: said as given
-        with pytest.raises(ValueError, match=f"rules must be a whole number, one of the versions 1, 2, 3, "
+        with pytest.raises(ValueError, match=f"rules must be a whole number, one of the versions 1, 2, 3, 4, "
                                              f"not {shown}$"):
             reset(EpisodeSpec("expense_report", 3, "medium", rules=bad))
 
@@ -365,3 +365,60 @@ def test_from_version_3_a_status_cleared_on_a_ticket_chaos_also_blocks_is_not_lo
         and not any(type(e) is TicketBlocked for e in ev))
     _, events, _ = reset(EpisodeSpec("vendor_onboarding", seed, "high", rules=3))
     assert any(type(e) is TicketFieldCleared and e.field == "status" for e in events)
+
+
+def _other_request(s) -> dict:
+    """A complete request of an approval type the task does not ask for, to that type's approver."""
+    tg = s.target
+    other = next(t for name, t in s.world.approvalflow.types.items() if name != tg["approval_type"])
+    return act("approvalflow", "submit_approval", approval_type=other["name"],
+               approver=s.world.datahub.approvers[other["approver_role"]]["name"],
+               data={f: "x" for f in other["required_fields"]})
+
+
+@pytest.mark.parametrize("expected", ["decline", "proceed"])
+def test_from_version_4_a_request_the_task_does_not_ask_for_is_an_irreversible_mistake(expected):
+    """A decline's goal says "submit nothing", yet version 3 checked only the task's own approval
+    type, so a request of another type (to anyone) still let the decline succeed; in a task that
+    goes ahead the request was a side effect no one judged. Version 3 still judges so."""
+    seed = find_seed("license_renewal", "none", lambda ev: ev[0].target["expected"] == expected)
+    judged = {}
+    for rules in (3, 4):
+        s, _, _ = reset(EpisodeSpec("license_renewal", seed, "none", rules=rules))
+        s, _, _ = step(s, act("datahub", "query_metric", metric_name=s.target["metric"]))
+        s, events, _ = step(s, _other_request(s))
+        submitted = next(e for e in events if type(e) is ApprovalSubmitted)
+        assert submitted.approval_type != s.target["approval_type"] and not submitted.problems
+        judged[rules] = (s.done, [(m.mode, m.irreversible) for m in s.mistakes])
+        if rules == 4:
+            assert (s.outcome, s.failure_mode) == ("failure", "unrequested_submission")
+            said = f"submitted {submitted.approval_id}, a '{submitted.approval_type}' request"
+            assert said in s.mistakes[0].detail
+            assert any(type(e) is RewardGranted and e.rule == "irreversible_mistake" for e in events)
+        elif expected == "decline":
+            assert _comment_and_close(s)[0].outcome == "success"  # what version 3 let through
+    assert judged == {3: (False, []), 4: (True, [("unrequested_submission", True)])}
+
+
+def test_from_version_4_a_declines_refused_request_is_no_missing_fields_mistake():
+    """A decline's request refused for missing fields sent nothing, and the label version 3 gives it
+    (`missing_required_fields`: "never resubmitted complete") tells the agent to do what the task
+    forbids. From version 4 it is no mistake; a task that goes ahead still records it."""
+    modes = {}
+    for expected in ("decline", "proceed"):
+        seed = find_seed("license_renewal", "none",
+                         lambda ev, expected=expected: ev[0].target["expected"] == expected)
+        for rules in (3, 4):
+            s, _, _ = reset(EpisodeSpec("license_renewal", seed, "none", rules=rules))
+            s, _, info = step(s, act("approvalflow", "submit_approval",
+                                     approval_type=s.target["approval_type"],
+                                     approver=s.world.datahub.approvers[s.target["role"]]["name"],
+                                     data={}))
+            assert info.rejected == "missing_required_fields"
+            while not s.done:
+                s, _, _ = step(s, act("ticketdesk", "list_tickets"))
+            modes[expected, rules] = ([m.mode for m in s.mistakes], s.failure_mode)
+    assert modes == {("decline", 3): (["missing_required_fields"], "missing_required_fields"),
+                     ("decline", 4): ([], "step_budget_exhausted"),
+                     ("proceed", 3): (["missing_required_fields"], "missing_required_fields"),
+                     ("proceed", 4): (["missing_required_fields"], "missing_required_fields")}
