@@ -13,6 +13,7 @@ from fastapi import FastAPI, Request
 from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html, get_swagger_ui_oauth2_redirect_html
 from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
+from pydantic import BaseModel
 
 DOCS = "/docs"
 ASSETS = DOCS + "/assets"
@@ -49,3 +50,32 @@ def add_api_docs(app: FastAPI) -> None:
                               title=f"{app.title} - API reference", with_google_fonts=False,
                               redoc_js_url=f"{root}{ASSETS}/redoc.standalone.js",
                               redoc_favicon_url=f"{root}{ASSETS}/favicon.png")
+
+
+_BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+
+
+def with_exact_bounds(document: dict, models: dict[str, type[BaseModel]]) -> dict:
+    """`document` (FastAPI's OpenAPI) with the numeric bounds of `models`' schemas as Pydantic states
+    them. FastAPI's OpenAPI model holds every bound as a float, so the seed's maximum, 2**63 - 1,
+    was published as 9.223372036854776e+18 (2**63): a seed the document allowed was refused, and a
+    whole-number bound read as 0.0 where the models say 0."""
+    schemas = document.get("components", {}).get("schemas", {})
+    for name, model in models.items():
+        if name in schemas:
+            _restore_bounds(schemas[name], model.model_json_schema(ref_template="{model}"))
+    return document
+
+
+def _restore_bounds(published: object, exact: object) -> None:
+    """Walk both schemas together, copying `exact`'s bounds into `published` where both hold one."""
+    if isinstance(published, dict) and isinstance(exact, dict):
+        for key in _BOUNDS:
+            if key in published and isinstance(exact.get(key), int | float):
+                published[key] = exact[key]
+        for key, value in published.items():
+            if key in exact:
+                _restore_bounds(value, exact[key])
+    elif isinstance(published, list) and isinstance(exact, list) and len(published) == len(exact):
+        for a, b in zip(published, exact, strict=True):
+            _restore_bounds(a, b)

@@ -20,12 +20,13 @@ from typing import Annotated, Any, Literal, TypeVar
 from fastapi import Body, FastAPI, Header, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from pydantic import StringConstraints
+from pydantic import BaseModel, StringConstraints
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api import catalog, mcp
+from api import models as api_models
 from api.analytics_routes import analytics_router
-from api.apidocs import add_api_docs
+from api.apidocs import add_api_docs, with_exact_bounds
 from api.config import ServerConfig
 from api.episodes import EpisodeLog
 from api.guard import BodyTooLarge, Guard, deny_websocket, no_websocket_at, proxy_root, route_path
@@ -121,6 +122,13 @@ class CompanyOSApp(FastAPI):
             await super().__call__({**scope, "method": "GET"}, receive, _headers_only(send))
             return
         await super().__call__(scope, receive, send)
+
+    def openapi(self) -> dict[str, Any]:
+        if self.openapi_schema is None:
+            models = {name: model for name, model in vars(api_models).items()
+                      if isinstance(model, type) and issubclass(model, BaseModel)}
+            self.openapi_schema = with_exact_bounds(super().openapi(), models)
+        return self.openapi_schema
 
 
 def _headers_only(send: Any) -> Any:

@@ -1947,3 +1947,25 @@ def test_the_openapi_document_names_the_outage_and_damage_answers_of_the_episode
         documented = paths[path][method]["responses"]
         assert codes <= set(documented), (path, sorted(documented))
         assert "store_unavailable" in documented["503"]["description"]
+
+
+def test_the_openapi_document_states_the_seed_range_exactly(sqlite_url):
+    """FastAPI's OpenAPI model holds bounds as floats: the seed's maximum, 2**63 - 1, was published as
+    9.223372036854776e+18 (2**63), so a seed the document allowed was refused with a 422."""
+    import jsonschema
+
+    from companyos.env import SEED_MAX
+
+    with client(sqlite_url) as c:
+        document = c.get("/openapi.json").json()
+        reset_schema = document["components"]["schemas"]["ResetRequest"]
+        (bounded,) = (s for s in reset_schema["properties"]["seed"]["anyOf"] if s["type"] == "integer")
+        assert (bounded["minimum"], bounded["maximum"]) == (0, SEED_MAX) == (0, 2**63 - 1)
+        assert type(bounded["maximum"]) is int and type(bounded["minimum"]) is int
+        for seed in (SEED_MAX, SEED_MAX + 1):  # the document and the server agree on both sides
+            try:
+                jsonschema.validate({"seed": seed}, reset_schema)
+                allowed = True
+            except jsonschema.ValidationError:
+                allowed = False
+            assert allowed == (c.post("/reset", json={"seed": seed}).status_code == 200), seed
