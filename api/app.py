@@ -22,6 +22,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, StringConstraints
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from api import catalog, mcp
 from api import models as api_models
@@ -142,7 +143,8 @@ def _headers_only(send: Any) -> Any:
 
 
 BATCH_THREADS = 2
-"""Threads for MCP batches over WebSockets: more batches than this wait for one to end."""
+"""Threads for long work (MCP batches, over HTTP or a WebSocket; a WebSocket's views of its episode):
+more of it than this waits for one to end, and never for a step."""
 
 
 class Server:
@@ -159,8 +161,8 @@ class Server:
             inline = store.engine.dialect.name == "sqlite"
         self.inline = inline
         self.executor = ThreadPoolExecutor(max_workers=16, thread_name_prefix="companyos-step")
-        # long work (an MCP batch of up to a thousand steps) queues apart: sixteen batches in the
-        # step pool held every other socket's step for seconds
+        # long work (an MCP batch of up to a thousand steps, the fold of a long episode's views)
+        # queues apart: sixteen batches in the step pool held every other socket's step for seconds
         self.batch_executor = ThreadPoolExecutor(max_workers=BATCH_THREADS,
                                                  thread_name_prefix="companyos-batch")
         self.readiness = Readiness(store)
@@ -428,16 +430,22 @@ def _register_openenv(app: FastAPI, server: Server) -> None:
         """MCP (streamable HTTP, JSON responses) and OpenEnv's JSON-RPC: initialize, tools/list,
         tools/call, ping, openenv/session/create|close. Headers: Mcp-Session-Id, or
         X-Episode-Id + X-Episode-Token."""
-        body = await request.body()
+        try:
+            body = await request.body()
+        except ClientDisconnect:  # gone mid-body (or answered 408): no one to answer, nothing to log
+            return Response(status_code=400)
         headers = request.headers
         version = headers.get("mcp-protocol-version")
         if version is not None and version not in mcp.PROTOCOL_VERSIONS:  # MCP: 400, not ignored
             return JSON(mcp.error(mcp.INVALID_REQUEST, f"MCP-Protocol-Version {version[:40]!r} is "
                                   f"not one this server speaks: {', '.join(mcp.PROTOCOL_VERSIONS)}"),
                         status_code=400)
-        return await server.in_thread(_mcp_http, server, body, headers.get("mcp-session-id"),
-                                headers.get("x-episode-id"), headers.get("x-episode-token"),
-                                request.query_params.multi_items())
+        # a batch may hold a thousand steps: on the step pool, forty of them held every socket's
+        # steps for seconds; it queues apart, as over the WebSocket
+        run = server.in_batch_thread if body.lstrip()[:1] == b"[" else server.in_thread
+        return await run(_mcp_http, server, body, headers.get("mcp-session-id"),
+                         headers.get("x-episode-id"), headers.get("x-episode-token"),
+                         request.query_params.multi_items())
 
     @app.get("/mcp", tags=["MCP"], include_in_schema=False)
     async def mcp_get() -> JSON:

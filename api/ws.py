@@ -233,10 +233,11 @@ class _Connection:
 
     async def _views(self) -> str:
         """The apps after the session's last step, folded from the log like the HTTP route: on a
-        thread, since a long episode's fold (~0.3 s at 8,000 steps) would hold up every socket."""
+        thread, since a long episode's fold (~0.3 s at 8,000 steps) would hold up every socket, and
+        on the long work's, since 32 sockets asking for views held other sockets' steps for seconds."""
         if self.session is None:
             return _no_episode()
-        views = await self.server.in_thread(self.server.log.views, self.session.episode_id)
+        views = await self.server.in_batch_thread(self.server.log.views, self.session.episode_id)
         return _dumps({"type": "views", "data": views}).decode()
 
     async def _state(self) -> str:
