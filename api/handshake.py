@@ -4,7 +4,9 @@ handshakes and finishing the step under way at shutdown.
 The `websockets` library refuses an upgrade request whose URL or one header line is over 8 KiB,
 or that has more than 128 headers, and prepares an answer (414, 431 or 400). Uvicorn's
 `websockets-sansio` protocol only looks for a parsed request or a parser error, so it never sends
-that answer and the client waits on an open connection. This subclass sends it and closes.
+that answer and the client waits on an open connection. This subclass sends it and closes. An
+upgrade the library refuses without preparing an answer (one carrying a body or a transfer coding)
+is answered 400 in the API's words.
 
 It also counts a handshake the application refused with an HTTP answer (`websocket.http.response`,
 e.g. a missing API key) as complete: Uvicorn logged each such refusal as the error "ASGI
@@ -22,6 +24,8 @@ from typing import Any
 
 from starlette.types import Message
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+
+from api.httpprotocol import refusal
 
 # The code a socket is closed with when the server shuts down: "service restart" (RFC 6455, IANA).
 SERVICE_RESTART = 1012
@@ -72,7 +76,12 @@ class AnsweringWebSocketProtocol(WebSocketsSansIOProtocol):
             return
         self.handshake_complete = True
         self.close_sent = True
-        self.transport.write(b"".join(self.conn.data_to_send()))
+        answer = b"".join(self.conn.data_to_send())
+        if not answer:  # refused without an answer (a body, a transfer coding): the client is told why
+            cause = self.conn.handshake_exc.__cause__ or self.conn.handshake_exc
+            answer = refusal(400, "Bad Request", "bad_request",
+                             f"not a WebSocket upgrade this server reads: {cause}")
+        self.transport.write(answer)
         self.transport.close()
 
     async def send(self, message: Any) -> None:

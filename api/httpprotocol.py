@@ -185,7 +185,7 @@ class TimelyHttpProtocol(HttpToolsProtocol):
             return
         self.logger.info("refused a request: %s", detail)
         self._disarm()
-        self.transport.write(_refusal(status, reason, code, detail))
+        self.transport.write(refusal(status, reason, code, detail))
         if not self.transport.can_write_eof():
             self.transport.close()
             return
@@ -194,11 +194,11 @@ class TimelyHttpProtocol(HttpToolsProtocol):
 
 
 def _timeout_response() -> bytes:
-    return _refusal(408, "Request Timeout", "request_timeout",
+    return refusal(408, "Request Timeout", "request_timeout",
                     f"the request's body did not arrive within {REQUEST_TIMEOUT_S:g} s of its start")
 
 
-def _refusal(status: int, reason: str, code: str, detail: str) -> bytes:
+def refusal(status: int, reason: str, code: str, detail: str) -> bytes:
     """A refusal with the reason in words, as the API's other refusals say theirs (`detail`,
     `code`), closing the connection."""
     body = orjson.dumps({"detail": detail, "code": code})

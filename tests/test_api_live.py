@@ -156,6 +156,24 @@ def test_a_websocket_handshake_too_big_to_read_is_answered(sqlite_url, request_l
             assert orjson.loads(ws.recv())["type"] == "observation"
 
 
+@pytest.mark.parametrize("framing", [["Content-Length: 5"], ["Transfer-Encoding: chunked"]],
+                         ids=["content-length", "chunked"])
+def test_a_websocket_upgrade_carrying_a_body_is_answered_400_in_words(sqlite_url, framing):
+    """The websockets library refuses an upgrade with a body without preparing an answer, so the
+    connection closed with no answer at all and nothing in the log."""
+    head = ["GET /ws HTTP/1.1", "Host: localhost", "Upgrade: websocket", "Connection: Upgrade",
+            "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==", "Sec-WebSocket-Version: 13", *framing]
+    with live_server(sqlite_url) as base:
+        port = int(base.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            sock.sendall(("\r\n".join(head) + "\r\n\r\n").encode())
+            answer = _read_to_close(sock)
+    status, _, body = answer.partition(b"\r\n\r\n")
+    assert status.startswith(b"HTTP/1.1 400 "), answer[:200]
+    refused = orjson.loads(body)
+    assert refused["code"] == "bad_request" and "not a WebSocket upgrade" in refused["detail"], refused
+
+
 def test_256_concurrent_websocket_sessions(sqlite_url):
     from websockets.asyncio.client import connect
 
