@@ -168,12 +168,11 @@ def fill_sqlite(url: str, count: int, seed: int = 0, start: int = 0, batch: int 
     """
     import sqlite3
 
-    import sqlalchemy as sa
-
     from eventstore import EventStore
+    from eventstore.engine import sqlite_file
 
     EventStore.open(url).close()  # create and migrate
-    con = sqlite3.connect(sa.make_url(url).database, isolation_level=None)
+    con = sqlite3.connect(sqlite_file(url), isolation_level=None)
     try:
         con.execute("PRAGMA journal_mode=WAL")
         con.execute("PRAGMA synchronous=OFF")

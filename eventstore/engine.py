@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import os
-import re
-import warnings
 import weakref
 from urllib.parse import parse_qs, unquote, urlsplit
 
@@ -37,9 +35,23 @@ class BadSynchronous(ValueError):
     """A `synchronous=` the store cannot apply: a value it does not know, or any for PostgreSQL."""
 
 
+_DECODES_DATABASE = sa.make_url("sqlite:///%41").database == "A"
+"""Whether this SQLAlchemy decodes %xx in a URL's database name: 2.1 does, 2.0 does not."""
+
+
+def parse_url(url: str | sa.URL) -> sa.URL:
+    """`sa.make_url` with the database name's %xx decoded on every SQLAlchemy version: under 2.0,
+    `sqlite:///a%3F.db` was a file named `a%3F.db` and `sqlite:///%00` one named `%00`, where the
+    README (and 2.1) say `a?.db` and a refused NUL."""
+    parsed = sa.make_url(url)
+    if isinstance(url, str) and not _DECODES_DATABASE and parsed.database:
+        parsed = parsed.set(database=unquote(parsed.database))
+    return parsed
+
+
 def normalise_url(url: str) -> sa.URL:
     """Accept plain `postgresql://` URLs and route them to psycopg 3, the driver we test against."""
-    parsed = sa.make_url(url)
+    parsed = parse_url(url)
     if parsed.drivername in ("postgresql", "postgres"):
         parsed = parsed.set(drivername="postgresql+psycopg")
     return parsed
@@ -61,7 +73,7 @@ def in_memory_sqlite(url: str | sa.URL) -> bool:
     """Whether the URL names an in-memory SQLite database (`sqlite://`, `sqlite:///`,
     `:memory:`, or a URI such as `file:db?mode=memory&uri=true`) or SQLite's anonymous temporary
     file (the URI `file:` with no name), which live in one process and are gone when it ends."""
-    parsed = sa.make_url(url)
+    parsed = parse_url(url)
     if parsed.get_backend_name() != "sqlite":
         return False
     database = parsed.database or ""
@@ -76,7 +88,7 @@ def sqlite_file(url: str | sa.URL) -> str | None:
     file is what the writer lock, the warehouse's default path and the readers need, so the two
     spellings of one store must agree on it.
     """
-    parsed = sa.make_url(url)
+    parsed = parse_url(url)
     if parsed.get_backend_name() != "sqlite" or in_memory_sqlite(parsed):
         return None
     uri_file = _uri_file(parsed)
@@ -111,7 +123,7 @@ def sqlite_immutable(url: str | sa.URL) -> bool:
 
 def _sqlite_uri_argument(url: str | sa.URL, name: str) -> str | None:
     """A SQLite URI argument of the URL's query or of the URI itself, else None."""
-    parsed = sa.make_url(url)
+    parsed = parse_url(url)
     if parsed.get_backend_name() != "sqlite":
         return None
     value = parsed.query.get(name)
@@ -260,8 +272,15 @@ _PYSQLITE_ARGUMENTS = frozenset({"uri", "timeout", "isolation_level", "detect_ty
 def _check_sqlite_uri(url: sa.URL) -> None:
     """With `uri=true` the driver passes every other argument into a URI, where SQLite drops
     one it does not know (`mdoe=ro`: the store opened read-write), and reads the name as a URI
-    only when it begins with `file:` (else `store.db?mode=ro` was a new file of that name)."""
+    only when it begins with `file:` (else `store.db?mode=ro` was a new file of that name).
+    Without it, the driver ignores every argument but its own (a typo such as `?mdoe=ro`, or
+    `?mode=ro` without `uri=true`), and the store opened as if it were absent (SQLAlchemy 2.1
+    warns, 2.0 said nothing)."""
     if not asbool(url.query.get("uri", False)):
+        ignored = sorted(set(url.query) - _PYSQLITE_ARGUMENTS)
+        if ignored:
+            raise ValueError(f"SQLite takes no query argument {', '.join(map(repr, ignored))} here; its "
+                             "URI arguments (mode=ro, immutable=1, ...) need uri=true as well")
         return
     database = url.database or ""
     if database[:5].lower() != "file:":
@@ -282,17 +301,7 @@ def _sqlite_engine(url: sa.URL, synchronous: str) -> sa.Engine:
     kwargs: dict = {}
     if in_memory:
         kwargs = {"poolclass": StaticPool, "connect_args": {"check_same_thread": False}}
-    with warnings.catch_warnings():
-        # an argument the driver ignores (a typo such as `?mdoe=ro`, or `?mode=ro` without
-        # `uri=true`) was a warning with a source line, and the store opened as if it were absent
-        warnings.simplefilter("error", sa.exc.SAWarning)
-        try:
-            engine = sa.create_engine(url, **kwargs)
-        except sa.exc.SAWarning as exc:
-            ignored = re.search(r"argument\(s\) (.+?) are not accepted", str(exc))
-            raise ValueError(f"SQLite takes no query argument {ignored.group(1) if ignored else ''}"
-                             " here; its URI arguments (mode=ro, immutable=1, ...) need uri=true "
-                             "as well") from None
+    engine = sa.create_engine(url, **kwargs)
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn, _record) -> None:
