@@ -160,12 +160,14 @@ def row_of(projection: Projection, stream_id: str, entry: Entry,
         return None
 
 
-def _stored_checkpoints(conn: sa.Connection, for_update: bool = False
-                        ) -> dict[str, tuple[int, int, int]]:
-    """Each stored checkpoint: projection name -> (position, version of its fold, generation);
-    `for_update`: locked, in name order, as `lock_checkpoints` locks them."""
+def _stored_checkpoints(conn: sa.Connection, names: Iterable[str] | None = None,
+                        for_update: bool = False) -> dict[str, tuple[int, int, int]]:
+    """Each stored checkpoint (or the named ones): projection name -> (position, version of its
+    fold, generation); `for_update`: locked, in name order (see `lock_checkpoints`)."""
     table = projection_checkpoints
     query = sa.select(table.c.name, table.c.position, table.c.version, table.c.generation)
+    if names is not None:
+        query = query.where(table.c.name.in_(sorted(names)))
     if for_update:
         query = query.order_by(table.c.name).with_for_update()
     return {name: (position, version, generation)
@@ -180,10 +182,8 @@ def lock_checkpoints(conn: sa.Connection, names: Iterable[str]) -> dict[str, tup
     DELETE and another runner's upserts queue whole instead of each locking rows the other
     needs (a deadlock). SQLite's BEGIN IMMEDIATE already serialises writers; it has no FOR UPDATE.
     """
-    table = projection_checkpoints
-    return {name: (position, generation) for name, position, generation in conn.execute(
-        sa.select(table.c.name, table.c.position, table.c.generation)
-        .where(table.c.name.in_(sorted(names))).order_by(table.c.name).with_for_update())}
+    return {name: (position, generation) for name, (position, _, generation)
+            in _stored_checkpoints(conn, names, for_update=True).items()}
 
 
 def rows_of(projection: Projection, entries: dict[str, Entry], stream_ids: Iterable[str],
