@@ -226,14 +226,11 @@ def result(method: str, state: DataHubState, params: dict, events: list):
     res = {"metric": name, "value": q.value, "unit": m["unit"],
            "as_of": TODAY if len(events) == 2 else m["as_of"], "stale": q.stale,
            "refreshing": q.refreshing, "warnings": []}
-    if q.refreshing and not q.stale:  # rules version 3 on: the metric was fresh already
+    if q.refreshing:  # from rules version 3 a metric that was fresh already reads fresh
+        value_is = "the old, stale one" if q.stale else "current all the same"
         res["warnings"].append(f"A refresh of {name} is still running; the value shown is "
-                               "current all the same. Query again to poll.")
-        return res, f"{name} = {q.value} (refresh running)."
-    if q.refreshing:
-        res["warnings"].append(f"A refresh of {name} is still running; the value shown is the "
-                               "old, stale one. Query again to poll.")
-        return res, f"{name} = {q.value} (STALE, refresh running)."
+                               f"{value_is}. Query again to poll.")
+        return res, f"{name} = {q.value} ({'STALE, ' if q.stale else ''}refresh running)."
     if q.stale:
         res["warnings"].append(f"{name} is stale (last updated {m['as_of']}); call "
                                "datahub.refresh_data before relying on it.")
