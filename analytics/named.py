@@ -21,6 +21,9 @@ _PARAM = re.compile(r"^param\s+(?P<name>[a-z_][a-z0-9_]*)\s+(?P<type>[A-Z]+)"
                     r"(?:\s*=\s*(?P<default>'[^']*'|[^:]+?))?\s*:\s*(?P<doc>.*)$")
 """`-- param NAME TYPE[lo..hi] = default: what it means`; the range (INTEGER only, either end may be
 left open) and the default are optional; without a default the parameter is required."""
+INT32 = 2**31 - 1
+"""DuckDB binds an INTEGER parameter as 32 bits: an end a header leaves open is this far, so the range
+a query publishes is the one it accepts."""
 TYPES = ("VARCHAR", "INTEGER", "DOUBLE", "BOOLEAN", "CHAOS", "TASK", "PROFILE", "RULES")
 MAX_TEXT = 1000
 
@@ -121,12 +124,9 @@ def convert(query: str, p: Param, value: Any) -> Any:
             number = int(text) if len(significant) <= 20 else (-1 if text[0] == "-" else 1) * 10**21
         else:
             raise bad("an integer")
-        if (p.lo is not None and number < p.lo) or (p.hi is not None and number > p.hi):
-            if p.lo is not None and p.hi is not None:
-                raise bad(f"between {p.lo} and {p.hi}")
-            raise bad(f"at least {p.lo}" if p.lo is not None else f"at most {p.hi}")
-        if abs(number) > 2**31 - 1:
-            raise bad("a 32-bit integer")
+        lo, hi = (-INT32 if p.lo is None else p.lo), (INT32 if p.hi is None else p.hi)
+        if not lo <= number <= hi:
+            raise bad(f"between {lo} and {hi}")
         return number
     if p.type == "TASK":  # a typo would otherwise match nothing and answer with empty rows
         from domain import TASK_FAMILIES, task_family
@@ -195,6 +195,9 @@ def parse(name: str, text: str) -> NamedQuery:
                 if not m or m["type"] not in TYPES or (m["lo"] or m["hi"]) and m["type"] != "INTEGER":
                     raise ValueError(f"{name}.sql: bad parameter line {comment!r}")
                 lo, hi = (None if m[k] is None else int(m[k]) for k in ("lo", "hi"))
+                if m["type"] == "INTEGER":
+                    lo = -INT32 if lo is None else max(lo, -INT32)
+                    hi = INT32 if hi is None else min(hi, INT32)
                 declared = Param(m["name"], m["type"], None, False, m["doc"].strip(), lo, hi)
                 params.append(_with_default(name, declared, m["default"]))
             elif comment:

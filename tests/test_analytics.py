@@ -351,7 +351,7 @@ def test_bad_query_names_and_parameters_give_clear_errors(filled, tmp_path):
             service.run_named(wh, "pass_at_k", {"k": "0"})
         with pytest.raises(QueryError, match="'examples' must be between 0 and 100, got 101"):
             service.run_named(wh, "failure_modes", {"examples": 101})
-        with pytest.raises(QueryError, match="'min_calls' must be at least 0"):
+        with pytest.raises(QueryError, match="'min_calls' must be between 0 and 2147483647"):
             service.run_named(wh, "tool_error_rates", {"min_calls": "-1"})
         # a long number is out of range, not 'not an integer'; the message stays short
         with pytest.raises(QueryError, match=r"'k' must be between 1 and 64, got '9{56}\.\.\.$"):
@@ -360,8 +360,13 @@ def test_bad_query_names_and_parameters_give_clear_errors(filled, tmp_path):
             service.run_named(wh, "pass_at_k", {"k": "-" + "9" * 5000})
         # leading zeros are no size: 21 characters of them and a 2 is k=2 (it read as out of range)
         assert {r["k"] for r in service.run_named(wh, "pass_at_k", {"k": "0" * 20 + "2"})} == {1, 2}
-        with pytest.raises(QueryError, match="'min_calls' must be a 32-bit integer"):
+        # an end the header leaves open is DuckDB's 32-bit bound, published as such
+        with pytest.raises(QueryError, match="'min_calls' must be between 0 and 2147483647"):
             service.run_named(wh, "tool_error_rates", {"min_calls": "99999999999999"})
+        assert service.run_named(wh, "tool_error_rates", {"min_calls": 2**31 - 1}) == []
+        [min_calls] = [p for q in service.describe() if q["name"] == "tool_error_rates"
+                       for p in q["params"] if p["name"] == "min_calls"]
+        assert (min_calls["min"], min_calls["max"]) == (0, 2**31 - 1)
         assert [len(r["example_episode_ids"]) for r in service.run_named(wh, "failure_modes", {"examples": 0})
                 ] == [0] * len(service.run_named(wh, "failure_modes", {}))
         # a value that looks like SQL is only ever a bound value
@@ -379,8 +384,9 @@ def test_parameter_ranges_are_declared_in_the_header_and_published():
     assert query.bind({"n": "9", "m": "-5"}) == {"n": 9, "m": -5}
     with pytest.raises(QueryError, match="'n' must be between 2 and 9, got '1'"):
         query.bind({"n": "1"})
-    with pytest.raises(QueryError, match="'m' must be at most 0, got 1"):
-        query.bind({"m": 1})
+    with pytest.raises(QueryError, match="'m' must be between -2147483647 and 0, got 1"):
+        query.bind({"m": 1})  # the open end is DuckDB's 32-bit bound
+    assert (query.params[1].lo, query.params[1].hi) == (-(2**31 - 1), 0)
     with pytest.raises(ValueError, match="bad parameter line"):
         parse("q", "-- param s VARCHAR[1..2] = 'a': text has no range\nSELECT $s")
     with pytest.raises(QueryError, match="between 2 and 9"):  # a default outside its own range
