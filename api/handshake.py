@@ -12,6 +12,9 @@ It also counts a handshake the application refused with an HTTP answer (`websock
 e.g. a missing API key) as complete: Uvicorn logged each such refusal as the error "ASGI
 callable returned without completing handshake", a false alarm per refused client.
 
+A text message that is not UTF-8 closes the socket with 1007, as Uvicorn closes it, but without the
+error and traceback Uvicorn logged for each such message: the client's mistake, not the server's.
+
 At shutdown Uvicorn sends close code 1012 and drops the socket at once, so a step the application
 was working on was logged without its answer ever reaching the client. Here shutdown drops only
 the messages the application has not begun (they are never applied), lets it finish and answer
@@ -29,6 +32,8 @@ from api.httpprotocol import refusal
 
 # The code a socket is closed with when the server shuts down: "service restart" (RFC 6455, IANA).
 SERVICE_RESTART = 1012
+# The code for a text message that is not UTF-8: "invalid frame payload data" (RFC 6455, 7.4.1).
+INVALID_PAYLOAD = 1007
 
 SHUTDOWN_GRACE_S = 65.0
 """How long shutdown waits for the step under way to be answered and its answer read (a step waits
@@ -83,6 +88,17 @@ class AnsweringWebSocketProtocol(WebSocketsSansIOProtocol):
                              f"not a WebSocket upgrade this server reads: {cause}")
         self.transport.write(answer)
         self.transport.close()
+
+    def send_receive_event_to_app(self) -> None:
+        if self.curr_msg_data_type == "text" and not self.close_sent:
+            try:  # checked before Uvicorn decodes it (a step's message is ~200 bytes: cheap)
+                (self.frames[0] if len(self.frames) == 1 else b"".join(self.frames)).decode()
+            except UnicodeDecodeError:
+                self.frames = []
+                self.conn.send_close(INVALID_PAYLOAD)
+                self.handle_parser_exception()  # writes the close frame and ends the socket
+                return
+        super().send_receive_event_to_app()
 
     async def send(self, message: Any) -> None:
         await super().send(message)

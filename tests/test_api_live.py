@@ -83,6 +83,33 @@ def test_a_websocket_refused_for_its_api_key_is_answered_and_logs_no_error(sqlit
     assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
 
 
+def test_a_text_message_that_is_not_utf8_closes_its_socket_1007_and_logs_no_error(sqlite_url, caplog):
+    """Uvicorn closed such a socket rightly but logged an error with a traceback per message: a
+    client's mistake read as a server fault. Other sockets keep being served."""
+    import logging
+
+    from websockets.exceptions import ConnectionClosedError
+    from websockets.sync.client import connect
+
+    with live_server(sqlite_url) as base:
+        uvicorn_log = logging.getLogger("uvicorn.error")  # configured by the server: no propagation
+        uvicorn_log.addHandler(caplog.handler)
+        try:
+            url = f"{base.replace('http', 'ws')}/ws"
+            with connect(url, open_timeout=10) as other, connect(url, open_timeout=10) as ws:
+                ws.send(orjson.dumps({"type": "reset", "data": {"seed": 1}}).decode())
+                assert orjson.loads(ws.recv())["type"] == "observation"
+                ws.send(b'{"type": "step", "data": "\xff"}', text=True)  # a text frame, not UTF-8
+                with pytest.raises(ConnectionClosedError) as closed:
+                    ws.recv(timeout=10)
+                assert closed.value.rcvd is not None and closed.value.rcvd.code == 1007
+                other.send(orjson.dumps({"type": "reset", "data": {"seed": 2}}).decode())
+                assert orjson.loads(other.recv(timeout=10))["type"] == "observation"
+        finally:
+            uvicorn_log.removeHandler(caplog.handler)
+    assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+
+
 def test_openenv_validate_passes(sqlite_url):
     from openenv.cli._validation import validate_running_environment
 
