@@ -46,10 +46,7 @@ def main() -> None:
         guard_stdout,
         hold_closed_std_fds,
         say_error,
-        with_notes,
     )
-    from eventstore import CorruptCommit, StoreUnavailable, StoreUnreachable
-    from eventstore.engine import pooler_hint
 
     hold_closed_std_fds()
     _register_commands()
@@ -60,12 +57,6 @@ def main() -> None:
             app()
         finally:
             sys.stdout.flush()  # what the buffer still holds fails here, not at exit
-    except StoreUnavailable as exc:  # a bad --db is the user's input, not a crash; a database
-        say_error(with_notes(str(exc), exc))  # server that does not answer is the world's fault (exit 1)
-        raise SystemExit(1 if isinstance(exc, StoreUnreachable) else 2) from None
-    except CorruptCommit as exc:  # the log was damaged behind the store's back
-        say_error(with_notes(f"{exc}; `companyos verify` names every damaged episode", exc))
-        raise SystemExit(1) from None
     except BrokenPipeError:  # the reader left (`| head`): stop quietly, as Unix tools do
         discard_stdout()
         raise SystemExit(1) from None
@@ -81,12 +72,30 @@ def main() -> None:
         if _interrupted(exc):
             say_error("interrupted")
             raise SystemExit(130) from None
-        if not _store_error(exc):
+        failure = store_failure(exc)
+        if failure is None:
             raise
-        hint = pooler_hint(exc) or _missing_read_model_hint(exc)
-        say_error(with_notes(f"the store failed: {getattr(exc, 'orig', None) or exc}"
-                             + (f"; {hint}" if hint else ""), exc))
-        raise SystemExit(1) from None
+        say_error(failure[0])
+        raise SystemExit(failure[1]) from None
+
+
+def store_failure(exc: BaseException) -> tuple[str, int] | None:
+    """The error line a store's failure is said with (its notes included) and the exit code: 2 for
+    a bad --db, the user's input; 1 for the world's fault (a server that does not answer, a damaged
+    log, a lost database). None: not the store's failure."""
+    from companyos.commands.output import with_notes
+    from eventstore import CorruptCommit, StoreUnavailable, StoreUnreachable
+    from eventstore.engine import pooler_hint
+
+    if isinstance(exc, StoreUnavailable):
+        return with_notes(str(exc), exc), 1 if isinstance(exc, StoreUnreachable) else 2
+    if isinstance(exc, CorruptCommit):  # the log was damaged behind the store's back
+        return with_notes(f"{exc}; `companyos verify` names every damaged episode", exc), 1
+    if not _store_error(exc):
+        return None
+    hint = pooler_hint(exc) or _missing_read_model_hint(exc)
+    return with_notes(f"the store failed: {getattr(exc, 'orig', None) or exc}"
+                      + (f"; {hint}" if hint else ""), exc), 1
 
 
 def _missing_read_model_hint(exc: BaseException) -> str | None:

@@ -227,7 +227,7 @@ def test_a_worker_that_dies_ends_the_run_in_words_not_a_hang(tmp_path):
     assert run.returncode == 1, err
     assert err.strip().splitlines() == [err.strip()] and err.startswith("error: a worker process died")
     report = json.loads(out)
-    assert report["failed"] is True
+    assert report["failed"] is True and "error: " + report["error"] == err.strip()
     reported = sorted(e["seed"] for e in report["episodes"])  # none, often: chunks of 2,000
     said = (f"; {len(reported)} episode(s) finished and were logged before it (seeds "
             f"{seed_ranges(reported, shown=None)})") if reported else "lists all the log holds"
@@ -456,6 +456,7 @@ def test_a_run_the_store_fails_under_reports_the_episodes_that_finished(tmp_path
                                            "finished and were logged before it (seeds 100..104)"]
     report = json.loads(stdout)
     assert report["failed"] is True and report["summary"]["episodes"] == 5
+    assert "error: " + report["error"] == stderr.strip()  # a reader of --json is told why, too
     assert {(e["seed"], e["digest"]) for e in report["episodes"]} == {
         (e["seed"], e["digest"]) for e in _logged(url)}
 
@@ -472,6 +473,20 @@ def test_a_store_outage_that_stops_a_run_names_the_seeds_it_finished(tmp_path, m
     assert code == 1 and json.loads(stdout)["summary"]["episodes"] == 3
     assert stderr.strip().splitlines() == ["error: the database server is not answering; 3 episode(s) "
                                            "finished and were logged before it (seeds 100..102)"]
+    assert "error: " + json.loads(stdout)["error"] == stderr.strip()
+
+
+def test_a_run_whose_store_cannot_be_opened_says_why_in_its_json_too(tmp_path):
+    """`--json` printed `"failed": true` and nothing of the cause, which only stderr said."""
+    url = f"sqlite:///{tmp_path / 'no such directory' / 'store.db'}"
+    run = subprocess.run([sys.executable, "-m", "companyos", "run", "--episodes", "1", "--db", url,
+                          "--json"], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2, run.stderr  # a --db that cannot be: the caller's input
+    report = json.loads(run.stdout)
+    assert report["failed"] is True and report["episodes"] == []
+    assert report["error"].startswith("cannot open the store at ") and "unable to open" in report["error"]
+    assert run.stderr == f"error: {report['error']}\n"
+    assert not (tmp_path / "no such directory").exists()
 
 
 def test_a_prepared_statement_a_pooler_lost_is_said_with_the_url_that_fixes_it(tmp_path, monkeypatch, capsys):

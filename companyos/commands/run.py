@@ -75,23 +75,29 @@ def run(
                 "; no other episode was begun or left half-logged"), code=130)
     except RunFailed as failed:
         # the episodes that finished before the error (a lost database, say) are reported, marked
-        # "failed" (with --json always, so its reader gets a document); the error itself is then
-        # said as every command says it (exit 1 for a store)
-        if failed.results or as_json:
-            _report(plan, failed.results, as_json, cut_short="failed")
+        # "failed" (with --json always, so its reader gets a document, which says the error in the
+        # words of the `error:` line); the error is then said as every command says it (exit 1 for
+        # a store)
+        from companyos.cli import store_failure
+
         cause = failed.__cause__
         if failed.results:  # what a resumed run can skip, in the error's one line
             cause.add_note(f"{len(failed.results)} episode(s) finished and were logged before it "
                            f"(seeds {_seeds_of(failed.results)})")
-        if isinstance(cause, WorkerDied):
-            fail(with_notes(str(cause), cause), code=1)
-        raise cause from None
+        said = (with_notes(str(cause), cause), 1) if isinstance(cause, WorkerDied) else store_failure(cause)
+        if failed.results or as_json:
+            _report(plan, failed.results, as_json, cut_short="failed", error=said and said[0])
+        if said is None:  # not the store's failure: a bug, with its traceback
+            raise cause from None
+        fail(*said)
     _report(plan, results, as_json)
 
 
-def _report(plan, results: list, as_json: bool, cut_short: str | None = None) -> None:
+def _report(plan, results: list, as_json: bool, cut_short: str | None = None,
+            error: str | None = None) -> None:
     """The run's summary and, with --json, every episode's result, on stdout; a run cut short is
-    marked `"interrupted": true` (Ctrl-C) or `"failed": true` (an error)."""
+    marked `"interrupted": true` (Ctrl-C) or `"failed": true` (an error, with `"error"` saying it
+    when it is a store's or a worker's)."""
     from companyos.batch import stop_signals_deferred, summarise
 
     # a stop signal (a second Ctrl-C, a SIGTERM as the run ends) takes effect once the report
@@ -104,6 +110,8 @@ def _report(plan, results: list, as_json: bool, cut_short: str | None = None) ->
                         "episodes": [r.to_json() for r in results]}
             if cut_short:
                 document[cut_short] = True
+            if error:
+                document["error"] = " ".join(error.split())  # as say_error joins a driver's lines
             sys.stdout.buffer.write(orjson.dumps(document) + b"\n")
             sys.stdout.flush()
             return
