@@ -370,7 +370,8 @@ def test_worker_processes_the_system_cannot_start_are_said_in_words(tmp_path, mo
     assert out.err.strip().splitlines() == ["error: cannot start the run's worker processes: "
                                             "Too many open files"], out.err
     assert json.loads(out.out) == {"rules": CURRENT_RULES, "summary": batch.summarise([]), "episodes": [],
-                                   "failed": True}
+                                   "failed": True,
+                                   "error": "cannot start the run's worker processes: Too many open files"}
 
 
 def test_no_more_worker_processes_start_than_there_are_chunks(tmp_path, monkeypatch):
@@ -530,7 +531,7 @@ def test_a_json_run_that_fails_before_any_episode_still_prints_its_document(tmp_
                                      database_gone)
     assert code == 1 and stderr.strip() == "error: the store failed: the disk is full"
     assert json.loads(stdout) == {"rules": CURRENT_RULES, "summary": batch.summarise([]), "episodes": [],
-                                  "failed": True}
+                                  "failed": True, "error": "the store failed: the disk is full"}
 
 
 def test_stop_signals_are_counted_and_a_forcing_one_waits_for_the_workers_to_start():
