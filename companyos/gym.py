@@ -84,10 +84,11 @@ def parse_action(action: Any) -> Any:
     malformed_action and logs it as the string the agent sent."""
     if not isinstance(action, str):
         return action
+    text = str(action)  # orjson refuses str subclasses: NumPy's str_ (a vector env's array of actions)
     try:
-        return parse_json(action)  # as the server reads the same text (a number past a double's range too)
+        return parse_json(text)  # as the server reads the same text (a number past a double's range too)
     except ValueError:
-        return str(action)
+        return text
 
 
 class ObservationView(Mapping):

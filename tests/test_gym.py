@@ -147,6 +147,21 @@ def test_vector_envs_step_rollouts_whose_results_differ_per_env(sqlite_url, mode
         envs.close()
 
 
+def test_actions_in_a_numpy_array_are_read_as_the_json_they_hold(sqlite_url):
+    """A vector env's actions as a NumPy array arrive as `np.str_`, which orjson refuses: every
+    sub-env's valid action was penalised as malformed_action (-1.1), while the same actions as a
+    list got the tool's answer."""
+    envs = gymnasium.make_vec(ENV_ID, num_envs=2, vectorization_mode="sync", db=sqlite_url,
+                              task="expense_report")
+    try:
+        envs.reset(seed=5)
+        texts, rewards, _, _, infos = envs.step(np.array([LIST_TICKETS, LIST_TICKETS]))
+        assert [infos["observation"][i]["error"] for i in range(2)] == [None, None]
+        assert rewards.tolist() == [-0.1, -0.1] and all("tickets" in t for t in texts)
+    finally:
+        envs.close()
+
+
 def test_one_env_cannot_back_two_adapters_and_a_servers_vector_env_gets_one_per_sub_env(sqlite_url):
     """`make_vec(env=remote)` handed every sub-env the same RemoteCompanyEnv: all of them stepped
     one episode while their infos named three seeds. That is refused; `url=` builds one each."""
