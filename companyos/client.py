@@ -505,25 +505,23 @@ class RemoteCompanyEnv:
 
     @property
     def state(self) -> dict[str, Any]:
-        """The episode's identity, progress and outcome, as the server's log holds them."""
-        self._check_open()
+        """The episode's identity, progress and outcome, as the server's log holds them (after
+        `close()` too, as CompanyEnv's)."""
         if self.episode_id is None:
             return {"episode_id": None, "step_count": 0}
-        if self._ws is not None:
+        if self._ws is not None and not self._closed:
             return self._ws.call({"type": "state"})
-        return self._http().call("GET", "/state", params={"episode_id": self.episode_id},
-                                 token=self.episode_token)
+        return self._read("/state", params={"episode_id": self.episode_id}, token=self.episode_token)
 
     def render(self) -> str:
-        """The three apps as they are now, as text (as CompanyEnv.render): folded by the server
-        from the log (a `views` message on the WebSocket, `GET /episodes/{id}/views` over HTTP)."""
-        self._check_open()
+        """The three apps as they are now, as text (as CompanyEnv.render, after `close()` too):
+        folded by the server from the log (a `views` message on the WebSocket, `GET
+        /episodes/{id}/views` over HTTP)."""
         if self.episode_id is None:
             return ""
-        if self._ws is not None:
+        if self._ws is not None and not self._closed:
             return render_views(self._ws.call({"type": "views"}))
-        views = self._http().call("GET", f"/episodes/{quote(self.episode_id, safe='')}/views")
-        return render_views(views)
+        return render_views(self._read(f"/episodes/{quote(self.episode_id, safe='')}/views"))
 
     def close(self) -> None:
         """Close the connection; the episode stays in the server's log (and can be resumed)."""
@@ -548,6 +546,18 @@ class RemoteCompanyEnv:
     def _check_open(self) -> None:
         if self._closed:
             raise RuntimeError("this RemoteCompanyEnv is closed")
+
+    def _read(self, path: str, **how: Any) -> Any:
+        """A GET of the episode; once closed, on a connection of its own, closed again at once:
+        code that reads the outcome after a `with` block ran in process only (CompanyEnv's
+        `state` and `render` answer after `close()`)."""
+        if not self._closed:
+            return self._http().call("GET", path, **how)
+        wire = HttpWire(self.base_url, self.timeout, self._headers)
+        try:
+            return wire.call("GET", path, **how)
+        finally:
+            wire.close()
 
     def _http(self) -> HttpWire:
         self._check_open()

@@ -467,6 +467,20 @@ def test_a_closed_env_says_so(server):
     remote.close()  # twice is fine
     with pytest.raises(RuntimeError, match="closed"):
         remote.step(LIST_TICKETS)
+    with pytest.raises(RuntimeError, match="closed"):
+        remote.reset(seed=2)
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_the_outcome_can_be_read_after_the_with_block_as_in_process(server, local, transport):
+    """CompanyEnv's `state` and `render` answer after `close()`; RemoteCompanyEnv's raised "closed",
+    so code reading the outcome after its `with` block ran in process only."""
+    with RemoteCompanyEnv(server[0], transport=transport, agent="expert") as remote:
+        play_agent(local, remote, "expert", 3, {"task": "expense_report"})
+    assert remote.state["outcome"] == local.state["outcome"] == "success"
+    assert_same_episode(local, remote)  # state and render, each over a connection of its own
+    with pytest.raises(RuntimeError, match="closed"):
+        remote.step(LIST_TICKETS)  # reads only: the env stays closed
 
 
 def test_arguments_are_checked_at_construction():
