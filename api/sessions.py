@@ -376,8 +376,9 @@ class SessionManager:
                            "this server and has no token; it can be read but not acted on")
         if not token:
             raise ApiError(401, "token_required",
-                           "acting on an episode needs its token: the X-Episode-Token header or "
-                           "the episode_token field (returned by reset)")
+                           "this needs the episode's token (returned by reset): the "
+                           "X-Episode-Token header, or episode_token in the body (POST /step) "
+                           "or the query (GET /state, /ws)")
         if not isinstance(token, str) or not hmac.compare_digest(hash_token(token),
                                                                  session.token_hash):
             raise ApiError(403, "wrong_token", "the episode token does not match this episode")

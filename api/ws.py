@@ -29,6 +29,7 @@ EXECUTION_ERROR = "EXECUTION_ERROR"
 CAPACITY_REACHED = "CAPACITY_REACHED"
 SESSION_ERROR = "SESSION_ERROR"
 NO_REPLY = ""
+MESSAGE_TYPES = "reset, step, state, views, close or mcp"  # what `handle` answers, said when it cannot
 """What `handle` returns for a message that gets no frame back (an MCP notification)."""
 WS_QUERY = ("episode_token", "session_id")
 """The query parameters `/ws` takes: a session to resume, and its token."""
@@ -179,9 +180,10 @@ class _Connection:
             message = loads(raw)
         except json.JSONDecodeError as exc:
             return _error(f"Invalid JSON: {exc}", INVALID_JSON)
-        if not isinstance(message, dict):
-            return _error("a message must be a JSON object with a 'type'", VALIDATION_ERROR)
-        kind = message.get("type")
+        if not isinstance(message, dict) or "type" not in message:  # not "Unknown message type: None"
+            return _error(f"a message must be a JSON object with a 'type': {MESSAGE_TYPES}",
+                          VALIDATION_ERROR)
+        kind = message["type"]
         try:
             if kind == "step":
                 return await self._step(message)
@@ -200,7 +202,7 @@ class _Connection:
             if refused is None:
                 raise
             return _api_error(refused)
-        return _error(f"Unknown message type: {kind}", UNKNOWN_TYPE)
+        return _error(f"Unknown message type: {kind}; the types are {MESSAGE_TYPES}", UNKNOWN_TYPE)
 
     async def _reset(self, message: dict) -> str:
         data = message.get("data", {})

@@ -513,7 +513,10 @@ def test_episode_token_rules(sqlite_url):
         assert r.status_code == 401 and "token" in r.json()["detail"]
         r = step(c, episode_id, other_token, ACTIONS[0])
         assert r.status_code == 403 and r.json()["code"] == "wrong_token"
-        assert c.get("/state", params={"episode_id": episode_id}).status_code == 401
+        r = c.get("/state", params={"episode_id": episode_id})
+        # GET /state takes it in its query, not the body field the words once named alone
+        assert r.status_code == 401 and "the query (GET /state" in r.json()["detail"]
+        assert c.get("/state", params={"episode_id": episode_id, "episode_token": token}).status_code == 200
         # the body's token and the header's, different: the body's won without a word
         for headers in ({"X-Episode-Token": other_token}, {"X-Episode-Token": token}):
             body_token = token if headers["X-Episode-Token"] == other_token else other_token
@@ -839,7 +842,7 @@ def test_a_lone_surrogate_echoed_back_is_answered_not_a_500_or_a_dropped_socket(
         with c.websocket_connect("/ws") as ws:
             ws.send_text('{"type": "x\\ud800"}')
             frame = ws.receive_json()
-            assert frame["data"]["code"] == "UNKNOWN_TYPE" and frame["data"]["message"].endswith("x\ud800")
+            assert frame["data"]["code"] == "UNKNOWN_TYPE" and "type: x\ud800; " in frame["data"]["message"]
             ws.send_text('{"type": "reset", "data": {"agent": "a\\ud800"}}')
             assert "agent must be Unicode text" in ws.receive_json()["data"]["message"]
             ws.send_json({"type": "reset", "data": RESET})
@@ -885,7 +888,13 @@ def test_websocket_protocol(sqlite_url):
         ws.send_text("{nope")
         assert ws.receive_json()["data"]["code"] == "INVALID_JSON"
         ws.send_json({"type": "dance"})
-        assert ws.receive_json()["data"]["code"] == "UNKNOWN_TYPE"
+        said = ws.receive_json()["data"]
+        assert said["code"] == "UNKNOWN_TYPE"
+        assert said["message"].endswith("the types are reset, step, state, views, close or mcp")
+        ws.send_json({"nottype": 1})  # was "Unknown message type: None"
+        said = ws.receive_json()["data"]
+        assert said["code"] == "VALIDATION_ERROR"
+        assert said["message"].startswith("a message must be a JSON object with a 'type': reset, step")
         ws.send_json({"type": "step"})  # no action at all
         assert ws.receive_json()["data"]["code"] == "VALIDATION_ERROR"
         ws.send_json({"type": "reset", "data": {"task": "nope"}})
