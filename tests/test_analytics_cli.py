@@ -379,6 +379,37 @@ def test_a_report_never_overwrites_the_store_the_warehouse_or_another_file(logge
     assert not list(tmp_path.glob(".*.tmp"))  # nothing half-written left behind
 
 
+def test_a_report_into_a_pipe_is_written_through_and_an_empty_file_only_when_named_html(logged, tmp_path,
+                                                                                       cli):
+    """`--html` onto a FIFO (or /dev/stdout piped) waited for ever reading it as "an earlier
+    report?", and onto a device replaced it with a plain file (as root, /dev/null itself). An empty
+    file of any name was replaced, a lock file included."""
+    import stat
+    import threading
+
+    url, _ = logged
+    wh = str(tmp_path / "w.duckdb")
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    read: list[bytes] = []
+    reader = threading.Thread(target=lambda: read.append(fifo.read_bytes()), daemon=True)
+    reader.start()
+    out = cli("report", "--html", str(fifo), "--db", url, "--warehouse", wh)
+    reader.join(timeout=60)
+    assert out.exit_code == 0, out.output
+    assert read and read[0].startswith(b"<!doctype html") and read[0].rstrip().endswith(b"</html>")
+    assert stat.S_ISFIFO(fifo.stat().st_mode)  # still the pipe, not a file put in its place
+    lock = tmp_path / "store.db-writer.lock"
+    lock.touch()
+    out = cli("report", "--html", str(lock), "--db", url, "--warehouse", wh)
+    assert out.exit_code == 2 and "it is an empty file not named .html" in out.output, out.output
+    assert lock.read_bytes() == b""
+    made = tmp_path / "made-by-mktemp.html"
+    made.touch()
+    out = cli("report", "--html", str(made), "--db", url, "--warehouse", wh)
+    assert out.exit_code == 0 and made.read_text().startswith("<!doctype html"), out.output
+
+
 def _replace_refused(self, target):
     raise OSError("the rename was refused")
 

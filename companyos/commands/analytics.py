@@ -249,17 +249,27 @@ def _read_only_hint(message: str) -> str:
 def _not_a_report(path: Path) -> str | None:
     """Why `path` must not be overwritten by a report, or None. A mistyped or tab-completed name
     overwrote the event store itself (or the warehouse) with HTML, every episode gone."""
-    if path.is_dir():  # the caller's path, as for --warehouse and export (it was the world's, 1)
+    import stat
+
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        return None
+    except OSError:  # unreadable, a symlink loop: writing says what is wrong
+        return None
+    if stat.S_ISDIR(mode):  # the caller's path, as for --warehouse and export (it was the world's, 1)
         return "it is a directory"
+    if not stat.S_ISREG(mode):  # a device or a pipe is written through (_write_through), never read
+        return None
     try:
         with path.open("rb") as existing:
             head = existing.read(512)
-    except FileNotFoundError:
+    except OSError:
         return None
-    except OSError:  # a directory, or unreadable: writing says what is wrong
-        return None
-    if not head.strip():
-        return None
+    if not head.strip():  # `mktemp --suffix .html` makes one; a lock file is one too
+        if path.suffix.lower() in (".html", ".htm"):
+            return None
+        return "it is an empty file not named .html (a lock file, say), which a report would replace"
     if head.startswith(b"SQLite format 3\0") or head[8:12] == b"DUCK":
         return "it is a database (the event store, or a warehouse), which a report would overwrite"
     from analytics.report import is_report
@@ -267,6 +277,31 @@ def _not_a_report(path: Path) -> str | None:
     if not is_report(head):  # a hand-written page was as lost as any other file
         return "it is a file that is no report of this command, which a report would overwrite"
     return None
+
+
+def _write_report(target: Path, page: str) -> None:
+    """The page into `target`: a file whole or not at all (an interrupted write left half a page in
+    place of the last one; through a symlink, the file it names is replaced, not the link); a
+    device or a pipe (`/dev/stdout`, a FIFO) written through, as a shell's `>` writes it (replacing
+    one put a plain file in place of /dev/null)."""
+    import stat
+
+    final = Path(os.path.realpath(target)) if target.is_symlink() else target  # a loop: as is
+    try:
+        special = not stat.S_ISREG(final.stat().st_mode)
+    except OSError:  # none yet, or a link to itself: a file is made in its place
+        special = False
+    if special:
+        with final.open("w", encoding="utf-8") as stream:
+            stream.write(page)
+        return
+    final.parent.mkdir(parents=True, exist_ok=True)
+    staged = final.with_name(f".{final.name}.tmp")
+    try:
+        staged.write_text(page, encoding="utf-8")
+        staged.replace(final)
+    finally:
+        staged.unlink(missing_ok=True)
 
 
 @analytics_app.command("report")
@@ -308,16 +343,7 @@ def report_command(
         return
     if html:
         try:
-            html.parent.mkdir(parents=True, exist_ok=True)
-            # whole or not at all: an interrupted write left half a page in place of the last one;
-            # through a symlink, the file it names is replaced, not the link
-            final = Path(os.path.realpath(html)) if html.is_symlink() else html  # a loop: as is
-            staged = final.with_name(f".{final.name}.tmp")
-            try:
-                staged.write_text(report.to_html(data), encoding="utf-8")
-                staged.replace(final)
-            finally:
-                staged.unlink(missing_ok=True)
+            _write_report(html, report.to_html(data))
         except OSError as exc:
             from analytics.paths import why_not_written
 
