@@ -411,6 +411,18 @@ def test_text_that_is_not_utf8_is_refused_in_words(cli, db, args):
     assert out.exit_code == 2 and "is not UTF-8 text" in out.output
 
 
+@pytest.mark.parametrize("command", ["replay", "rerun"])
+@pytest.mark.parametrize(("episode", "words"), [("", "an episode id cannot be empty"),
+                                                ("e" * 201, "no episode id is longer than 200")])
+def test_an_episode_id_no_stream_can_have_is_refused_in_words(cli, db, command, episode, words):
+    """The store's own check of the id reached the user as a traceback (exit 1)."""
+    url, _ = db
+    out = cli(command, episode, "--db", url)
+    assert out.exit_code == 2 and words in out.output and "Traceback" not in out.output, out.output
+    out = cli(command, "e" * 200, "--db", url)  # the longest a stream id can be: looked up
+    assert out.exit_code == 2 and "no episode 'eeee" in out.output, out.output
+
+
 def test_a_store_named_by_a_sqlite_uri_is_the_same_store(cli, db, tmp_path, monkeypatch):
     """`sqlite:///file:x.db?uri=true` (and `mode=ro`, to look without writing) names the file x.db:
     the commands that read the log find it, and the writer lock is the plain spelling's."""

@@ -33,4 +33,18 @@ def named_path(value: str) -> Path:
     return Path(value).expanduser()
 
 
-EpisodeArgument = typer.Argument(..., help="Episode id (its stream id).", callback=utf8_text)
+def episode_text(value: str) -> str:
+    """An episode id a stream can have: UTF-8, not empty, at most the store's length (the store's
+    own check of `""` or a 201-character id was a traceback)."""
+    from eventstore.records import MAX_STREAM_ID_LENGTH
+
+    utf8_text(value)
+    if not value:
+        raise typer.BadParameter("an episode id cannot be empty")
+    if len(value) > MAX_STREAM_ID_LENGTH:
+        raise typer.BadParameter(f"no episode id is longer than {MAX_STREAM_ID_LENGTH} characters "
+                                 f"(this one has {len(value)})")
+    return value
+
+
+EpisodeArgument = typer.Argument(..., help="Episode id (its stream id).", callback=episode_text)
