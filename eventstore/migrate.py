@@ -70,7 +70,8 @@ class MigrationFailed(Exception):
 
 
 class NoStore(Exception):
-    """The database holds no store, and the caller only reads one: creating it would be wrong."""
+    """The database holds no store, and the caller only reads one: creating it would be wrong. Its
+    argument: the tables it holds (another application's), so the refusal can say so."""
 
 
 class ForeignTables(Exception):
@@ -83,27 +84,28 @@ STORE_TABLES = frozenset({"commits", "event_ids", "events", "projection_checkpoi
 """Every table a migration creates (0001's `events` included, which 0003 replaces)."""
 
 
-def _foreign(connection: sa.Connection, current: str | None) -> str | None:
-    """Why the database's tables are not a store's, or None: store tables without the store's
-    revision table, or a revision table (another Alembic user's) with none of the store's tables."""
-    tables = set(sa.inspect(connection).get_table_names())
+def foreign(tables: set[str], current: str | None, create: bool) -> str | None:
+    """Why a database holding `tables` (and the revision `current` in its alembic_version, None for
+    none) is not a store, or None: store tables without the store's revision table, a revision
+    table (another Alembic user's) with none of the store's tables, or, where a store would be
+    created (`create`), another application's tables only: a mistyped `--db` naming another
+    application's SQLite file (or a PostgreSQL schema in use) got the store's tables beside its own.
+    A pure function of the names, so SQLite's file can be judged before anything connects to it."""
     if current is None:
         clash = sorted(tables & STORE_TABLES)
-        return (f"it holds tables named {', '.join(clash)} but no alembic_version, so they are not "
-                "the store's") if clash else None
-    if "commits" not in tables:
-        return (f"its alembic_version (revision {current!r}) is another application's: it holds "
-                "no commits table")
+        if clash:
+            return (f"it holds tables named {', '.join(clash)} but no alembic_version, so they are "
+                    "not the store's")
+        others = sorted(tables - {"alembic_version"})
+        if not others or not create:
+            return None
+        shown = ", ".join(others[:5]) + (f" and {len(others) - 5} more" if len(others) > 5 else "")
+        return (f"it holds another application's tables ({shown}) and none of the store's, so "
+                "creating the store there would mix the two")
+    if "commits" not in tables and current not in known_revisions():  # a store's skips loading Alembic
+        return (f"its alembic_version (revision {current!r}) is another application's: it holds no "
+                "commits table")
     return None
-
-
-def _other_tables(connection: sa.Connection) -> str:
-    """The tables a database without a store already holds, named for an error ('' if none): a
-    mistyped `--db` naming another application's SQLite file (or a PostgreSQL schema in use) got
-    the store's tables beside that application's."""
-    names = sorted(set(sa.inspect(connection).get_table_names()) - STORE_TABLES)
-    shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
-    return shown
 
 
 def upgrade(engine: sa.Engine, create: bool = True) -> None:
@@ -114,15 +116,12 @@ def upgrade(engine: sa.Engine, create: bool = True) -> None:
         current = current_revision(probe)
         if current == HEAD_REVISION:
             return
-        if current is None or current not in known_revisions():
-            foreign = _foreign(probe, current)
-            if foreign is not None:
-                raise ForeignTables(foreign)
+        tables = set(sa.inspect(probe).get_table_names())
+        reason = foreign(tables, current, create)
+        if reason is not None:
+            raise ForeignTables(reason)
         if current is None and not create:
-            raise NoStore
-        if current is None and (others := _other_tables(probe)):
-            raise ForeignTables(f"it holds another application's tables ({others}) and none of the "
-                                "store's, so creating the store there would mix the two")
+            raise NoStore(sorted(tables))
         if current is not None and current not in known_revisions():
             raise NewerStore(f"migration {current!r}, which this companyos does not know (its "
                              f"newest is {HEAD_REVISION!r}): upgrade companyos to use it")

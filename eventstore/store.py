@@ -100,8 +100,7 @@ class EventStore:
         `"full"` also survives power loss, at the price of an fsync per commit.
         """
         shown = shown_url(url)
-        if not create:
-            _refuse_a_sqlite_file_without_a_store(url, shown)
+        _refuse_a_sqlite_file_that_is_no_store(url, shown, create)
         try:
             engine = create_engine(url, synchronous)
         except BadSynchronous:
@@ -115,11 +114,10 @@ class EventStore:
                                    ) from None
         try:
             migrate.upgrade(engine, create)
-        except migrate.NoStore:
+        except migrate.NoStore as exc:
             engine.dispose()
-            raise StoreUnavailable(f"there is no store at {shown}: the database holds none of its "
-                                   "tables; `companyos run` or `companyos db upgrade` creates one"
-                                   ) from None
+            raise StoreUnavailable(f"there is no store at {shown}: the database "
+                                   f"{_holds_none(exc.args[0])}") from None
         except (sa.exc.DBAPIError, migrate.MigrationFailed) as exc:
             engine.dispose()
             error = exc.error if isinstance(exc, migrate.MigrationFailed) else exc
@@ -557,10 +555,11 @@ def _as_retry(stream_id: str, stored: list[RecordedEvent], supplied_ids: list[st
     return ordered
 
 
-def _refuse_a_sqlite_file_without_a_store(url: str, shown: str) -> None:
-    """For `open(create=False)`: a SQLite file that does not exist, or holds no store, is refused
-    before the engine touches it (its first connection would create the file, or turn it to WAL
-    mode). Other databases are probed by the migration step."""
+def _refuse_a_sqlite_file_that_is_no_store(url: str, shown: str, create: bool) -> None:
+    """A SQLite file that is another application's, or (`create=False`) that does not exist or
+    holds no store, is refused before the engine touches it: its first connection would create the
+    file, or turn it to WAL mode (another application's file was changed even as it was refused).
+    Other databases are probed by the migration step."""
     import os
     import sqlite3
     from contextlib import closing
@@ -573,20 +572,37 @@ def _refuse_a_sqlite_file_without_a_store(url: str, shown: str) -> None:
     if path is None or "\x00" in path:  # a file no system can name: creating the engine says so
         return
     if not os.path.exists(path):
+        if create:
+            return
         raise StoreUnavailable(f"there is no store at {path} ({url}); `companyos run` or "
                                "`companyos db upgrade` creates one")
     try:
         immutable = "&immutable=1" if sqlite_immutable(url) else ""  # read-only media: no -shm
         with closing(sqlite3.connect(f"{Path(path).resolve().as_uri()}?mode=ro{immutable}", uri=True)) as con:
-            # a table of the store's names without the revision table: migrate says whose it is
-            names = ("alembic_version", *sorted(migrate.STORE_TABLES))
-            holds = con.execute(f"SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name IN "
-                                f"({', '.join('?' * len(names))})", names).fetchone()[0] > 0
+            tables = {name for (name,) in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            current = None
+            if "alembic_version" in tables:
+                row = con.execute("SELECT version_num FROM alembic_version").fetchone()
+                current = row[0] if row else None
     except sqlite3.Error:
         return  # not a database, or unreadable: opening the store says what is wrong
-    if not holds:
-        raise StoreUnavailable(f"there is no store at {path} ({url}): the file holds none of its "
-                               "tables; `companyos run` or `companyos db upgrade` creates one")
+    if not create and not tables & {"alembic_version", *migrate.STORE_TABLES}:
+        raise StoreUnavailable(f"there is no store at {path} ({url}): the file {_holds_none(tables)}")
+    reason = migrate.foreign(tables, current, create)
+    if reason is not None:
+        raise StoreUnavailable(f"the database at {shown} is not a store: {reason}; a store needs a "
+                               "file of its own")
+
+
+def _holds_none(tables: list[str] | set[str]) -> str:
+    """Why a database is no store, said with what to do: `run` and `db upgrade` make one only where
+    no other application's tables are (readers were sent to them, which then refused)."""
+    if not tables:
+        return "holds none of its tables; `companyos run` or `companyos db upgrade` creates one"
+    names = sorted(tables)
+    others = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+    return (f"holds none of its tables, only another application's ({others}); a store needs a "
+            "database of its own")
 
 
 def shown_url(url: str) -> str:

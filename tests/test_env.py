@@ -18,7 +18,7 @@ from companyos.agents import make_agent
 from companyos.env import CompanyEnv
 from companyos.runtime import EpisodeNotFound, EpisodeRuntime
 from eventstore import EventStore
-from eventstore.engine import normalise_url
+from eventstore.engine import normalise_url, sqlite_file
 from tests.conftest import two_at_a_time
 
 FAMILIES = list(domain.TASK_FAMILIES)
@@ -641,11 +641,17 @@ def test_a_database_of_another_applications_tables_is_not_made_a_store(empty_sto
     with engine.begin() as conn:
         conn.execute(sa.text("CREATE TABLE users (id INTEGER)"))
     engine.dispose()
+    file = sqlite_file(normalise_url(empty_store_url))
+    before = file and pathlib.Path(file).read_bytes()
     out = _cli(*command, "--db", empty_store_url)
     assert out.returncode == 2, out.stdout + out.stderr
     assert "another application's tables (users)" in out.stderr and "of its own" in out.stderr
+    # not a byte changed: the refusal came after the first connection had turned the file to WAL
+    assert file is None or pathlib.Path(file).read_bytes() == before
     assert sa.inspect(engine).get_table_names() == ["users"]
     engine.dispose()
+    out = _cli("episodes", "--db", empty_store_url)  # it pointed readers to run or db upgrade
+    assert out.returncode == 2 and "creates one" not in out.stderr, out.stderr
 
 
 def test_run_refuses_seeds_past_64_bits_before_logging_anything(tmp_path):
