@@ -10,6 +10,7 @@ import os
 import pathlib
 import re
 import shutil
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -408,6 +409,37 @@ def test_a_report_into_a_pipe_is_written_through_and_an_empty_file_only_when_nam
     made.touch()
     out = cli("report", "--html", str(made), "--db", url, "--warehouse", wh)
     assert out.exit_code == 0 and made.read_text().startswith("<!doctype html"), out.output
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User and system CPU a process has used so far (Linux's /proc)."""
+    fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_ctrl_c_stops_a_long_query(logged, tmp_path, stop):
+    """A signal reaches Python between bytecodes of the main thread only, and DuckDB looks for one
+    only now and then: a cross join went on for ever after Ctrl-C three times in four (SIGTERM
+    ended it in silence, exit 143). The query now runs on a thread, and the signal interrupts it."""
+    url, _ = logged
+    wh = str(tmp_path / "w.duckdb")
+    subprocess.run([sys.executable, "-m", "companyos", "analytics", "sync", "--db", url, "--warehouse", wh],
+                   check=True, capture_output=True)
+    query = subprocess.Popen(
+        [sys.executable, "-m", "companyos", "analytics", "sql", "--db", url, "--warehouse", wh,
+         "SELECT sum(a.range * b.range) FROM range(1000000) a, range(1000000) b"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        started, deadline = _cpu_seconds(query.pid), time.monotonic() + 120
+        while query.poll() is None and _cpu_seconds(query.pid) < started + 4:  # the join is running
+            assert time.monotonic() < deadline, "the command used no CPU for two minutes"
+            time.sleep(0.2)
+        query.send_signal(stop)
+        _, err = query.communicate(timeout=60)
+    finally:
+        query.kill()
+    assert query.returncode == 130 and err.strip().splitlines() == ["error: interrupted"], err
 
 
 def _replace_refused(self, target):

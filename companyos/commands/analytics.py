@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import typer
 
@@ -31,6 +31,8 @@ if TYPE_CHECKING:
     from analytics.sync_progress import Progress
     from analytics.warehouse import Warehouse
     from eventstore import EventStore
+
+T = TypeVar("T")
 
 analytics_app = typer.Typer(help="Failure-mode analytics: a DuckDB warehouse fed from the store.",
                             no_args_is_help=True)
@@ -114,6 +116,39 @@ def _progress_bar(quiet: bool) -> Iterator[Progress]:
             yield lambda done, total: bar.update(job, completed=done, total=total)
 
 
+def _interruptible(wh: Warehouse, work: Callable[[], T]) -> T:
+    """`work` (queries on `wh`) on a thread of its own, so that Ctrl-C, and SIGTERM, stop it. A
+    signal reaches Python between bytecodes of the main thread only, and DuckDB checks for it only
+    now and then: a cross join went on for ever after Ctrl-C, 3 times in 4. The main thread waits,
+    and when interrupted asks DuckDB to stop, then ends as Ctrl-C ends any command."""
+    import threading
+
+    outcome: list = []
+    finished = threading.Event()  # not Thread.join: once interrupted, 3.11's join returns at once
+
+    def run() -> None:
+        try:
+            outcome.append((True, work()))
+        except BaseException as exc:  # handed to the main thread, raised there
+            outcome.append((False, exc))
+        finally:
+            finished.set()
+
+    with sigterm_as_ctrl_c():
+        threading.Thread(target=run, name="analytics-query", daemon=True).start()
+        try:
+            finished.wait()  # a signal ends the wait (POSIX), not the query
+        except KeyboardInterrupt:
+            wh.con.interrupt()
+            # DuckDB stops at once; a thread still in it as the interpreter exits aborts the process
+            finished.wait(timeout=30)
+            raise
+    done, value = outcome[0]
+    if not done:
+        raise value
+    return value
+
+
 @analytics_app.command("sync")
 def sync_command(
     db: str | None = DbOption,
@@ -175,11 +210,13 @@ def query_command(
     except named.QueryError as exc:
         fail(str(exc))
     wh = _open_synced(db, warehouse, quiet=fmt != "table")
-    try:
+    def answer() -> tuple[list[str], list[tuple], list[int]]:
         cursor = wh.con.execute(query.sql, bound)
-        names = [d[0] for d in cursor.description]
         rows = cursor.fetchall()
-        pooled = _versions_pooled(wh, name, bound) if rows else []
+        return [d[0] for d in cursor.description], rows, _versions_pooled(wh, name, bound) if rows else []
+
+    try:
+        names, rows, pooled = _interruptible(wh, answer)
     finally:
         wh.close()
     _print_rows(names, rows, fmt, title=f"{name}: {query.description}")
@@ -225,7 +262,7 @@ def sql_command(
         fail(str(exc))
     wh = _open_synced(db, warehouse, quiet=fmt != "table")
     try:
-        names, rows = run_sql(wh, statement)
+        names, rows = _interruptible(wh, lambda: run_sql(wh, statement))
     except duckdb.Error as exc:
         fail(_read_only_hint(adhoc.one_line(str(exc))))
     finally:
@@ -335,7 +372,8 @@ def report_command(
         fail(f"--html {html}: {problem}; name a new file or an earlier report")
     wh = _open_synced(db, warehouse, quiet=markdown or to_stdout)
     try:
-        data = report.build(wh, agent=agent, task=task, chaos=chaos, profile=profile, rules=rules)
+        data = _interruptible(wh, lambda: report.build(wh, agent=agent, task=task, chaos=chaos,
+                                                        profile=profile, rules=rules))
     finally:
         wh.close()
     if to_stdout:  # `--html - | ...`, as tools take "-": a file named "-" was written instead
