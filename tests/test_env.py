@@ -869,14 +869,19 @@ def test_serve_says_in_one_line_why_it_cannot_listen(tmp_path):
         out = _cli("serve", "--port", port, "--db", url)
     assert out.returncode == 1 and out.stdout == ""
     assert out.stderr == f"error: cannot listen on 127.0.0.1:{port}: Address already in use\n"
-    host, level, *memory, spaced, empty = _clis(
+    host, level, idle, wait, *memory, spaced, empty = _clis(
         ["serve", "--host", "no-such-host.invalid", "--db", url],
         ["serve", "--log-level", "loud", "--db", url],
+        ["serve", "--idle-timeout", "nan", "--db", url],
+        ["verify", "--wait", "nan", "--db", url],
         *(["serve", "--db", m] for m in ("sqlite://", "sqlite:///file:m?mode=memory&cache=shared&uri=true")),
         (["serve", "--db", url], {"COMPANYOS_API_KEY": "two words"}),
         (["serve", "--db", url], {"COMPANYOS_API_KEY": ""}))
     assert host.returncode == 2 and host.stderr.startswith("error: cannot listen on 'no-such-host")
     assert level.returncode == 2 and "--log-level must be one of critical" in level.stderr
+    # nan was refused with the words of a bound it does not break ("... less than or equal to 3600")
+    assert idle.returncode == 2 and "from 0.001 to 31,622,400, not nan" in _unboxed(idle.stderr), idle.stderr
+    assert wait.returncode == 2 and "from 0 to 3,600, not nan" in _unboxed(wait.stderr), wait.stderr
     for out in memory:
         assert out.returncode == 2 and "is an in-memory SQLite store" in _unboxed(out.stderr), out.stderr
     # a key no Authorization header can carry locked out every client with "wrong API key"

@@ -2,9 +2,27 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import typer
+
+
+def seconds(lo: float, hi: float) -> Callable[[str | float], float]:
+    """A parser of a number of seconds in [lo, hi]: `nan` was refused by Typer's own range check
+    with the words of a bound it does not break ("Input should be less than or equal to 3600")."""
+
+    def parse(value: str | float) -> float:
+        try:
+            number = float(value)
+        except ValueError:
+            raise typer.BadParameter(f"{value!r} is not a number of seconds") from None
+        if not lo <= number <= hi:  # nan included: it compares false with every bound
+            raise typer.BadParameter(f"must be a number of seconds from {lo:,} to {hi:,}, not {value}")
+        return number
+
+    return parse
+
 
 DbOption = typer.Option(None, "--db", help="SQLAlchemy URL of the store (default: $COMPANYOS_DB "
                         "or sqlite:///companyos.db)")

@@ -12,7 +12,7 @@ from contextlib import contextmanager
 
 import typer
 
-from companyos.commands.options import DbOption, EpisodeArgument, JsonOption, utf8_text
+from companyos.commands.options import DbOption, EpisodeArgument, JsonOption, seconds, utf8_text
 from companyos.commands.output import (
     fail,
     print_json,
@@ -258,9 +258,9 @@ WorkersOption = typer.Option(None, "--workers", min=1, max=64,
 def verify(
     workers: int | None = WorkersOption,
     wait: float = typer.Option(
-        10.0, "--wait", min=0, max=3600, metavar="SECONDS",
+        10.0, "--wait", parser=seconds(0, 3600), metavar="SECONDS",
         help="PostgreSQL: how long to wait for transactions older than the newest commits to end, "
-             "so that the check covers those commits (0: check what is final now)."),
+             "so that the check covers those commits (0: check what is final now; at most 3600)."),
     db: str | None = DbOption,
     as_json: bool = JsonOption,
 ) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import typer
 
-from companyos.commands.options import DbOption, named_path
+from companyos.commands.options import DbOption, named_path, seconds
 from companyos.commands.output import fail
 from companyos.config import api_key_problem, resolve_db
 from eventstore import shown_url
@@ -47,9 +47,9 @@ def serve(
                                           "gets a CAPACITY_REACHED frame."),
     cache_size: int = typer.Option(4096, "--cache-size", min=1,
                                    help="Running episodes kept in memory per worker."),
-    idle_timeout: float = typer.Option(300.0, "--idle-timeout", min=0.001,
+    idle_timeout: float = typer.Option(300.0, "--idle-timeout", parser=seconds(0.001, 366 * 86400),
                                        help="Seconds before an idle episode leaves the cache "
-                                            "(never the log)."),
+                                            "(never the log); from 0.001 to a year."),
     max_body: int = typer.Option(DEFAULT_MAX_BODY, "--max-body", min=1024,
                                  help="Largest request body / WebSocket message in bytes."),
     root_path: str = typer.Option("", "--root-path",
