@@ -123,7 +123,8 @@ class EventStore:
             error = exc.error if isinstance(exc, migrate.MigrationFailed) else exc
             said = " ".join(str(error.orig).split())  # one line: psycopg's text spans several
             if _worlds_fault(error.orig, url):
-                raise StoreUnreachable(f"cannot open the store at {shown}: {said}") from None
+                raise StoreUnreachable(f"cannot open the store at {shown}: {said}"
+                                       f"{_read_only_media_hint(error.orig, url)}") from None
             if isinstance(exc, migrate.MigrationFailed):  # the user ran `episodes`: say it migrated
                 raise StoreUnavailable(
                     f"the store at {shown} is at migration {exc.revision!r}, older than this "
@@ -816,6 +817,22 @@ def _refused_url(error: BaseException) -> bool:
     except ImportError:
         return False
     return isinstance(error, psycopg.ProgrammingError)
+
+
+def _read_only_media_hint(error: BaseException, url: str) -> str:
+    """What to do when SQLite cannot open a store file in a directory no one may write (a read-only
+    mount): it makes the WAL's shared-memory file beside the store, even to read; `immutable=1`
+    tells it the file cannot change, so it needs none. '' when that is not the case."""
+    import os
+
+    if (getattr(error, "sqlite_errorcode", 0) or 0) & 0xFF != _SQLITE_CANTOPEN or sqlite_immutable(url):
+        return ""
+    path = sqlite_file(url)
+    if path is None or not os.path.isfile(path) or os.access(os.path.dirname(os.path.abspath(path)), os.W_OK):
+        return ""
+    return (f"; its directory cannot be written (read-only media?), where SQLite makes the WAL's "
+            f"shared-memory file even to read: open it as sqlite:///file:{os.path.abspath(path)}"
+            "?immutable=1&uri=true")
 
 
 def _worlds_fault(error: BaseException, url: str) -> bool:

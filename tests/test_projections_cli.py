@@ -483,6 +483,41 @@ def test_a_read_only_url_lists_what_the_read_models_hold_and_refuses_to_write(cl
     assert json.loads(cli("episodes", "--db", url, "--json").stdout)["episodes"][0]["episode_id"] != first
 
 
+def test_a_store_on_read_only_media_is_refused_with_the_url_that_opens_it(cli, tmp_path, monkeypatch):
+    """SQLite makes the WAL's shared-memory file beside the store even to read, so on a read-only
+    mount every command said only "unable to open database file". (The mount is stood in for by
+    `os.access` and SQLite's refusal: a read-only mount needs privileges tests lack; by hand, on a
+    read-only bind mount, the URL named opened the store.)"""
+    import os
+    import sqlite3
+
+    import sqlalchemy as sa
+
+    from eventstore import StoreUnreachable, migrate
+    from eventstore import store as store_module
+
+    path = tmp_path / "store.db"
+    url, _, _ = _listed_then_one_more(cli, path)
+    real_access = os.access
+    monkeypatch.setattr(store_module.os, "access", lambda p, mode: False if str(p) == str(tmp_path)
+                        and mode == os.W_OK else real_access(p, mode))
+    refusal = sqlite3.OperationalError("unable to open database file")
+    refusal.sqlite_errorcode = 14  # SQLITE_CANTOPEN, as SQLite says it there
+
+    def cannot_open(*args, **kwargs):
+        raise sa.exc.OperationalError("PRAGMA journal_mode=WAL", {}, refusal)
+
+    monkeypatch.setattr(migrate, "upgrade", cannot_open)
+    with pytest.raises(StoreUnreachable) as refused:  # the entry point says it as `error: ...`, exit 1
+        cli("episodes", "--db", url)
+    said = str(refused.value)
+    assert "unable to open database file; its directory cannot be written (read-only media?)" in said
+    assert said.endswith(f"open it as sqlite:///file:{path}?immutable=1&uri=true")
+    with pytest.raises(StoreUnreachable) as refused:
+        cli("episodes", "--db", f"sqlite:///file:{path}?immutable=1&uri=true")
+    assert str(refused.value).endswith("unable to open database file")  # named already: no hint
+
+
 def test_a_store_file_this_process_may_not_write_is_listed_as_a_read_only_url_is(cli, tmp_path,
                                                                                  monkeypatch):
     """A store file on a read-only mount (or another user's) without `mode=ro` in the URL: SQLite
