@@ -518,6 +518,9 @@ def test_an_error_said_over_several_lines_is_one_line(capsys):
     assert capsys.readouterr().err == ("error: the store failed: server closed the connection "
                                        "unexpectedly This probably means the server terminated "
                                        "abnormally before or while processing the request.\n")
+    # a damaged file's bytes in SQLite's words, an escape sequence among them: shown, not obeyed
+    say_error("file is not a database: \x02\x1b[2J\x9b é")
+    assert capsys.readouterr().err == "error: file is not a database: \\x02\\x1b[2J\\x9b é\n"
 
 
 def test_a_json_run_that_fails_before_any_episode_still_prints_its_document(tmp_path, monkeypatch, capsys):
