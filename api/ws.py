@@ -29,8 +29,9 @@ EXECUTION_ERROR = "EXECUTION_ERROR"
 CAPACITY_REACHED = "CAPACITY_REACHED"
 SESSION_ERROR = "SESSION_ERROR"
 NO_REPLY = ""
-MESSAGE_TYPES = "reset, step, state, views, close or mcp"  # what `handle` answers, said when it cannot
 """What `handle` returns for a message that gets no frame back (an MCP notification)."""
+MESSAGE_TYPES = "reset, step, state, views, close or mcp"
+"""The message types `handle` answers, said when a message has none of them."""
 WS_QUERY = ("episode_token", "session_id")
 """The query parameters `/ws` takes: a session to resume, and its token."""
 

@@ -84,6 +84,11 @@ STORE_TABLES = frozenset({"commits", "event_ids", "events", "projection_checkpoi
 """Every table a migration creates (0001's `events` included, which 0003 replaces)."""
 
 
+def named(tables: list[str]) -> str:
+    """Sorted table names for a message: the first five, then how many more."""
+    return ", ".join(tables[:5]) + (f" and {len(tables) - 5} more" if len(tables) > 5 else "")
+
+
 def foreign(tables: set[str], current: str | None, create: bool) -> str | None:
     """Why a database holding `tables` (and the revision `current` in its alembic_version, None for
     none) is not a store, or None: store tables without the store's revision table, a revision
@@ -99,9 +104,8 @@ def foreign(tables: set[str], current: str | None, create: bool) -> str | None:
         others = sorted(tables - {"alembic_version"})
         if not others or not create:
             return None
-        shown = ", ".join(others[:5]) + (f" and {len(others) - 5} more" if len(others) > 5 else "")
-        return (f"it holds another application's tables ({shown}) and none of the store's, so "
-                "creating the store there would mix the two")
+        return (f"it holds another application's tables ({named(others)}) and none of the "
+                "store's, so creating the store there would mix the two")
     if "commits" not in tables and current not in known_revisions():  # a store's skips loading Alembic
         return (f"its alembic_version (revision {current!r}) is another application's: it holds no "
                 "commits table")

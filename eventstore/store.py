@@ -600,10 +600,8 @@ def _holds_none(tables: list[str] | set[str]) -> str:
     no other application's tables are (readers were sent to them, which then refused)."""
     if not tables:
         return "holds none of its tables; `companyos run` or `companyos db upgrade` creates one"
-    names = sorted(tables)
-    others = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
-    return (f"holds none of its tables, only another application's ({others}); a store needs a "
-            "database of its own")
+    return (f"holds none of its tables, only another application's ({migrate.named(sorted(tables))}); "
+            "a store needs a database of its own")
 
 
 def shown_url(url: str) -> str:
