@@ -210,6 +210,7 @@ def query_command(
     except named.QueryError as exc:
         fail(str(exc))
     wh = _open_synced(db, warehouse, quiet=fmt != "table")
+
     def answer() -> tuple[list[str], list[tuple], list[int]]:
         cursor = wh.con.execute(query.sql, bound)
         rows = cursor.fetchall()
@@ -290,13 +291,11 @@ def _not_a_report(path: Path) -> str | None:
 
     try:
         mode = path.stat().st_mode
-    except FileNotFoundError:
-        return None
-    except OSError:  # unreadable, a symlink loop: writing says what is wrong
+    except OSError:  # none yet; or unreadable, a symlink loop: writing says what is wrong
         return None
     if stat.S_ISDIR(mode):  # the caller's path, as for --warehouse and export (it was the world's, 1)
         return "it is a directory"
-    if not stat.S_ISREG(mode):  # a device or a pipe is written through (_write_through), never read
+    if not stat.S_ISREG(mode):  # a device or a pipe is written through (_write_report), never read
         return None
     try:
         with path.open("rb") as existing:
