@@ -276,6 +276,24 @@ DUCKDB_MAGIC = b"DUCK"
 """Bytes 8-11 of every DuckDB database file."""
 
 
+def path_problem(path: Path) -> str | None:
+    """Why `path` can hold no warehouse, read off the file without opening it (so `serve` can say
+    it at start, and nothing is locked): a directory, a SQLite database, a file that is no DuckDB
+    database. None: a DuckDB file, an empty one, or none yet."""
+    if path.is_dir():
+        return f"the warehouse {path} is a directory; pass a file, e.g. {path / 'companyos.duckdb'}"
+    head = _head(path)
+    if head is not None and head.startswith(SQLITE_HEADER):
+        return (f"{path} is a SQLite database (the event store?), not a DuckDB warehouse; pass "
+                "another --warehouse, e.g. the same name ending in .duckdb")
+    if head and head[8:12] != DUCKDB_MAGIC:  # (an empty file may be one another process is creating)
+        # DuckDB would open a CSV, JSON or Parquet file as an empty in-memory database: a sync
+        # would "succeed" keeping nothing, and every read would fail
+        return (f"{path} is not a valid DuckDB database file; pass another --warehouse (a new file "
+                "is created), or move this one away")
+    return None
+
+
 def _connect(path: Path, read_only: bool, config: dict, wait: float,
              follow: Progress | None) -> duckdb.DuckDBPyConnection:
     """Connect, waiting a while if another process holds the file (DuckDB allows one writer), and
@@ -284,18 +302,8 @@ def _connect(path: Path, read_only: bool, config: dict, wait: float,
     A path that is no DuckDB file (a directory, the SQLite store itself, anything else) is a
     WarehouseError in words, never opened for writing.
     """
-    if path.is_dir():
-        raise WarehousePathError(f"the warehouse {path} is a directory; pass a file, "
-                                 f"e.g. {path / 'companyos.duckdb'}")
-    head = _head(path)
-    if head is not None and head.startswith(SQLITE_HEADER):
-        raise WarehousePathError(f"{path} is a SQLite database (the event store?), not a DuckDB "
-                                 "warehouse; pass another --warehouse, e.g. the same name ending in .duckdb")
-    if head and head[8:12] != DUCKDB_MAGIC:  # (an empty file may be one another process is creating)
-        # DuckDB would open a CSV, JSON or Parquet file as an empty in-memory database: a sync
-        # would "succeed" keeping nothing, and every read would fail
-        raise WarehousePathError(f"{path} is not a valid DuckDB database file; pass another "
-                                 "--warehouse (a new file is created), or move this one away")
+    if problem := path_problem(path):
+        raise WarehousePathError(problem)
     deadline = time.monotonic() + wait
     delay = 0.05
     while True:

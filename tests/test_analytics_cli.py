@@ -1522,7 +1522,7 @@ def test_the_server_syncs_the_warehouse_it_was_given(logged, tmp_path):
         assert wh.con.execute("SELECT count(*) FROM episodes").fetchone()[0] == len(reported)
 
 
-def test_serve_hands_its_workers_an_absolute_warehouse_and_refuses_a_directory(tmp_path, monkeypatch):
+def test_serve_hands_its_workers_an_absolute_warehouse_and_refuses_what_holds_none(tmp_path, monkeypatch):
     """Its banner names the UI, and never the store's password: banners end up in logs."""
     import uvicorn
 
@@ -1545,7 +1545,17 @@ def test_serve_hands_its_workers_an_absolute_warehouse_and_refuses_a_directory(t
     assert started["COMPANYOS_DB"] == "postgresql://cos:s3cret@db.example/cos"  # the workers need it
     (tmp_path / "d").mkdir()
     out = runner("--port", "0", "--db", "sqlite:///s.db", "--warehouse", "d")
-    assert out.exit_code == 2 and "--warehouse d is a directory; name a DuckDB file" in out.output
+    assert out.exit_code == 2 and f"the warehouse {tmp_path / 'd'} is a directory" in out.output
+    # the store itself, or a file that is no DuckDB database: refused at start as the analytics
+    # commands refuse them (the server started, and every analytics request was a 503)
+    sqlite3.connect(tmp_path / "s.db").execute("CREATE TABLE t (x)").connection.commit()
+    (tmp_path / "notes.txt").write_text("my notes")
+    for target, words in (("s.db", "is a SQLite database (the event store?)"),
+                          ("notes.txt", "is not a valid DuckDB database file")):
+        before = (tmp_path / target).read_bytes()
+        out = runner("--port", "0", "--db", "sqlite:///s.db", "--warehouse", target)
+        assert out.exit_code == 2 and words in " ".join(out.output.split()), out.output
+        assert (tmp_path / target).read_bytes() == before
 
 
 @pytest.fixture

@@ -188,11 +188,15 @@ def _prefix(root_path: str) -> str:
 
 
 def _warehouse_file(warehouse: Path) -> str:
-    """The --warehouse as an absolute path; a directory is refused now (exit 2), not at every
-    analytics request. Whether it holds a warehouse is checked where DuckDB opens it (HTTP 503)."""
+    """The --warehouse as an absolute path; a directory, the SQLite store or another file that is
+    no DuckDB database is refused now (exit 2), as the analytics commands refuse it, not at every
+    analytics request. Whether a DuckDB file holds a warehouse is checked where DuckDB opens it
+    (HTTP 503)."""
+    from analytics.warehouse import path_problem
+
     path = warehouse.expanduser().absolute()
-    if path.is_dir():
-        fail(f"--warehouse {warehouse} is a directory; name a DuckDB file")
+    if problem := path_problem(path):
+        fail(problem)
     return str(path)
 
 
