@@ -49,6 +49,7 @@ from api.ui_pages import (
 )
 from api.ui_timeline import build_timeline
 from domain import CHAOS_LEVELS
+from domain.labels import hidden_bidi_controls
 from eventstore import CorruptCommit, StoreUnavailable
 
 PAGE_SIZE = 50
@@ -191,7 +192,10 @@ def _params(request: Request, *takes: str) -> dict[str, str]:
     problem = unknown_parameter("this page", params, takes)
     if problem:
         raise BadParameter(problem)
-    return {k: v.strip() for k, v in params.items() if v.strip() != ""}
+    given = {k: v.strip() for k, v in params.items() if v.strip() != ""}
+    if "agent" in given:  # typed as the pages show a label: a bidirectional control as its escape
+        given["agent"] = hidden_bidi_controls(given["agent"])
+    return given
 
 
 def _as_the_form_shows(filters: dict[str, str]) -> dict[str, str]:

@@ -180,9 +180,9 @@ def select(name: str, label: str, choices: Iterable[str], chosen: str | None) ->
 
 
 def text_input(name: str, label: str, value: str | None) -> Markup:
-    # the value as typed (html.escape, not esc): a filter sent back must match the label it names
-    typed = html.escape("" if value is None else value, quote=True)
-    return Markup(f'<label>{esc(label)}<input type="text" name="{esc(name)}" value="{typed}"></label>')
+    # a bidirectional control shown as its escape, as in the tables (raw, an override made the box
+    # read evil00001 for evil\u202e10000); the routes read the escape back (ui._params)
+    return Markup(f'<label>{esc(label)}<input type="text" name="{esc(name)}" value="{esc(value)}"></label>')
 
 
 def nav() -> Markup:

@@ -17,6 +17,20 @@ def visible_bidi_controls(text: str) -> str:
     return BIDI_CONTROLS.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
+_VISIBLE_BIDI_CONTROL = re.compile(r"\\u([0-9a-fA-F]{4})")
+
+
+def hidden_bidi_controls(text: str) -> str:
+    """`visible_bidi_controls` undone: each escape of a bidirectional control back to the character,
+    so a label typed as the pages show it (`evil\\u202e10000`) names the label it shows. Other
+    escapes stay as typed."""
+    def back(m: re.Match) -> str:
+        char = chr(int(m.group(1), 16))
+        return char if BIDI_CONTROLS.fullmatch(char) else m.group()
+
+    return _VISIBLE_BIDI_CONTROL.sub(back, text)
+
+
 def control_character(text: str) -> str | None:
     """The first control character in `text` (C0, DEL or C1), if any: a label holding one breaks
     the tables that show it, and PostgreSQL text holds no NUL."""
