@@ -63,6 +63,17 @@ def _as_page(status: int, headers: list, body: bytes) -> tuple:
                     *((k.lower().encode(), v.encode()) for k, v in HEADERS.items())], page
 
 
+def _path_error(scope: dict) -> tuple | None:
+    """A path holding an encoded slash (`%2F`): the server decodes it before routing, so
+    `/episodes/<id>%2Fevents` was the events route, a spelling a proxy's rule on the raw path
+    (exposing the environment's routes only) would not see. No route and no episode id holds one."""
+    raw = scope.get("raw_path") or b""
+    if b"%2f" in raw.lower():
+        return _json(404, "not_found", "the path holds an encoded slash (%2F), which no route and no "
+                     "episode id has")
+    return None
+
+
 class Guard:
     """401 without the API key (403 with a wrong one), 413 for a body over `max_body_bytes`."""
 
@@ -97,7 +108,7 @@ class Guard:
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         kind = scope["type"]
         if kind == "http":
-            error = self.auth_error(scope) or self._body_error(scope)
+            error = self.auth_error(scope) or _path_error(scope) or self._body_error(scope)
             if error is not None:
                 if is_ui_path(route_path(scope)):
                     ROOT_PATH.set(proxy_root(scope))  # the page's links, under the prefix

@@ -505,6 +505,19 @@ def test_a_sockets_tool_call_on_another_episode_reads_it_from_the_log(sqlite_url
 # -- access ----------------------------------------------------------------------------------
 
 
+def test_an_encoded_slash_in_a_path_is_no_route(sqlite_url):
+    """`/episodes/<id>%2Fevents` was decoded before routing and answered the events route: a
+    spelling a proxy's rule on the raw path would not see. No route and no episode id has one."""
+    with client(sqlite_url) as c:
+        episode_id, _, _ = reset(c)
+        assert c.get(f"/episodes/{episode_id}/events").status_code == 200
+        for path in (f"/episodes/{episode_id}%2Fevents", f"/episodes/{episode_id}%2frerun"):
+            r = c.get(path)
+            assert r.status_code == 404 and "encoded slash" in r.json()["detail"], (path, r.text)
+        page = c.get(f"/ui/episodes/{episode_id}%2Fviews")  # a person reads a page
+        assert page.status_code == 404 and page.headers["content-type"].startswith("text/html")
+
+
 def test_episode_token_rules(sqlite_url):
     with client(sqlite_url) as c:
         episode_id, token, _ = reset(c)
