@@ -118,9 +118,9 @@ def convert(query: str, p: Param, value: Any) -> Any:
             raise bad("an integer")
         if isinstance(value, int):
             number = value
-        elif text is not None and re.fullmatch(r"[+-]?[0-9]+", text):  # ASCII digits only
+        elif text is not None and re.fullmatch(r"-?[0-9]+", text):  # ASCII digits (no +, as every route)
             # int() of a thousand digits is slow: past 20 significant ones it is beyond any range
-            significant = text.lstrip("+-").lstrip("0")
+            significant = text.lstrip("-").lstrip("0")
             number = int(text) if len(significant) <= 20 else (-1 if text[0] == "-" else 1) * 10**21
         else:
             raise bad("an integer")

@@ -353,6 +353,9 @@ def test_bad_query_names_and_parameters_give_clear_errors(filled, tmp_path):
             service.run_named(wh, "failure_modes", {"examples": 101})
         with pytest.raises(QueryError, match="'min_calls' must be between 0 and 2147483647"):
             service.run_named(wh, "tool_error_rates", {"min_calls": "-1"})
+        # digits, as every route's numbers: `+5` was 5 here, refused by /episodes and the UI
+        with pytest.raises(QueryError, match="'k' must be an integer, got '\\+5'"):
+            service.run_named(wh, "pass_at_k", {"k": "+5"})
         # a long number is out of range, not 'not an integer'; the message stays short
         with pytest.raises(QueryError, match=r"'k' must be between 1 and 64, got '9{56}\.\.\.$"):
             service.run_named(wh, "pass_at_k", {"k": "9" * 5000})
