@@ -454,13 +454,15 @@ def _register_openenv(app: FastAPI, server: Server) -> None:
                     headers={"Allow": "POST"})
 
     @app.delete("/mcp", tags=["MCP"], include_in_schema=False)
-    def mcp_delete(mcp_session_id: Annotated[str | None, Header()] = None) -> Response:
+    def mcp_delete(mcp_session_id: Annotated[str | None, Header()] = None) -> JSON:
         """405, as MCP lets a server answer when clients may not end sessions: a session is its
         episode, which lives in the log and any worker serves, so no one process could end it.
         The episode leaves this process's cache (it is reloaded from the log if used again)."""
         if mcp_session_id:
             sessions.forget(split_session_key(mcp_session_id)[0])
-        return Response(status_code=405, headers={"Allow": "POST"})
+        return JSON({"detail": "an MCP session is its episode, which lives in the log: it cannot be "
+                               "ended, and stays usable until the episode ends",
+                     "code": "method_not_allowed"}, status_code=405, headers={"Allow": "POST"})
 
 
 def _mcp_http(server: Server, body: bytes, session_key: str | None, episode_id: str | None,
