@@ -12,15 +12,18 @@ Wire it in with `app.include_router(analytics_router(db_url))`.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Path, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
 
 from analytics import named, service
 from analytics.named import QueryError, UnknownQuery
 from analytics.stores import UnsyncableStore
 from analytics.warehouse import WarehouseError
+from api.models import ERROR_RESPONSES, ErrorBody
 from api.querystring import STRICT_QUERY, RepeatedParameter, single_valued, whole_number
 from eventstore import CorruptCommit, StoreUnavailable
 
@@ -36,6 +39,42 @@ RETRY_AFTER_S = 2
 """When to ask again while a sync runs (the UI's progress page reloads itself as often)."""
 
 
+class SyncingBody(BaseModel):
+    """A 202: the warehouse is still syncing with the store."""
+
+    detail: str = Field(description="how far the sync got, in words")
+    code: str = Field(description="always `syncing`")
+    synced_events: int = Field(description="events moved so far")
+    total_events: int | None = Field(description="events to move, when known")
+
+
+_JSON_TYPES = {"INTEGER": "integer", "DOUBLE": "number", "BOOLEAN": "boolean", "RULES": "integer"}
+
+
+def _query_parameters() -> list[dict[str, Any]]:
+    """Every query-string parameter a named query takes, for the API's document, saying which
+    queries take it and how (the document listed only the name, so a client generated from it
+    could pass none)."""
+    uses: dict[str, dict[str, list[str]]] = {}  # parameter -> its meaning and terms -> queries
+    kinds: dict[str, set[str]] = {}
+    for query in named.registry().values():
+        for param in query.params:
+            said = f"{param.doc} ({param.type.lower()}, {param.terms()})"
+            uses.setdefault(param.name, {}).setdefault(said, []).append(query.name)
+            kinds.setdefault(param.name, set()).add(_JSON_TYPES.get(param.type, "string"))
+    return [{"name": name, "in": "query", "required": False,
+             "schema": {"type": next(iter(kinds[name]))} if len(kinds[name]) == 1 else {},
+             "description": "; ".join(f"{said}: {', '.join(queries)}" for said, queries in meanings.items())
+                            + ". A query that takes no such parameter refuses it (400)."}
+            for name, meanings in sorted(uses.items())]
+
+
+def _responses(**described: str) -> dict[int | str, dict[str, Any]]:
+    """Error statuses shaped like ErrorBody with this route's own words, and the API key's."""
+    return {**ERROR_RESPONSES(401, 403),
+            **{int(code[1:]): {"model": ErrorBody, "description": text} for code, text in described.items()}}
+
+
 def analytics_router(db: str | Callable[[], str], warehouse: str | None = None) -> APIRouter:
     """A router answering named queries over the store at `db` (a URL, or a function giving one)."""
     router = APIRouter(prefix="/analytics", tags=["Analytics"])
@@ -44,7 +83,7 @@ def analytics_router(db: str | Callable[[], str], warehouse: str | None = None) 
         return db() if callable(db) else db
 
     @router.get("", summary="The named analytics questions and their parameters",
-                dependencies=STRICT_QUERY, responses={400: {"description": "it takes no query parameter"}})
+                dependencies=STRICT_QUERY, responses=_responses(s400="it takes no query parameter"))
     async def catalogue() -> JSONResponse:
         return JSONResponse(service.describe())
 
@@ -53,12 +92,21 @@ def analytics_router(db: str | Callable[[], str], warehouse: str | None = None) 
                             "than 2 s (or the seconds of a `Prefer: wait=N` header, up to 600) goes on "
                             "in the background, and the answer is 202 with how far it got and a "
                             "Retry-After header: ask again then.",
-                responses={202: {"description": "still syncing; ask again after Retry-After"},
-                           400: {"description": "a parameter is unknown or ill-typed"},
-                           404: {"description": "no named query has this name"},
-                           500: {"description": "the store holds damaged data"},
-                           503: {"description": "the warehouse is busy, another store's or unwritable"}})
-    async def answer(name: str, request: Request) -> JSONResponse:
+                openapi_extra={"parameters": _query_parameters()},
+                responses={200: {"description": "the answer: a list of row objects, one key per column",
+                                 "content": {"application/json": {"schema": {
+                                     "type": "array", "items": {"type": "object"}}}}},
+                           202: {"model": SyncingBody, "description": "still syncing; ask again after "
+                                 "Retry-After", "headers": {"Retry-After": {
+                                     "description": "seconds", "schema": {"type": "integer"}}}},
+                           **_responses(s400="a parameter is unknown, repeated or ill-typed",
+                                        s404="no named query has this name",
+                                        s500="the store holds damaged data",
+                                        s503="the warehouse is busy, another store's or unwritable; "
+                                             "or the store's database does not answer")})
+    async def answer(name: Annotated[str, Path(description="the named query: "
+                                                  + ", ".join(named.registry()))],
+                     request: Request) -> JSONResponse:
         try:
             params = single_valued(request.query_params.multi_items())
             named.get(name).bind(params)  # the caller's mistakes are said before any sync

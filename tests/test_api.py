@@ -1972,6 +1972,24 @@ def test_the_openapi_document_names_the_outage_and_damage_answers_of_the_episode
         assert "store_unavailable" in documented["503"]["description"]
 
 
+def test_the_openapi_document_declares_the_analytics_parameters_and_answers(sqlite_url):
+    """`GET /analytics/{name}` declared only `name`, its errors had no body and no 401/403: a client
+    generated from the document could pass no parameter and had no type for any refusal."""
+    from analytics import named
+
+    with client(sqlite_url) as c:
+        operation = c.get("/openapi.json").json()["paths"]["/analytics/{name}"]["get"]
+    declared = {p["name"]: p for p in operation["parameters"] if p["in"] == "query"}
+    assert set(declared) == {p.name for q in named.registry().values() for p in q.params}
+    assert declared["k"]["schema"] == {"type": "integer"}
+    assert "1..64, default 4): pass_at_k" in declared["k"]["description"]
+    responses = operation["responses"]
+    for code in ("400", "401", "403", "404", "500", "503"):
+        assert responses[code]["content"]["application/json"]["schema"]["$ref"].endswith("/ErrorBody")
+    assert "Retry-After" in responses["202"]["headers"]
+    assert responses["202"]["content"]["application/json"]["schema"]["$ref"].endswith("/SyncingBody")
+
+
 def test_the_openapi_document_states_the_seed_range_exactly(sqlite_url):
     """FastAPI's OpenAPI model holds bounds as floats: the seed's maximum, 2**63 - 1, was published as
     9.223372036854776e+18 (2**63), so a seed the document allowed was refused with a 422."""
