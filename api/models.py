@@ -11,6 +11,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from companyos.env import SEED_MAX
+from companyos.runtime import EPISODE_ID_RE, EPISODE_ID_RULE
 
 
 class ErrorBody(BaseModel):
@@ -48,15 +49,20 @@ class ResetRequest(BaseModel):
 
     seed: int | None = Field(default=None, ge=0, le=SEED_MAX,
                              description="seed of the instance (random when omitted)")
+    # the server's own rules, stated for clients (schema only: a value breaking one is refused
+    # 400 in the environment's words, not with the validator's)
     episode_id: str | None = Field(default=None, max_length=128,
-                                   description="id for the new episode (a fresh uuid when omitted)")
-    task: str | None = Field(default=None, max_length=100, description="task family; see /tasks")
+                                   json_schema_extra={"pattern": f"^{EPISODE_ID_RE.pattern}$"},
+                                   description="id for the new episode (a fresh uuid when omitted): "
+                                               + EPISODE_ID_RULE.removeprefix("episode_id must be "))
+    task: str | None = Field(default=None, max_length=100, json_schema_extra={"minLength": 1},
+                             description="task family; see /tasks")
     chaos: str | float | None = Field(default=None,
                                       description="none, low, medium, high, or a number in [0, 1]")
-    reward_profile: str | None = Field(default=None, max_length=100,
+    reward_profile: str | None = Field(default=None, max_length=100, json_schema_extra={"minLength": 1},
                                        description="default or sparse")
     max_steps: int | None = Field(default=None, ge=1, le=10_000, description="step budget")
-    rules: int | None = Field(default=None,
+    rules: int | None = Field(default=None, json_schema_extra={"minimum": 1},
                               description="rules version the episode is judged by (the latest "
                                           "when omitted); see /tasks")
     agent: str | None = Field(default=None, min_length=1, max_length=100,

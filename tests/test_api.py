@@ -1990,6 +1990,22 @@ def test_the_openapi_document_declares_the_analytics_parameters_and_answers(sqli
     assert responses["202"]["content"]["application/json"]["schema"]["$ref"].endswith("/SyncingBody")
 
 
+def test_the_openapi_document_states_the_resets_rules_the_server_enforces(sqlite_url):
+    """An id with a slash, an empty task and rules 0 were valid by the document and refused by the
+    server (400): a client generated from it could not know. The server's words stay its own."""
+    import jsonschema
+
+    with client(sqlite_url) as c:
+        fields = c.get("/openapi.json").json()["components"]["schemas"]["ResetRequest"]["properties"]
+        for name, value in (("episode_id", "qa/slash"), ("task", ""), ("reward_profile", ""), ("rules", 0)):
+            with pytest.raises(jsonschema.ValidationError):
+                jsonschema.validate(value, fields[name])
+            assert c.post("/reset", json={name: value}).status_code == 400  # in the server's words
+        for name, value in (("episode_id", "run-1.a:b_c"), ("task", "expense_report"), ("rules", 4),
+                            ("episode_id", None)):
+            jsonschema.validate(value, fields[name])
+
+
 def test_the_openapi_document_states_the_seed_range_exactly(sqlite_url):
     """FastAPI's OpenAPI model holds bounds as floats: the seed's maximum, 2**63 - 1, was published as
     9.223372036854776e+18 (2**63), so a seed the document allowed was refused with a 422."""
