@@ -155,8 +155,11 @@ def ui_router(log: EpisodeLog, db: str | Callable[[], str], warehouse: str | Non
     @router.get(UI + "/{rest:path}", response_class=HTMLResponse)
     def not_found(rest: str, request: Request) -> Response:
         """Any other /ui/... path: a page that says so; one ending in a slash leads to the page
-        without it (`/ui/` is the list, `/ui/episodes/x/` the episode: it was a 404)."""
+        without it (`/ui/` is the list, `/ui/episodes/x/` the episode: it was a 404), and
+        `/ui/episodes`, the address a person guesses for the list, to the list."""
         target = rest.rstrip("/")
+        if target == "episodes":  # `/ui/episodes/` led to `/ui/episodes`, a 404 page
+            target, rest = "", ""
         # `rest` is decoded: sent back as it is, `%3F` became a real query and `%2E%2E` a step
         # out of the UI (`/ui/../episodes`, the JSON API)
         if (not rest or rest.endswith("/")) and not {".", ".."} & set(target.split("/")):

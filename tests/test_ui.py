@@ -413,10 +413,12 @@ def test_a_method_a_page_does_not_take_is_a_405_page_naming_the_one_it_does(ui):
 
 def test_the_server_root_and_ui_slash_lead_to_the_episode_list(ui):
     c, _, _ = ui
-    for path in ("/", "/ui/"):
+    for path in ("/", "/ui/", "/ui/episodes", "/ui/episodes/"):  # the last two led to a 404 page
         moved = c.get(path, follow_redirects=False)
         assert moved.status_code in (302, 307) and moved.headers["location"] == "/ui"
         assert "<h1>Episodes</h1>" in c.get(path).text
+    moved = c.get("/ui/episodes?outcome=success", follow_redirects=False)
+    assert moved.headers["location"] == "/ui?outcome=success"
 
 
 def test_a_page_asked_for_with_a_trailing_slash_leads_to_the_page(ui):
