@@ -102,7 +102,8 @@ def ui_router(log: EpisodeLog, db: str | Callable[[], str], warehouse: str | Non
         timeline = build_timeline(events)
         last = timeline[-1].step
         if first > last:
-            return error_page(404, f"episode {episode_id} has no step {first}: its steps are 0 to {last}")
+            return error_page(404, f"episode {episode_id} has no step {first}: its steps are 0 to {last}",
+                              (episode_url(episode_id), "the episode"))
         return episode_page(summary, timeline, first)
 
     @router.get(UI + "/episodes/{episode_id}/rerun", response_class=HTMLResponse)
@@ -124,9 +125,10 @@ def ui_router(log: EpisodeLog, db: str | Callable[[], str], warehouse: str | Non
             step = _whole(_params(request, "step"), "step", None, 0, MAX_STEP)
             result = log.views(episode_id, step)
         except BadParameter as exc:
-            return error_page(400, str(exc))
-        except ApiError as exc:
-            return error_page(exc.status, exc.message)
+            return error_page(400, str(exc), (episode_url(episode_id), "the episode"))
+        except ApiError as exc:  # a step it does not have: back to the episode, which it has
+            return error_page(exc.status, exc.message, (episode_url(episode_id), "the episode")
+                              if exc.code == "step_not_found" else None)
         return views_page(result)
 
     @router.get(UI + "/analytics", response_class=HTMLResponse)
@@ -138,7 +140,7 @@ def ui_router(log: EpisodeLog, db: str | Callable[[], str], warehouse: str | Non
                                  filters.get("profile"), filters.get("rules"))
             filters = _as_the_form_shows(filters)  # the report's title says them as the form does
         except ValueError as exc:  # BadParameter included
-            return error_page(400, str(exc))
+            return error_page(400, str(exc), (ui_href("/analytics"), "the whole report"))
         try:
             # a long sync runs on in the background while the page says how far it got
             job = await service.sync_in_background(db_url(), warehouse, SYNC_WAIT_S)

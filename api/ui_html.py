@@ -207,16 +207,18 @@ _TITLES = {400: "Bad request", 401: "API key needed", 403: "Wrong API key", 404:
            405: "Method not allowed", 413: "Too large", 500: "Server error", 503: "Unavailable"}
 
 
-def error_page(status: int, message: str) -> HTMLResponse:
-    """The UI's error page: the status and what went wrong, in words."""
-    return HTMLResponse(error_document(status, message), status_code=status, headers=HEADERS)
+def error_page(status: int, message: str, back: tuple[str, str] | None = None) -> HTMLResponse:
+    """The UI's error page: the status and what went wrong, in words, and a link back to where the
+    reader came from (`back`: its address and name; the episode list when there is none)."""
+    return HTMLResponse(error_document(status, message, back), status_code=status, headers=HEADERS)
 
 
-def error_document(status: int, message: str) -> str:
+def error_document(status: int, message: str, back: tuple[str, str] | None = None) -> str:
     """The error page's HTML; the API-key guard sends it too, as plain ASGI."""
     title = _TITLES.get(status, "Error")
+    href, name = back or (ui_href(), "the episode list")
     body = (f"<h1>{status} {esc(title)}</h1><p class='error'>{esc(message)}</p>"
-            f"<p><a href='{esc(ui_href())}'>Back to the episode list</a></p>")
+            f"<p><a href='{esc(href)}'>Back to {esc(name)}</a></p>")
     return document(title, body)
 
 

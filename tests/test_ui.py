@@ -280,8 +280,9 @@ def test_a_long_timeline_is_paged_and_every_step_is_on_exactly_one_page(sqlite_u
         assert "steps 400 to 450 of 0 to 450" in page and "← earlier steps" in page
         views = _html_ok(c.get(f"/ui/episodes/{episode_id}/views", params={"step": 250}))
         assert f'href="/ui/episodes/{episode_id}?from=200#step-250">back to the episode' in views
-        past_the_end = c.get(f"/ui/episodes/{episode_id}", params={"from": 451})
-        assert "has no step 451: its steps are 0 to 450" in _html_ok(past_the_end, 404)
+        past_the_end = _html_ok(c.get(f"/ui/episodes/{episode_id}", params={"from": 451}), 404)
+        assert "has no step 451: its steps are 0 to 450" in past_the_end
+        assert f"<a href='/ui/episodes/{episode_id}'>Back to the episode</a>" in past_the_end
         assert "from must be a whole number" in _html_ok(
             c.get(f"/ui/episodes/{episode_id}", params={"from": "-1"}), 400)
 
@@ -520,6 +521,16 @@ def test_a_bad_step_is_a_page_in_words(ui, step, status, said):
     c, _, ids = ui
     page = _html_ok(c.get(f"/ui/episodes/{ids['failure']}/views", params={"step": step}), status)
     assert html.escape(said) in page
+    # back to the episode the reader was on, not only to the list
+    assert f"<a href='/ui/episodes/{ids['failure']}'>Back to the episode</a>" in page
+
+
+def test_a_bad_report_filter_links_back_to_the_whole_report(ui):
+    c, _, _ = ui
+    page = _html_ok(c.get("/ui/analytics", params={"chaos": "bogus"}), 400)
+    assert "<a href='/ui/analytics'>Back to the whole report</a>" in page
+    missing = _html_ok(c.get("/ui/episodes/no-such-episode/views", params={"step": 1}), 404)
+    assert "<a href='/ui'>Back to the episode list</a>" in missing  # no episode to go back to
 
 
 # -- analytics ----------------------------------------------------------------------------------
