@@ -20,7 +20,7 @@ from analytics.service import rows_of, run_named
 from analytics.warehouse import Warehouse
 from domain import CHAOS_LEVELS, reward_profile, rules_from_text, task_family
 from domain.chaos import level_text, parse_chaos
-from domain.labels import BIDI_CONTROL_RANGES, control_character, visible_bidi_controls
+from domain.labels import control_character, visible_bidi_controls, visible_controls
 
 PALETTE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7",
            "#9c755f", "#bab0ac")
@@ -350,16 +350,7 @@ def _md(text: str) -> str:
     """Stored text as Markdown shows it as it is: markup characters escaped with a backslash, and
     control characters written as escapes (a tool name an agent sent with a newline in it split
     its table row over three lines)."""
-    return _CONTROL.sub(_escaped, _MARKUP.sub(lambda m: "\\" + m.group(), text))
-
-
-_CONTROL = re.compile(f"[\\x00-\\x1f\\x7f-\\x9f\\u2028\\u2029{BIDI_CONTROL_RANGES}]")
-_NAMED_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
-
-
-def _escaped(match: re.Match[str]) -> str:
-    char = match.group()
-    return _NAMED_ESCAPES.get(char) or f"\\u{ord(char):04x}"
+    return visible_controls(_MARKUP.sub(lambda m: "\\" + m.group(), text))
 
 
 def to_markdown(data: dict[str, Any]) -> str:

@@ -17,6 +17,24 @@ def visible_bidi_controls(text: str) -> str:
     return BIDI_CONTROLS.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
+CONTROLS = re.compile(f"[\\x00-\\x1f\\x7f-\\x9f\\u2028\\u2029{BIDI_CONTROL_RANGES}]")
+"""What a line of text must not hold raw: control characters (C0, DEL, C1), line and paragraph
+separators, and bidirectional controls."""
+_NAMED_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def visible_controls(text: str) -> str:
+    """`text` with every one of CONTROLS written as an escape (`\\n`, `\\x1b`, `\\u2028`), so it stays
+    on its line and shows what it holds: a newline split a Markdown table's row, and an escape
+    sequence from a damaged file's bytes in an error line was the terminal's to obey."""
+    def escaped(m: re.Match) -> str:
+        char = m.group()
+        code = ord(char)
+        return _NAMED_ESCAPES.get(char) or (f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}")
+
+    return CONTROLS.sub(escaped, text)
+
+
 _VISIBLE_BIDI_CONTROL = re.compile(r"\\u([0-9a-fA-F]{4})")
 
 

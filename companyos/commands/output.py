@@ -6,7 +6,6 @@ import codecs
 import errno
 import io
 import os
-import re
 import signal
 import sys
 import threading
@@ -36,16 +35,18 @@ def sigterm_as_ctrl_c() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+def error_line(message: str) -> str:
+    """An error's words on one line: a driver's words can span lines, as libpq's do, and are
+    joined into the one; control characters left are written as escapes (a damaged file's bytes
+    reached the terminal raw in SQLite's words)."""
+    from domain.labels import visible_controls
+
+    return visible_controls(" ".join(message.split()))
+
+
 def say_error(message: str) -> None:
-    """One `error: message` line on stderr: how every command reports what went wrong (a
-    driver's words can span lines, as libpq's do: they are joined into the one). Control
-    characters left are written as escapes: a damaged file's bytes reached the terminal raw in
-    SQLite's words, and an escape sequence there would be the terminal's to obey."""
-    line = " ".join(message.split())
-    typer.echo("error: " + _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", line), err=True)
-
-
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+    """One `error: message` line on stderr: how every command reports what went wrong."""
+    typer.echo(f"error: {error_line(message)}", err=True)
 
 
 def with_notes(message: str, exc: BaseException) -> str:

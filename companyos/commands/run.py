@@ -8,7 +8,7 @@ import orjson
 import typer
 
 from companyos.commands.options import DbOption, JsonOption
-from companyos.commands.output import fail, stdout_console, with_notes
+from companyos.commands.output import error_line, fail, stdout_console, with_notes
 from companyos.config import resolve_db
 
 MAX_EPISODES = 10**8
@@ -111,7 +111,7 @@ def _report(plan, results: list, as_json: bool, cut_short: str | None = None,
             if cut_short:
                 document[cut_short] = True
             if error:
-                document["error"] = " ".join(error.split())  # as say_error joins a driver's lines
+                document["error"] = error_line(error)  # the words of the `error:` line
             sys.stdout.buffer.write(orjson.dumps(document) + b"\n")
             sys.stdout.flush()
             return
