@@ -122,31 +122,25 @@ def _interruptible(wh: Warehouse, work: Callable[[], T]) -> T:
     now and then: a cross join went on for ever after Ctrl-C, 3 times in 4. The main thread waits,
     and when interrupted asks DuckDB to stop, then ends as Ctrl-C ends any command."""
     import threading
+    from concurrent.futures import Future, wait
 
-    outcome: list = []
-    finished = threading.Event()  # not Thread.join: once interrupted, 3.11's join returns at once
+    answer: Future[T] = Future()  # not Thread.join: once interrupted, 3.11's join returns at once
 
     def run() -> None:
         try:
-            outcome.append((True, work()))
-        except BaseException as exc:  # handed to the main thread, raised there
-            outcome.append((False, exc))
-        finally:
-            finished.set()
+            answer.set_result(work())
+        except BaseException as exc:  # raised in the main thread by answer.result()
+            answer.set_exception(exc)
 
     with sigterm_as_ctrl_c():
         threading.Thread(target=run, name="analytics-query", daemon=True).start()
         try:
-            finished.wait()  # a signal ends the wait (POSIX), not the query
+            return answer.result()  # a signal ends the wait (POSIX), not the query
         except KeyboardInterrupt:
             wh.con.interrupt()
             # DuckDB stops at once; a thread still in it as the interpreter exits aborts the process
-            finished.wait(timeout=30)
+            wait([answer], timeout=30)
             raise
-    done, value = outcome[0]
-    if not done:
-        raise value
-    return value
 
 
 @analytics_app.command("sync")
