@@ -69,10 +69,10 @@ def _query_parameters() -> list[dict[str, Any]]:
             for name, meanings in sorted(uses.items())]
 
 
-def _responses(**described: str) -> dict[int | str, dict[str, Any]]:
+def _responses(described: dict[int, str]) -> dict[int | str, dict[str, Any]]:
     """Error statuses shaped like ErrorBody with this route's own words, and the API key's."""
     return {**ERROR_RESPONSES(401, 403),
-            **{int(code[1:]): {"model": ErrorBody, "description": text} for code, text in described.items()}}
+            **{code: {"model": ErrorBody, "description": text} for code, text in described.items()}}
 
 
 def analytics_router(db: str | Callable[[], str], warehouse: str | None = None) -> APIRouter:
@@ -83,7 +83,7 @@ def analytics_router(db: str | Callable[[], str], warehouse: str | None = None) 
         return db() if callable(db) else db
 
     @router.get("", summary="The named analytics questions and their parameters",
-                dependencies=STRICT_QUERY, responses=_responses(s400="it takes no query parameter"))
+                dependencies=STRICT_QUERY, responses=_responses({400: "it takes no query parameter"}))
     async def catalogue() -> JSONResponse:
         return JSONResponse(service.describe())
 
@@ -99,11 +99,11 @@ def analytics_router(db: str | Callable[[], str], warehouse: str | None = None) 
                            202: {"model": SyncingBody, "description": "still syncing; ask again after "
                                  "Retry-After", "headers": {"Retry-After": {
                                      "description": "seconds", "schema": {"type": "integer"}}}},
-                           **_responses(s400="a parameter is unknown, repeated or ill-typed",
-                                        s404="no named query has this name",
-                                        s500="the store holds damaged data",
-                                        s503="the warehouse is busy, another store's or unwritable; "
-                                             "or the store's database does not answer")})
+                           **_responses({400: "a parameter is unknown, repeated or ill-typed",
+                                         404: "no named query has this name",
+                                         500: "the store holds damaged data",
+                                         503: "the warehouse is busy, another store's or unwritable; "
+                                              "or the store's database does not answer"})})
     async def answer(name: Annotated[str, Path(description="the named query: "
                                                   + ", ".join(named.registry()))],
                      request: Request) -> JSONResponse:
