@@ -43,8 +43,13 @@ class Param:
     default: Any
     required: bool
     doc: str
-    lo: int | None = None  # the smallest value accepted (INTEGER), None: no bound
+    lo: int | None = None  # the smallest value accepted (INTEGER; an open end is -INT32), else None
     hi: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.type == "INTEGER":  # the range published is the one accepted: DuckDB's 32 bits
+            object.__setattr__(self, "lo", -INT32 if self.lo is None else max(self.lo, -INT32))
+            object.__setattr__(self, "hi", INT32 if self.hi is None else min(self.hi, INT32))
 
     def describe(self) -> str:
         return f"{self.name} ({self.type.lower()}, {self.terms()}): {self.doc}"
@@ -124,9 +129,8 @@ def convert(query: str, p: Param, value: Any) -> Any:
             number = int(text) if len(significant) <= 20 else (-1 if text[0] == "-" else 1) * 10**21
         else:
             raise bad("an integer")
-        lo, hi = (-INT32 if p.lo is None else p.lo), (INT32 if p.hi is None else p.hi)
-        if not lo <= number <= hi:
-            raise bad(f"between {lo} and {hi}")
+        if not p.lo <= number <= p.hi:
+            raise bad(f"between {p.lo} and {p.hi}")
         return number
     if p.type == "TASK":  # a typo would otherwise match nothing and answer with empty rows
         from domain import TASK_FAMILIES, task_family
@@ -195,9 +199,6 @@ def parse(name: str, text: str) -> NamedQuery:
                 if not m or m["type"] not in TYPES or (m["lo"] or m["hi"]) and m["type"] != "INTEGER":
                     raise ValueError(f"{name}.sql: bad parameter line {comment!r}")
                 lo, hi = (None if m[k] is None else int(m[k]) for k in ("lo", "hi"))
-                if m["type"] == "INTEGER":
-                    lo = -INT32 if lo is None else max(lo, -INT32)
-                    hi = INT32 if hi is None else min(hi, INT32)
                 declared = Param(m["name"], m["type"], None, False, m["doc"].strip(), lo, hi)
                 params.append(_with_default(name, declared, m["default"]))
             elif comment:
