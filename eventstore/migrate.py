@@ -112,6 +112,17 @@ def foreign(tables: set[str], current: str | None, create: bool) -> str | None:
     return None
 
 
+def check_tables(tables: set[str], current: str | None, create: bool) -> None:
+    """ForeignTables when a database holding `tables` (at revision `current`) is not a store (see
+    `foreign`); NoStore when it holds none and `create` is False. Names only, so the migration and
+    a look at a SQLite file before anything connects to it judge alike."""
+    reason = foreign(tables, current, create)
+    if reason is not None:
+        raise ForeignTables(reason)
+    if current is None and not create:
+        raise NoStore(sorted(tables))
+
+
 def upgrade(engine: sa.Engine, create: bool = True) -> None:
     """Run pending migrations inside one write transaction so concurrent openers queue, not clash.
 
@@ -120,12 +131,7 @@ def upgrade(engine: sa.Engine, create: bool = True) -> None:
         current = current_revision(probe)
         if current == HEAD_REVISION:
             return
-        tables = set(sa.inspect(probe).get_table_names())
-        reason = foreign(tables, current, create)
-        if reason is not None:
-            raise ForeignTables(reason)
-        if current is None and not create:
-            raise NoStore(sorted(tables))
+        check_tables(set(sa.inspect(probe).get_table_names()), current, create)
         if current is not None and current not in known_revisions():
             raise NewerStore(f"migration {current!r}, which this companyos does not know (its "
                              f"newest is {HEAD_REVISION!r}): upgrade companyos to use it")

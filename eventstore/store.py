@@ -100,7 +100,10 @@ class EventStore:
         `"full"` also survives power loss, at the price of an fsync per commit.
         """
         shown = shown_url(url)
-        _refuse_a_sqlite_file_that_is_no_store(url, shown, create)
+        try:
+            _check_a_sqlite_file_before_connecting(url, create)
+        except (migrate.NoStore, migrate.ForeignTables) as exc:
+            raise _no_store_at(shown, exc) from None
         try:
             engine = create_engine(url, synchronous)
         except BadSynchronous:
@@ -114,10 +117,9 @@ class EventStore:
                                    ) from None
         try:
             migrate.upgrade(engine, create)
-        except migrate.NoStore as exc:
+        except (migrate.NoStore, migrate.ForeignTables) as exc:
             engine.dispose()
-            raise StoreUnavailable(f"there is no store at {shown}: the database "
-                                   f"{_holds_none(exc.args[0])}") from None
+            raise _no_store_at(shown, exc) from None
         except (sa.exc.DBAPIError, migrate.MigrationFailed) as exc:
             engine.dispose()
             error = exc.error if isinstance(exc, migrate.MigrationFailed) else exc
@@ -141,12 +143,6 @@ class EventStore:
                 f"the database at {shown} has the encoding {exc}, which cannot hold every character "
                 "agents send: the store needs a UTF8 database (CREATE DATABASE ... ENCODING 'UTF8' "
                 "TEMPLATE template0)") from None
-        except migrate.ForeignTables as exc:
-            engine.dispose()
-            raise StoreUnavailable(
-                f"the database at {shown} is not a store: {exc}; use a database of its own or, on "
-                "PostgreSQL, a schema of its own (CREATE SCHEMA companyos, then add "
-                "?options=-csearch_path%3Dcompanyos to the URL)") from None
         except migrate.OutdatedStore as exc:
             engine.dispose()
             raise StoreUnavailable(f"cannot read the store at {shown}: {exc}") from None
@@ -556,11 +552,11 @@ def _as_retry(stream_id: str, stored: list[RecordedEvent], supplied_ids: list[st
     return ordered
 
 
-def _refuse_a_sqlite_file_that_is_no_store(url: str, shown: str, create: bool) -> None:
-    """A SQLite file that is another application's, or (`create=False`) that does not exist or
-    holds no store, is refused before the engine touches it: its first connection would create the
-    file, or turn it to WAL mode (another application's file was changed even as it was refused).
-    Other databases are probed by the migration step."""
+def _check_a_sqlite_file_before_connecting(url: str, create: bool) -> None:
+    """A SQLite file is judged by `migrate.check_tables` through a read-only connection before the
+    engine touches it: its first connection would create the file, or turn it to WAL mode
+    (another application's file was changed even as it was refused). A file that does not exist is
+    refused when `create` is False. Other databases are judged by the migration step."""
     import os
     import sqlite3
     from contextlib import closing
@@ -573,35 +569,37 @@ def _refuse_a_sqlite_file_that_is_no_store(url: str, shown: str, create: bool) -
     if path is None or "\x00" in path:  # a file no system can name: creating the engine says so
         return
     if not os.path.exists(path):
-        if create:
-            return
-        raise StoreUnavailable(f"there is no store at {path} ({url}); `companyos run` or "
-                               "`companyos db upgrade` creates one")
+        if not create:
+            raise StoreUnavailable(f"there is no store at {path} ({url}); `companyos run` or "
+                                   "`companyos db upgrade` creates one")
+        return
     try:
         immutable = "&immutable=1" if sqlite_immutable(url) else ""  # read-only media: no -shm
         with closing(sqlite3.connect(f"{Path(path).resolve().as_uri()}?mode=ro{immutable}", uri=True)) as con:
             tables = {name for (name,) in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-            current = None
-            if "alembic_version" in tables:
-                row = con.execute("SELECT version_num FROM alembic_version").fetchone()
-                current = row[0] if row else None
+            row = con.execute("SELECT version_num FROM alembic_version").fetchone() \
+                if "alembic_version" in tables else None
     except sqlite3.Error:
         return  # not a database, or unreadable: opening the store says what is wrong
-    if not create and not tables & {"alembic_version", *migrate.STORE_TABLES}:
-        raise StoreUnavailable(f"there is no store at {path} ({url}): the file {_holds_none(tables)}")
-    reason = migrate.foreign(tables, current, create)
-    if reason is not None:
-        raise StoreUnavailable(f"the database at {shown} is not a store: {reason}; a store needs a "
-                               "file of its own")
+    migrate.check_tables(tables, row[0] if row else None, create)
 
 
-def _holds_none(tables: list[str] | set[str]) -> str:
-    """Why a database is no store, said with what to do: `run` and `db upgrade` make one only where
-    no other application's tables are (readers were sent to them, which then refused)."""
+def _no_store_at(shown: str, exc: migrate.NoStore | migrate.ForeignTables) -> StoreUnavailable:
+    """The refusal of a database that holds no store, said with what to do: `run` and `db
+    upgrade` make one only where no other application's tables are (readers were sent to them,
+    which then refused)."""
+    if isinstance(exc, migrate.ForeignTables):
+        return StoreUnavailable(
+            f"the database at {shown} is not a store: {exc}; use a database of its own or, on "
+            "PostgreSQL, a schema of its own (CREATE SCHEMA companyos, then add "
+            "?options=-csearch_path%3Dcompanyos to the URL)")
+    tables = exc.args[0]
     if not tables:
-        return "holds none of its tables; `companyos run` or `companyos db upgrade` creates one"
-    return (f"holds none of its tables, only another application's ({migrate.named(sorted(tables))}); "
-            "a store needs a database of its own")
+        return StoreUnavailable(f"there is no store at {shown}: the database holds none of its "
+                                "tables; `companyos run` or `companyos db upgrade` creates one")
+    return StoreUnavailable(f"there is no store at {shown}: the database holds none of its tables, "
+                            f"only another application's ({migrate.named(tables)}); a store needs a "
+                            "database of its own")
 
 
 def shown_url(url: str) -> str:
