@@ -262,3 +262,46 @@ def discard_stdout() -> None:
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, fd)
     os.close(devnull)
+
+
+def store_failure(exc: BaseException) -> tuple[str, int] | None:
+    """The error line a store's failure is said with (its notes included) and the exit code: 2 for
+    a bad --db, the user's input; 1 for the world's fault (a server that does not answer, a damaged
+    log, a lost database). None: not the store's failure."""
+    from eventstore import CorruptCommit, StoreUnavailable, StoreUnreachable
+    from eventstore.engine import pooler_hint
+
+    if isinstance(exc, StoreUnavailable):
+        return with_notes(str(exc), exc), 1 if isinstance(exc, StoreUnreachable) else 2
+    if isinstance(exc, CorruptCommit):  # the log was damaged behind the store's back
+        return with_notes(f"{exc}; `companyos verify` names every damaged episode", exc), 1
+    if not _store_error(exc):
+        return None
+    hint = pooler_hint(exc) or _missing_read_model_hint(exc)
+    return with_notes(f"the store failed: {getattr(exc, 'orig', None) or exc}"
+                      + (f"; {hint}" if hint else ""), exc), 1
+
+
+def _missing_read_model_hint(exc: BaseException) -> str | None:
+    """What to do when a read model's table is gone (dropped by hand): the log is intact, and a
+    rebuild makes the table again and folds it."""
+    from projections.schema import episode_views, episodes
+
+    text = str(getattr(exc, "orig", None) or exc)
+    for table in (episodes.name, episode_views.name):
+        if text == f"no such table: {table}" or text.startswith(f'relation "{table}" does not exist'):
+            return "`companyos rebuild` makes the read model's table again from the log"
+    return None
+
+
+def _store_error(exc: BaseException) -> bool:
+    """A database error from the store (a read-only or damaged file, a lost server): the world's
+    fault, not the call's. SQLAlchemy wraps most; the store's raw cursors raise the driver's own.
+    psycopg is only consulted when loaded: importing it costs every command 0.14 s."""
+    import sqlite3
+
+    from sqlalchemy.exc import DBAPIError
+
+    psycopg = sys.modules.get("psycopg")
+    return isinstance(exc, DBAPIError | sqlite3.Error) or (
+        psycopg is not None and isinstance(exc, psycopg.Error))

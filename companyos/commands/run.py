@@ -8,7 +8,7 @@ import orjson
 import typer
 
 from companyos.commands.options import DbOption, JsonOption
-from companyos.commands.output import error_line, fail, stdout_console, with_notes
+from companyos.commands.output import error_line, fail, stdout_console, store_failure, with_notes
 from companyos.config import resolve_db
 
 MAX_EPISODES = 10**8
@@ -78,8 +78,6 @@ def run(
         # "failed" (with --json always, so its reader gets a document, which says the error in the
         # words of the `error:` line); the error is then said as every command says it (exit 1 for
         # a store)
-        from companyos.cli import store_failure
-
         cause = failed.__cause__
         if failed.results:  # what a resumed run can skip, in the error's one line
             cause.add_note(f"{len(failed.results)} episode(s) finished and were logged before it "
