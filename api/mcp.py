@@ -165,6 +165,9 @@ _FLAGS = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no"
 def _initialize(manager: SessionManager, params: dict, ctx: McpContext,
                 request_id: Any) -> McpReply:
     wanted = params.get("protocolVersion")
+    if wanted is not None and not isinstance(wanted, str):  # checked before an episode starts
+        raise ApiError(400, "invalid_params", "params.protocolVersion must be a string, such as "
+                       f"{LATEST_PROTOCOL!r}")
     version = wanted if wanted in PROTOCOL_VERSIONS else LATEST_PROTOCOL
     if ctx.bound is not None:
         session, key = ctx.bound, None

@@ -693,6 +693,19 @@ def test_mcp_initialize_refuses_a_text_flag_it_cannot_read(sqlite_url):
         assert "result" in r.json()
 
 
+@pytest.mark.parametrize("version", [5, 2025.06, ["2025-06-18"], {"v": 1}, True])
+def test_mcp_initialize_refuses_a_protocol_version_that_is_no_string(sqlite_url, version):
+    """`"protocolVersion": 5` was answered as the latest version, with an episode started."""
+    with client(sqlite_url) as c:
+        r = rpc(c, "initialize", {"protocolVersion": version}, path="/mcp?seed=3")
+        assert r.status_code == 200 and r.json()["error"]["code"] == -32602, r.text
+        assert "protocolVersion must be a string" in r.json()["error"]["message"]
+        assert "mcp-session-id" not in r.headers
+        assert c.get("/episodes").json()["total"] == 0
+        r = rpc(c, "initialize", {"protocolVersion": "1999-01-01"}, path="/mcp?seed=3")
+        assert r.json()["result"]["protocolVersion"] == "2025-11-25"  # one it speaks, as MCP asks
+
+
 @pytest.mark.parametrize("seed", ["%D9%A3", "1_000", "%2B3", "0x10"])
 def test_mcp_initialize_reads_a_seed_as_reset_and_the_ui_do(sqlite_url, seed):
     """Python's int() read "1_000" and Arabic-Indic digits, which every other path refuses."""
