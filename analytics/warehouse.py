@@ -166,17 +166,13 @@ class Warehouse:
             except OSError as exc:
                 raise WarehousePathError(f"cannot create the warehouse {self.path}: "
                                          f"{why_not_written(self.path, exc)}") from exc
-        # Only what the wheel has built in (JSON, Parquet): DuckDB would otherwise fetch an extension
-        # over the network to open, say, a SQLite file given as the warehouse, and write into it.
-        config = {"memory_limit": memory_limit, "autoinstall_known_extensions": False,
-                  "autoload_known_extensions": False}
+        config = {"memory_limit": memory_limit, **OFFLINE}
         if threads:
             config["threads"] = str(threads)
         self.con = _connect(self.path, read_only, config, BUSY_WAIT_S if wait is None else wait, follow)
         if problem := _someone_elses(self.con):
             self.con.close()
-            raise WarehousePathError(f"{self.path} {problem}; pass another --warehouse (a new file "
-                                     "is created): this one is left as it is")
+            raise WarehousePathError(_not_ours(self.path, problem))
         self.con.execute("SET enable_progress_bar = false")
         self.con.execute(ROUND_DECIMAL)
         if not read_only:
@@ -273,6 +269,9 @@ NOT_WRITABLE = "this process may not write the file (a read-only file or file sy
 
 SQLITE_HEADER = b"SQLite format 3\x00"
 DUCKDB_MAGIC = b"DUCK"
+OFFLINE = {"autoinstall_known_extensions": False, "autoload_known_extensions": False}
+"""Only what the wheel has built in (JSON, Parquet): DuckDB would otherwise fetch an extension over
+the network to open, say, a SQLite file given as the warehouse, and write into it."""
 """Bytes 8-11 of every DuckDB database file."""
 
 
@@ -292,6 +291,27 @@ def path_problem(path: Path) -> str | None:
         return (f"{path} is not a valid DuckDB database file; pass another --warehouse (a new file "
                 "is created), or move this one away")
     return None
+
+
+def holds_no_warehouse(path: Path) -> str | None:
+    """`path_problem`, and for a DuckDB file another application's tables, looked at through a
+    read-only connection that is closed at once (so `serve` can say it at start). A file another
+    process holds is not judged here: whoever opens it next judges it."""
+    if problem := path_problem(path):
+        return problem
+    if not _head(path):
+        return None  # none yet, or one being created: the sync makes it a warehouse
+    try:
+        con = duckdb.connect(str(path.absolute()), read_only=True, config=OFFLINE)
+    except duckdb.Error:
+        return None  # locked by a sync, or a fault the first open will word
+    with contextlib.closing(con):
+        problem = _someone_elses(con)
+    return _not_ours(path, problem) if problem else None
+
+
+def _not_ours(path: Path, problem: str) -> str:
+    return f"{path} {problem}; pass another --warehouse (a new file is created): this one is left as it is"
 
 
 def _connect(path: Path, read_only: bool, config: dict, wait: float,

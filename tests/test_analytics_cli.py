@@ -1556,6 +1556,22 @@ def test_serve_hands_its_workers_an_absolute_warehouse_and_refuses_what_holds_no
         out = runner("--port", "0", "--db", "sqlite:///s.db", "--warehouse", target)
         assert out.exit_code == 2 and words in " ".join(out.output.split()), out.output
         assert (tmp_path / target).read_bytes() == before
+    # another application's DuckDB database too (it was found out only at the first request)
+    other = duckdb.connect(str(tmp_path / "other.duckdb"))
+    other.execute("CREATE TABLE invoices (id INTEGER)")
+    other.close()
+    before = (tmp_path / "other.duckdb").read_bytes()
+    out = runner("--port", "0", "--db", "sqlite:///s.db", "--warehouse", "other.duckdb")
+    assert out.exit_code == 2, out.output
+    assert "is a DuckDB database of something else, not a CompanyOS warehouse (it holds invoices)" \
+        in " ".join(out.output.split())
+    assert (tmp_path / "other.duckdb").read_bytes() == before
+    # a warehouse, and one that is empty, start the server
+    Warehouse(tmp_path / "ours.duckdb").close()
+    (tmp_path / "empty.duckdb").touch()
+    for target in ("ours.duckdb", "empty.duckdb"):
+        out = runner("--port", "0", "--db", "sqlite:///s.db", "--warehouse", target)
+        assert out.exit_code == 0, out.output
 
 
 @pytest.fixture

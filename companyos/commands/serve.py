@@ -188,14 +188,13 @@ def _prefix(root_path: str) -> str:
 
 
 def _warehouse_file(warehouse: Path) -> str:
-    """The --warehouse as an absolute path; a directory, the SQLite store or another file that is
-    no DuckDB database is refused now (exit 2), as the analytics commands refuse it, not at every
-    analytics request. Whether a DuckDB file holds a warehouse is checked where DuckDB opens it
-    (HTTP 503)."""
-    from analytics.warehouse import path_problem
+    """The --warehouse as an absolute path; a directory, the SQLite store, a file that is no DuckDB
+    database or another application's DuckDB database is refused now (exit 2), as the analytics
+    commands refuse it, not at every analytics request (HTTP 503)."""
+    from analytics.warehouse import holds_no_warehouse
 
     path = warehouse.expanduser().absolute()
-    if problem := path_problem(path):
+    if problem := holds_no_warehouse(path):
         fail(problem)
     return str(path)
 
