@@ -26,6 +26,7 @@ from eventstore.engine import (
     BadSynchronous,
     UnsuitableEncoding,
     create_engine,
+    in_memory_sqlite,
     normalise_url,
     sqlite_file,
     sqlite_immutable,
@@ -103,7 +104,7 @@ class EventStore:
         try:
             _check_a_sqlite_file_before_connecting(url, create)
         except (migrate.NoStore, migrate.ForeignTables) as exc:
-            raise _no_store_at(shown, exc) from None
+            raise _no_store_at(url, exc) from None
         try:
             engine = create_engine(url, synchronous)
         except BadSynchronous:
@@ -119,7 +120,7 @@ class EventStore:
             migrate.upgrade(engine, create)
         except (migrate.NoStore, migrate.ForeignTables) as exc:
             engine.dispose()
-            raise _no_store_at(shown, exc) from None
+            raise _no_store_at(url, exc) from None
         except (sa.exc.DBAPIError, migrate.MigrationFailed) as exc:
             engine.dispose()
             error = exc.error if isinstance(exc, migrate.MigrationFailed) else exc
@@ -584,16 +585,21 @@ def _check_a_sqlite_file_before_connecting(url: str, create: bool) -> None:
     migrate.check_tables(tables, row[0] if row else None, create)
 
 
-def _no_store_at(shown: str, exc: migrate.NoStore | migrate.ForeignTables) -> StoreUnavailable:
+def _no_store_at(url: str, exc: migrate.NoStore | migrate.ForeignTables) -> StoreUnavailable:
     """The refusal of a database that holds no store, said with what to do: `run` and `db
     upgrade` make one only where no other application's tables are (readers were sent to them,
-    which then refused)."""
+    which then refused), and never in memory (they refuse it)."""
+    shown = shown_url(url)
     if isinstance(exc, migrate.ForeignTables):
         return StoreUnavailable(
             f"the database at {shown} is not a store: {exc}; use a database of its own or, on "
             "PostgreSQL, a schema of its own (CREATE SCHEMA companyos, then add "
             "?options=-csearch_path%3Dcompanyos to the URL)")
     tables = exc.args[0]
+    if not tables and in_memory_sqlite(url):
+        return StoreUnavailable(f"there is no store at {shown}: it is an in-memory SQLite "
+                                "database, empty when a process opens it; name the store's file, "
+                                "e.g. sqlite:///companyos.db")
     if not tables:
         return StoreUnavailable(f"there is no store at {shown}: the database holds none of its "
                                 "tables; `companyos run` or `companyos db upgrade` creates one")

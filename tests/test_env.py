@@ -632,6 +632,18 @@ def test_a_command_that_reads_the_log_adds_no_store_to_a_database_without_one(
     engine.dispose()
 
 
+@pytest.mark.parametrize("url", ["sqlite://", "sqlite:///:memory:"])
+def test_a_reader_told_of_an_in_memory_store_hears_that_it_is_one(tmp_path, url):
+    """It was told the database "holds none of its tables" and that `run` creates one, which
+    `run` then refused: an in-memory store is empty in every process that opens it."""
+    out = subprocess.run([sys.executable, "-m", "companyos", "analytics", "sync", "--db", url],
+                         capture_output=True, text=True, cwd=tmp_path)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert out.stderr == (f"error: there is no store at {url}: it is an in-memory SQLite database, "
+                          "empty when a process opens it; name the store's file, e.g. "
+                          "sqlite:///companyos.db\n")
+
+
 @pytest.mark.parametrize("command", [["run", "--episodes", "1"], ["db", "upgrade"]])
 def test_a_database_of_another_applications_tables_is_not_made_a_store(empty_store_url, command):
     """A mistyped --db naming another application's SQLite file (or a PostgreSQL database in use)
