@@ -118,7 +118,7 @@ class EpisodeLog:
         records = self._records(episode_id)
         if records[0].version == 0 and records[0].type != "EpisodeStarted":
             raise ApiError(404, "episode_not_found", f"{episode_id!r} is not an episode stream")
-        return rerun_records(episode_id, records).to_json()
+        return rerun_records(self.store, episode_id, records).to_json()
 
     def views(self, episode_id: str, step: int | None = None) -> dict[str, Any]:
         if episode_id_problem(episode_id):

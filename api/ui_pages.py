@@ -34,6 +34,7 @@ from api.ui_timeline import Step
 from domain import CHAOS_LEVELS, FAILURE_MODES, REWARD_PROFILES, RULES_VERSIONS, TASK_FAMILIES
 from domain.tools import APPS
 from projections.episodes import OUTCOMES
+from projections.rerun import mismatch_line
 
 
 def _outcome(outcome: str | None) -> Markup:
@@ -239,11 +240,8 @@ def rerun_page(result: dict[str, Any]) -> HTMLResponse:
                    "episode gives the stored stream: "
                    f"{result['rerun_events']} events, digest <code>{esc(result['rerun_digest'])}</code>.</p>")
     else:
-        verdict = (f"<p class='error'><b>Mismatch.</b> Stored digest "
-                   f"<code>{esc(result['stored_digest'])}</code> "
-                   f"({result['stored_events']} events); re-simulated "
-                   f"<code>{esc(result['rerun_digest'])}</code> ({result['rerun_events']} events, "
-                   f"{result['actions']} actions).</p>")
+        line = mismatch_line(result)
+        verdict = f"<p class='error'><b>Mismatch.</b> {esc(line[:1].upper() + line[1:])}.</p>"
     parts = [f"<h1>Episode {esc(episode_id)} — re-simulated</h1>", verdict]
     if result.get("error"):
         parts.append(f"<p class='bad'>{esc(result['error'])}</p>")

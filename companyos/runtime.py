@@ -25,7 +25,7 @@ from eventstore import (
     StreamHead,
 )
 from projections.replay import EpisodeNotFound  # one class for 'no such episode', every layer
-from projections.views import check_episode_stream, decode
+from projections.views import check_episode_stream, check_stream_head, decode
 
 DURABILITY = ("step", "episode")
 
@@ -129,6 +129,7 @@ class EpisodeRuntime:
         if not records:
             raise EpisodeNotFound(f"no episode {episode_id!r} in the store")
         check_episode_stream(records)
+        check_stream_head(records, store.stream_head(episode_id))
         state = domain.fold([decode(r) for r in records])
         return cls(store, episode_id, state, durability, records[0].meta, records[-1].version,
                    records[-1].digest)

@@ -424,19 +424,20 @@ class EventStore:
 
     def stream_version(self, stream_id: str) -> int | None:
         """Version of the stream's last event, or None when the stream does not exist."""
-        head = self._head(stream_id)
-        return None if head is None else head[0]
+        head = self.stream_head(stream_id)
+        return None if head is None else head.version
 
     def stream_digest(self, stream_id: str) -> str | None:
         """The digest of the stream's last event: equal digests mean identical streams."""
-        head = self._head(stream_id)
-        return None if head is None else head[1]
+        head = self.stream_head(stream_id)
+        return None if head is None else head.digest
 
-    def _head(self, stream_id: str) -> tuple[int, str] | None:
-        """(last version, last digest) as stored, by the same query the writers run."""
+    def stream_head(self, stream_id: str) -> StreamHead | None:
+        """(last version, last digest) as the newest commit row states them, by the same query the
+        writers run to chain onto it; None when the stream does not exist."""
         _check_stream_id(stream_id)
         rows = self._backend.fetch(self._backend.head_sql(), (stream_id,))
-        return rows[0] if rows else None
+        return StreamHead(*rows[0]) if rows else None
 
     def last_position(self) -> int:
         return self._max_position(())

@@ -7,6 +7,7 @@ is written. Equal digests mean a byte-identical stream.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,7 +16,7 @@ import orjson
 import domain
 from eventstore import GENESIS_DIGEST, CorruptCommit, EventStore, RecordedEvent, canonical_json, chain_digest
 from projections.replay import EpisodeNotFound
-from projections.views import decode
+from projections.views import decode, stream_head_problem
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +70,19 @@ class RerunResult:
             "rerun": self.rerun.to_json() if self.rerun else None,
             "error": self.error, "notes": self.notes, "rules": self.rules,
         }
+
+
+def mismatch_line(result: dict[str, Any]) -> str:
+    """A mismatch in one line, from `RerunResult.to_json()`. Equal digests are said as such: an
+    event altered without its digest leaves both chains ending alike, and "stored digest X,
+    re-simulated X" read as a contradiction."""
+    rules = f" under rules version {result['rules']}" if result["rules"] is not None else ""
+    counts = (f"{result['stored_events']} stored events, {result['rerun_events']} re-simulated from "
+              f"{result['actions']} actions{rules}")
+    if result["stored_digest"] == result["rerun_digest"]:
+        return (f"both chains end in digest {result['stored_digest']} ({counts}), but the stored "
+                "stream is not the re-simulated one")
+    return f"stored digest {result['stored_digest']}, re-simulated {result['rerun_digest']} ({counts})"
 
 
 def spec_of(started: dict[str, Any]) -> Any:
@@ -128,13 +142,36 @@ def rerun(store: EventStore, episode_id: str) -> RerunResult:
     records = list(store.read_stream(episode_id))
     if not records:
         raise EpisodeNotFound(f"no episode {episode_id!r} in the store")
-    return rerun_records(episode_id, records)
+    return rerun_records(store, episode_id, records)
 
 
-def rerun_records(episode_id: str, records: list[RecordedEvent]) -> RerunResult:
+def rerun_records(store: EventStore, episode_id: str, records: list[RecordedEvent]) -> RerunResult:
     """`rerun` over a stream already read (a caller that reads it for other reasons too)."""
     produced, actions, error, rules = resimulate(records)
-    return compare(episode_id, stored_envelopes(records), envelopes(produced), actions, error, rules)
+    result = compare(episode_id, stored_envelopes(records), envelopes(produced), actions, error,
+                     rules)
+    if damage := stored_elsewhere(records, store.stream_head(episode_id)):
+        result.match = False  # every reader but one by version sees another stream than this
+        result.notes.extend(damage)
+    return result
+
+
+def stored_elsewhere(records: list[RecordedEvent], head: tuple[int, str] | None) -> list[str]:
+    """What the log states of the stream beyond its events in version order, if it disagrees
+    with them: head columns (what `stream_digest` answers and the next step chains onto) naming
+    another event, or commits whose positions put events out of order for every reader of the
+    log in position order (`verify`, the read models, the analytics)."""
+    problems = []
+    if problem := stream_head_problem(records, head):
+        problems.append(f"the stream's head columns disagree with its events: {problem}")
+    for before, after in itertools.pairwise(records):
+        if after.position <= before.position:
+            problems.append(f"version {after.version} is stored at position {after.position}, "
+                            f"before version {before.version} (position {before.position}): the "
+                            "commits' positions were altered, so a reader in log order meets "
+                            "the events out of order")
+            break
+    return problems
 
 
 def _same_value(stored: str, fresh: str) -> bool:

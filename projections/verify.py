@@ -26,6 +26,7 @@ from eventstore import GENESIS_DIGEST, EventStore, RecordedEvent, canonical_json
 from projections.reader import STAND_IN, UNREADABLE_VERSION, fetch_page, stream_records
 from projections.runner import Entry, Projection, fold_records, row_of
 from projections.schema import projection_checkpoints
+from projections.views import head_problem
 
 MAX_DETAILS = 20  # differing rows explained column by column; the rest are only named
 PAGE = 20_000
@@ -224,11 +225,9 @@ class Checker:
         streams = self.streams
         for sid, version, digest in store.stream_heads(upto, lo, hi):
             s = streams.get(sid)  # a stream read out of order ends elsewhere: that is said already
-            if s is not None and not (s.disordered or s.lost) and (version != s.next_version - 1
-                                                       or digest != s.digest):
-                self.report.add(sid, f"its head (version {version}, digest {digest}) is not its "
-                                     f"last event (version {s.next_version - 1}, digest {s.digest}): "
-                                     "the commit's head columns were altered")
+            if s is not None and not (s.disordered or s.lost) and (
+                    problem := head_problem((version, digest), s.next_version - 1, s.digest)):
+                self.report.add(sid, problem)
 
     def partial(self) -> dict[str, Any]:
         """What a worker process sends back: its findings and the row hashes of its streams."""

@@ -50,6 +50,33 @@ def check_episode_stream(records: Sequence[RecordedEvent]) -> None:
                                "them are gone from the log (a commit deleted)")
 
 
+def head_problem(head: tuple[int, str], last_version: int, last_digest: str) -> str | None:
+    """Why a stream's head columns (what writers chain the next step onto, and what
+    `stream_digest` answers) do not state its last event, if they do not."""
+    version, digest = head
+    if (version, digest) == (last_version, last_digest):
+        return None
+    return (f"its head (version {version}, digest {digest}) is not its last event (version "
+            f"{last_version}, digest {last_digest}): the commit's head columns were altered")
+
+
+def stream_head_problem(records: Sequence[RecordedEvent],
+                        head: tuple[int, str] | None) -> str | None:
+    """`head_problem` of a stream read by version. `head` is read after the records, so a head
+    past them is another writer's step since, not damage."""
+    last = records[-1]
+    if head is None or head[0] > last.version:
+        return None
+    return head_problem(head, last.version, last.digest)
+
+
+def check_stream_head(records: Sequence[RecordedEvent], head: tuple[int, str] | None) -> None:
+    """Refuse to continue a stream whose head columns were altered: the next honest step would
+    chain onto them, and be the one `verify` and `rerun` then blame."""
+    if problem := stream_head_problem(records, head):
+        raise DamagedEvent(records[-1], f"ends the stream, but {problem}")
+
+
 class DamagedEvent(CorruptCommit):
     """A stored event that unpacks but is no domain event (its type, schema version or data was
     edited behind the store's back): reported like a commit that does not unpack, everywhere."""

@@ -243,6 +243,67 @@ def test_rerun_does_not_match_a_stream_whose_versions_were_shifted(logged, tmp_p
     store.close()
 
 
+def test_rerun_is_no_match_when_the_head_columns_name_another_event(logged, tmp_path):
+    """It said "match" (exit 0) where verify said broken and `stream_digest` answered the forged
+    digest: it read the events by version and never looked at the head writers chain onto."""
+    url, played = logged
+    store = copy_store(url, tmp_path)
+    victim = played[2]["episode_id"]
+    last_event = list(store.read_stream(victim))[-1]
+    position = tamper.stream_commits(store.engine, victim)[-1][0]
+    with store.engine.begin() as conn:
+        conn.execute(sa.text("UPDATE commits SET last_digest = :d WHERE position = :p"),
+                     {"d": "0" * 32, "p": position})
+    result = rerun(store, victim)
+    assert not result.match and result.stored_digest == result.rerun_digest == last_event.digest
+    assert any(f"its head (version {last_event.version}, digest {'0' * 32}) is not its last event"
+               in note for note in result.notes), result.notes
+    store.close()
+
+
+def test_rerun_is_no_match_when_commits_positions_put_the_events_out_of_order(logged, tmp_path):
+    """Two of an episode's commits swapped by position: verify, the read models and the
+    analytics meet its events out of order, while rerun (reading by version) said "match"."""
+    url, played = logged
+    store = copy_store(url, tmp_path)
+    victim = played[1]["episode_id"]
+    commits = tamper.stream_commits(store.engine, victim)
+    assert len(commits) > 2, "the episode needs several commits"
+    (first, *_), (second, *_) = commits[1], commits[2]
+    with store.engine.begin() as conn:  # through a free position, so the key is never shared
+        for old, new in ((first, -1), (second, first), (-1, second)):
+            conn.execute(sa.text("UPDATE commits SET position = :n WHERE position = :o"),
+                         {"n": new, "o": old})
+    result = rerun(store, victim)
+    assert not result.match
+    assert any("before version" in note and "the commits' positions were altered" in note
+               for note in result.notes), result.notes
+    store.close()
+
+
+def test_resuming_an_episode_whose_head_columns_were_altered_is_refused(tmp_path):
+    """The next honest step chained onto a forged head: the damage became part of the chain, and
+    verify and rerun then blamed that step as an altered event."""
+    from companyos.env import CompanyEnv
+
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    with CompanyEnv(url) as env:
+        _, info = env.reset(seed=3, options={"task": "bug_escalation"})
+        env.step({"app": "ticketdesk", "method": "list_tickets", "params": {}})
+        episode = info["episode_id"]
+        position = tamper.stream_commits(env.store.engine, episode)[-1][0]
+        with env.store.engine.begin() as conn:
+            conn.execute(sa.text("UPDATE commits SET last_digest = :d WHERE position = :p"),
+                         {"d": "f" * 32, "p": position})
+        events = env.store.count_events()
+    with CompanyEnv(url) as env:
+        with pytest.raises(CorruptCommit, match="the commit's head columns were altered"):
+            env.resume(episode)
+        assert env.store.count_events() == events  # nothing chained onto it
+        with pytest.raises(RuntimeError):  # no episode was taken up
+            env.step({"app": "ticketdesk", "method": "list_tickets", "params": {}})
+
+
 # -- verify ----------------------------------------------------------------------------------
 
 

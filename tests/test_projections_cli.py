@@ -135,6 +135,11 @@ def test_rerun_exits_0_on_a_match_and_1_on_a_mismatch(cli, db, tmp_path):
     out = cli("rerun", ids[0], "--db", f"sqlite:///{copy}")
     assert out.exit_code == 1
     assert "MISMATCH" in out.stdout and "stored" in out.stdout and "re-simulated" in out.stdout
+    # the digest columns were left alone: "stored digest X, re-simulated X" read as a contradiction
+    digest = cli("rerun", ids[0], "--db", url, "--json")
+    said = " ".join(out.stdout.split())
+    assert f"both chains end in digest {json.loads(digest.stdout)['rerun_digest']}" in said, said
+    assert "but the stored stream is not the re-simulated one" in said
     doc = json.loads(cli("rerun", ids[0], "--db", f"sqlite:///{copy}", "--json").stdout)
     assert doc["match"] is False and doc["stored"]["type"] == "ActionTaken"
 

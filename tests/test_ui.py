@@ -317,6 +317,7 @@ def test_an_episode_re_simulated_from_its_seed_matches_and_an_altered_one_does_n
     with TestClient(create_app(ServerConfig(db=sqlite_url))) as other:
         page = _html_ok(other.get(f"/ui/episodes/{episode_id}/rerun"))
     assert "<b>Mismatch.</b>" in page and f"First difference: version {altered}" in page
+    assert "<b>Mismatch.</b> Both chains end in digest" in page  # the digest columns untouched
     assert "stored content was altered" in page and '\\"value\\":1-0.1}' in html.unescape(page)
 
 

@@ -221,11 +221,10 @@ def _print_mismatch(result) -> None:
     import orjson
     from rich.table import Table
 
+    from projections.rerun import mismatch_line
+
     console = stdout_console()
-    console.print(f"{result.episode_id}: MISMATCH — stored digest "
-                  f"{result.stored_digest}, re-simulated {result.rerun_digest} "
-                  f"({result.stored_events} stored events, {result.rerun_events} re-simulated"
-                  + (f" under rules version {result.rules})" if result.rules is not None else ")"),
+    console.print(f"{result.episode_id}: MISMATCH — {mismatch_line(result.to_json())}",
                   style="bold red")
     if result.error:
         console.print(result.error, style="red")
