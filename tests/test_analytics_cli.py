@@ -12,6 +12,7 @@ import re
 import shutil
 import signal
 import sqlite3
+import stat
 import subprocess
 import sys
 import time
@@ -378,6 +379,20 @@ def test_a_report_never_overwrites_the_store_the_warehouse_or_another_file(logge
     out = cli("report", "--html", str(tmp_path / "adir.html"), "--db", url, "--warehouse", str(wh))
     assert out.exit_code == 2 and "adir.html: it is a directory; name a new file" in out.output, out.output
     assert not list(tmp_path.glob(".*.tmp"))  # nothing half-written left behind
+    # a link planted where the report was staged (a fixed `.NAME.tmp`): the file it named was
+    # overwritten with the report, and the link put in the report's place
+    precious = tmp_path / "precious.txt"
+    precious.write_text("keep me")
+    planted = tmp_path / ".fresh.html.tmp"
+    planted.symlink_to(precious)
+    fresh = tmp_path / "fresh.html"
+    out = cli("report", "--html", str(fresh), "--db", url, "--warehouse", str(wh))
+    assert out.exit_code == 0, out.output
+    assert precious.read_text() == "keep me" and planted.is_symlink()
+    assert not fresh.is_symlink() and fresh.read_text().startswith("<!doctype html")
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat.S_IMODE(fresh.stat().st_mode) == 0o666 & ~umask  # as a plain new file's
 
 
 def test_a_report_into_a_pipe_is_written_through_and_an_empty_file_only_when_named_html(logged, tmp_path,
@@ -403,6 +418,11 @@ def test_a_report_into_a_pipe_is_written_through_and_an_empty_file_only_when_nam
     lock = tmp_path / "store.db-writer.lock"
     lock.touch()
     out = cli("report", "--html", str(lock), "--db", url, "--warehouse", wh)
+    assert out.exit_code == 2 and "it is an empty file not named .html" in out.output, out.output
+    assert lock.read_bytes() == b""
+    disguised = tmp_path / "lock.html"  # judged by the name of the file it would replace
+    disguised.symlink_to(lock)
+    out = cli("report", "--html", str(disguised), "--db", url, "--warehouse", wh)
     assert out.exit_code == 2 and "it is an empty file not named .html" in out.output, out.output
     assert lock.read_bytes() == b""
     made = tmp_path / "made-by-mktemp.html"

@@ -297,7 +297,8 @@ def _not_a_report(path: Path) -> str | None:
     except OSError:
         return None
     if not head.strip():  # `mktemp --suffix .html` makes one; a lock file is one too
-        if path.suffix.lower() in (".html", ".htm"):
+        # the name of the file a report would replace: a link named .html to a lock file replaced it
+        if Path(os.path.realpath(path)).suffix.lower() in (".html", ".htm"):
             return None
         return "it is an empty file not named .html (a lock file, say), which a report would replace"
     if head.startswith(b"SQLite format 3\0") or head[8:12] == b"DUCK":
@@ -325,13 +326,26 @@ def _write_report(target: Path, page: str) -> None:
         with final.open("w", encoding="utf-8") as stream:
             stream.write(page)
         return
+    import tempfile
+
     final.parent.mkdir(parents=True, exist_ok=True)
-    staged = final.with_name(f".{final.name}.tmp")
+    # a new file of a name no one could plant a link at beforehand (a fixed `.NAME.tmp` was written
+    # through such a link, and the rename then put the link in the report's place)
+    handle, name = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
+    staged = Path(name)
     try:
-        staged.write_text(page, encoding="utf-8")
+        with os.fdopen(handle, "w", encoding="utf-8") as stream:
+            stream.write(page)
+        staged.chmod(0o666 & ~_umask())  # as a plain new file gets it (mkstemp's is 0600)
         staged.replace(final)
     finally:
         staged.unlink(missing_ok=True)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 @analytics_app.command("report")
