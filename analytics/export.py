@@ -9,6 +9,7 @@ export (other files in DIR are left alone).
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import time
 import uuid
@@ -53,14 +54,15 @@ def export(wh: Warehouse, target: str | Path, tables: tuple[str, ...] = tuple(_T
     if existing and not marker.exists() and not set(existing) <= _swapped_in_by_a_killed_export(root):
         raise ExportRefused(f"{root} already holds {', '.join(existing)} that companyos did not export; "
                             "choose an empty directory")
-    _recover(root)  # after the check: only in a directory companyos exported to
+    if marker.exists() or _swapped_in_by_a_killed_export(root):  # only where companyos exported
+        _recover(root)
     manifest = {"position": wh.checkpoint, "exported_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 "partitioning": "hive: task_family", "tables": {}}
     staged: dict[str, Path] = {}
-    written = root / f".{MARKER}.{uuid.uuid4().hex[:8]}.tmp"
+    written = _aside(root, MARKER, "tmp")
     try:
         for table in tables:
-            staged[table] = root / f".{table}.{uuid.uuid4().hex[:8]}.tmp"
+            staged[table] = _aside(root, table, "tmp")
             manifest["tables"][table] = {"rows": _write(wh, table, staged[table]), "path": table}
         written.write_text(json.dumps(manifest, indent=2))
         old = _swap_in(root, staged, then=lambda: written.replace(marker))
@@ -98,7 +100,7 @@ def _swap_in(root: Path, staged: dict[str, Path], then: Callable[[], object]) ->
             final = root / table
             aside = None
             if final.exists():
-                aside = root / f".{table}.{uuid.uuid4().hex[:8]}.old"
+                aside = _aside(root, table, "old")
                 final.rename(aside)
             swapped.append((final, aside))
             staging.rename(final)
@@ -118,15 +120,27 @@ def _recover(root: Path) -> None:
     back; staging, and tables set aside and replaced, are removed. (One export at a time per
     directory: a second one running would find the first's staging gone.)"""
     for table in _TABLES:
-        for aside in sorted(root.glob(f".{table}.*.old")):
+        for aside in sorted(_set_aside(root, table, "old")):
             if not (root / table).exists():
                 aside.rename(root / table)
             else:
                 shutil.rmtree(aside, ignore_errors=True)
-        for staging in root.glob(f".{table}.*.tmp"):
+        for staging in _set_aside(root, table, "tmp"):
             shutil.rmtree(staging, ignore_errors=True)
-    for manifest in root.glob(f".{MARKER}.*.tmp"):
+    for manifest in _set_aside(root, MARKER, "tmp"):
         manifest.unlink(missing_ok=True)
+
+
+def _aside(root: Path, name: str, kind: str) -> Path:
+    """A new name beside `name` for a table (or manifest) staged ("tmp") or set aside ("old")."""
+    return root / f".{name}.{uuid.uuid4().hex[:8]}.{kind}"
+
+
+def _set_aside(root: Path, name: str, kind: str) -> list[Path]:
+    """What `_aside` names in `root`, and nothing else: a glob `.steps.*.tmp` took a user's own
+    `.steps.backup.tmp` for staging, and removed it."""
+    pattern = re.compile(rf"\.{re.escape(name)}\.[0-9a-f]{{8}}\.{kind}")
+    return [path for path in root.glob(f".{name}.*.{kind}") if pattern.fullmatch(path.name)]
 
 
 def _swapped_in_by_a_killed_export(root: Path) -> set[str]:
@@ -134,7 +148,7 @@ def _swapped_in_by_a_killed_export(root: Path) -> set[str]:
     its manifest lists, which it writes beside the marker's place before the first rename and
     which only a kill leaves behind (the next export refused them as someone else's)."""
     tables: set[str] = set()
-    for written in root.glob(f".{MARKER}.*.tmp"):
+    for written in _set_aside(root, MARKER, "tmp"):
         try:
             tables |= set(json.loads(written.read_text())["tables"])
         except (OSError, ValueError, KeyError, TypeError):

@@ -466,6 +466,32 @@ def _replace_refused(self, target):
     raise OSError("the rename was refused")
 
 
+def test_an_export_leaves_a_users_own_files_of_look_alike_names(logged, tmp_path):
+    """The recovery from a killed export ran in any directory, and took `.steps.backup.tmp` for its
+    staging (removed), `.events.mine.old` for a table set aside (swapped in, then removed)."""
+    from analytics import export as exporting
+
+    url, _ = logged
+    for target in (tmp_path / "new", tmp_path / "exported"):
+        target.mkdir()
+        if target.name == "exported":
+            with Warehouse(tmp_path / "w.duckdb") as wh:
+                sync(url, wh)
+                exporting.export(wh, target)
+        (target / ".steps.2024-backup.tmp").mkdir()
+        (target / ".steps.2024-backup.tmp" / "important.txt").write_text("mine")
+        (target / ".events.mine.old").mkdir()
+        (target / ".events.mine.old" / "data.txt").write_text("mine too")
+        (target / f".{exporting.MARKER}.draft.tmp").write_text("a draft")
+        with Warehouse(tmp_path / "w.duckdb") as wh:
+            sync(url, wh)
+            exporting.export(wh, target)
+        assert (target / ".steps.2024-backup.tmp" / "important.txt").read_text() == "mine"
+        assert (target / ".events.mine.old" / "data.txt").read_text() == "mine too"
+        assert (target / f".{exporting.MARKER}.draft.tmp").read_text() == "a draft"
+        assert not (target / "events" / "data.txt").exists()
+
+
 def test_an_export_that_fails_midway_leaves_the_previous_export_and_no_staging(logged, tmp_path,
                                                                                  monkeypatch):
     from analytics import export as exporting
