@@ -64,7 +64,7 @@ def check(sql: str) -> None:
         raise SqlRefused("no SQL statement to run")
     if len(statements) > 1:
         raise SqlRefused(f"one statement at a time: {len(statements)} were given (separated by ';')")
-    _check_one(statements[0].type, statements[0].query)
+    _check_one(_kind(statements[0]), statements[0].query)
 
 
 def _parse(sql: str) -> list:
@@ -75,9 +75,20 @@ def _parse(sql: str) -> list:
         raise SqlRefused(one_line(str(exc))) from None
 
 
-def _check_one(kind: duckdb.StatementType, text: str) -> None:
+def _kind(statement: duckdb.Statement) -> duckdb.StatementType | None:
+    """The statement's kind; None for one this DuckDB's Python enum lacks (`UPDATE EXTENSIONS`
+    was a traceback: "29 is not a valid StatementType")."""
+    try:
+        return statement.type
+    except ValueError:
+        return None
+
+
+def _check_one(kind: duckdb.StatementType | None, text: str) -> None:
     """Let a query through; refuse anything else with the reason its kind is refused."""
     word, rest = _leading_word(text)
+    if kind is None:
+        raise SqlRefused(f"{word or 'this statement'} is refused: {WORD_REASONS.get(word, NOT_A_QUERY)}")
     if kind == ST.SELECT or (kind == ST.MULTI and word in QUERY_WORDS):
         return
     if kind == ST.EXPLAIN:
@@ -112,7 +123,7 @@ def _check_explained(rest: str) -> None:
     statements = _parse(rest)
     if len(statements) != 1:
         raise SqlRefused(f"EXPLAIN is refused here: {NOT_A_QUERY}")
-    _check_one(statements[0].type, statements[0].query)
+    _check_one(_kind(statements[0]), statements[0].query)
 
 
 def _leading_word(text: str) -> tuple[str, str]:
