@@ -17,6 +17,11 @@ from pydantic import BaseModel
 
 DOCS = "/docs"
 ASSETS = DOCS + "/assets"
+HEADERS = {"Content-Security-Policy": "frame-ancestors 'none'", "X-Frame-Options": "DENY",
+           "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer"}
+"""The docs pages are not to be framed by another site (clickjacking) nor leak their URL: as the
+UI's pages. Their scripts are Swagger UI's and ReDoc's own, inline ones included, so no script
+policy is set beyond what they need (none)."""
 
 
 def add_api_docs(app: FastAPI) -> None:
@@ -31,25 +36,30 @@ def add_api_docs(app: FastAPI) -> None:
     @app.get(DOCS, include_in_schema=False)
     async def docs(request: Request) -> HTMLResponse:
         root = request.scope.get("root_path", "").rstrip("/")  # behind a proxy's path prefix
-        return get_swagger_ui_html(
+        return _guarded(get_swagger_ui_html(
             openapi_url=root + (app.openapi_url or "/openapi.json"), title=f"{app.title} - API docs",
             swagger_js_url=f"{root}{ASSETS}/swagger-ui-bundle.js",
             swagger_css_url=f"{root}{ASSETS}/swagger-ui.css",
             swagger_favicon_url=f"{root}{ASSETS}/favicon.png",
-            oauth2_redirect_url=root + oauth2_redirect)
+            oauth2_redirect_url=root + oauth2_redirect))
 
     @app.get(oauth2_redirect, include_in_schema=False)
     async def docs_oauth2_redirect() -> HTMLResponse:
-        return get_swagger_ui_oauth2_redirect_html()
+        return _guarded(get_swagger_ui_oauth2_redirect_html())
 
     @app.get("/redoc", include_in_schema=False)
     async def redoc(request: Request) -> HTMLResponse:
         """The same reference as ReDoc renders it (the package ships its script too)."""
         root = request.scope.get("root_path", "").rstrip("/")
-        return get_redoc_html(openapi_url=root + (app.openapi_url or "/openapi.json"),
-                              title=f"{app.title} - API reference", with_google_fonts=False,
-                              redoc_js_url=f"{root}{ASSETS}/redoc.standalone.js",
-                              redoc_favicon_url=f"{root}{ASSETS}/favicon.png")
+        return _guarded(get_redoc_html(openapi_url=root + (app.openapi_url or "/openapi.json"),
+                                       title=f"{app.title} - API reference", with_google_fonts=False,
+                                       redoc_js_url=f"{root}{ASSETS}/redoc.standalone.js",
+                                       redoc_favicon_url=f"{root}{ASSETS}/favicon.png"))
+
+
+def _guarded(page: HTMLResponse) -> HTMLResponse:
+    page.headers.update(HEADERS)
+    return page
 
 
 _BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")

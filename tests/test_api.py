@@ -1841,6 +1841,10 @@ def test_the_api_docs_page_needs_nothing_from_the_internet(sqlite_url):
         (script,) = re.findall(r'<script src="([^"]+)">', redoc)
         assert script.startswith("/docs/assets/") and c.get(script).status_code == 200
         assert "fonts.googleapis" not in redoc
+        for path in ("/docs", "/redoc", "/docs/oauth2-redirect"):  # not to be framed elsewhere
+            headers = c.get(path).headers
+            assert headers["content-security-policy"] == "frame-ancestors 'none'", path
+            assert headers["x-frame-options"] == "DENY" and headers["x-content-type-options"] == "nosniff"
     with TestClient(create_app(ServerConfig(db=sqlite_url)), root_path="/prefix") as c:  # behind a proxy
         assert '<script src="/prefix/docs/assets/swagger-ui-bundle.js">' in c.get("/docs").text
 
