@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from analytics.warehouse import Warehouse
+from eventstore import TOKEN_META_KEY
 
 MARKER = "_companyos_export.json"
 
@@ -30,7 +31,10 @@ _TABLES = {
     "steps": "SELECT *, coalesce(task, '(unknown)') AS task_family FROM steps",
     "rewards": "SELECT r.*, coalesce(e.task, '(unknown)') AS task_family FROM rewards r "
                "LEFT JOIN episodes e ON e.episode_id = r.episode_id",
-    "events": "SELECT v.*, coalesce(e.task, '(none)') AS task_family FROM events v "
+    # an episode's token hash (which the API never shows either) stays out of files handed around
+    "events": f"SELECT v.* REPLACE (CASE WHEN v.meta LIKE '%\"{TOKEN_META_KEY}\"%' THEN "
+              f"json_remove(v.meta, '$.{TOKEN_META_KEY}')::VARCHAR ELSE v.meta END AS meta), "
+              "coalesce(e.task, '(none)') AS task_family FROM events v "
               "LEFT JOIN episodes e ON e.episode_id = v.stream_id",
 }
 

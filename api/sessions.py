@@ -29,14 +29,13 @@ import sqlalchemy as sa
 import domain
 from companyos.env import episode_state, spec_from_options
 from companyos.runtime import EpisodeNotFound, EpisodeRuntime, episode_id_problem, new_episode_id
-from eventstore import ConcurrencyError, CorruptCommit, EventStore, StoreClosed, WriterBusy
+from eventstore import TOKEN_META_KEY, ConcurrencyError, CorruptCommit, EventStore, StoreClosed, WriterBusy
 from eventstore.backends import WAIT_FOR_WRITERS
 from eventstore.engine import pooler_hint
 from projections.episodes import new_agent_label_problem
 
 RESET_FIELDS = ("seed", "episode_id", "task", "chaos", "reward_profile", "max_steps", "rules", "agent",
                 "text")
-TOKEN_META_KEY = "token_sha256"
 STEP_WAIT_S = 30.0
 """How long reading an episode waits for this process's running step on it; past that it loads
 the episode from the log, as it does when another process stepped it."""

@@ -3,6 +3,7 @@
 from eventstore.encoding import GENESIS_DIGEST, canonical_json, chain_digest
 from eventstore.records import (
     MAX_EVENT_BYTES,
+    TOKEN_META_KEY,
     ConcurrencyError,
     CorruptCommit,
     CorruptEvent,
@@ -21,6 +22,6 @@ __all__ = [
     "DEFAULT_URL", "GENESIS_DIGEST", "MAX_EVENT_BYTES", "ConcurrencyError", "CorruptCommit", "CorruptEvent",
     "EventStore",
     "NewEvent", "NewStream", "RecordedEvent", "StoreClosed", "StoreUnavailable", "StoreUnreachable",
-    "StreamHead", "Upcasters", "WriterBusy", "canonical_json",
+    "StreamHead", "TOKEN_META_KEY", "Upcasters", "WriterBusy", "canonical_json",
     "chain_digest", "shown_url",
 ]

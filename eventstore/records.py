@@ -53,6 +53,11 @@ def _show(version: int | None) -> str:
     return "None (no stream)" if version is None else str(version)
 
 
+TOKEN_META_KEY = "token_sha256"
+"""The meta key under which a served episode's first commit keeps the hash of its token (how any
+server process checks the token): what the API's answers and the analytics export leave out."""
+
+
 class NewEvent(NamedTuple):
     """An event to append. `event_id` makes retries idempotent; `meta` never enters a digest."""
 

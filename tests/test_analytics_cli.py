@@ -466,6 +466,28 @@ def _replace_refused(self, target):
     raise OSError("the rename was refused")
 
 
+def test_an_export_leaves_out_the_token_hash_of_a_served_episode(tmp_path):
+    """The API never shows an episode's token hash; the Parquet export, which gets handed around,
+    held it in the events' meta."""
+    from analytics import export as exporting
+    from api.app import create_app
+    from api.config import ServerConfig
+
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    with TestClient(create_app(ServerConfig(db=url))) as c:
+        assert c.post("/reset", json={"seed": 4, "agent": "served"}).status_code == 200
+    with Warehouse(tmp_path / "w.duckdb") as wh:
+        sync(url, wh)
+        assert wh.con.execute("SELECT count(*) FROM events WHERE meta LIKE '%token_sha256%'"
+                              ).fetchone()[0] == 1  # the store's, kept where the store is
+        exporting.export(wh, tmp_path / "out")
+    metas = [json.loads(m) for (m,) in duckdb.connect().execute(
+        f"SELECT meta FROM read_parquet('{tmp_path / 'out'}/events/*/*.parquet') WHERE meta IS NOT NULL"
+    ).fetchall()]
+    assert metas and not any("token_sha256" in meta for meta in metas)
+    assert {"served"} == {meta["agent"] for meta in metas if "agent" in meta}
+
+
 def test_an_export_leaves_a_users_own_files_of_look_alike_names(logged, tmp_path):
     """The recovery from a killed export ran in any directory, and took `.steps.backup.tmp` for its
     staging (removed), `.events.mine.old` for a table set aside (swapped in, then removed)."""
