@@ -12,7 +12,7 @@ import re
 import shlex
 import time
 import unicodedata
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
@@ -128,6 +128,8 @@ def build(wh: Warehouse, agent: str | None = None, task: str | None = None,
         "success_by_task_and_chaos": by_task_and_chaos,
         "failure_modes": run_named(wh, "failure_modes", {**f, "examples": 3}),
         "first_mistake_step": run_named(wh, "first_mistake_step", f),
+        "actions_before_failure": run_named(wh, "actions_before_failure",
+                                            {**f, "k": LEAD_IN_TOOLS, "top": LEAD_INS}),
         "chaos_impact": run_named(wh, "chaos_impact", f),
         "compare_agents": (run_named(wh, "compare_agents",
                                      {"task": task, "chaos": f["chaos"], "profile": f["profile"],
@@ -154,13 +156,8 @@ def build(wh: Warehouse, agent: str | None = None, task: str | None = None,
     agents = agent_count(data["success_by_agent_and_chaos"])
     levels = {r["chaos"] for r in data["success_by_chaos"]}
     if data["chaos_impact"] and (agents or len(levels) > 1):
-        pooled = [f"all {agents} agents"] if agents else []
-        pooled += [f"{len(levels)} chaos levels"] if len(levels) > 1 else []
-        data["notes"]["chaos_impact"] = (
-            f"These rates pool {' and '.join(pooled)}: a mechanism is compared with every episode "
-            "it did not fire in, those at levels where it cannot fire (chaos none) and those of "
-            "agents it never met included, so it can look harmless, or helpful, when it is not. "
-            "Narrow the report to one agent and one chaos level to compare like with like.")
+        data["notes"]["chaos_impact"] = _pooled_chaos_note(agents, levels)
+    _mistake_notes(data)
     if agents > CHART_AGENTS:
         data["notes"]["success_by_agent_and_chaos"] = (
             f"The chart above draws the {CHART_AGENTS} agents with the most episodes; this table "
@@ -171,6 +168,43 @@ def build(wh: Warehouse, agent: str | None = None, task: str | None = None,
             f"`{_query_command('tool_error_rates', data['filters'])}` lists them all")
     data["seconds"] = round(time.perf_counter() - started, 3)
     return data
+
+
+LEAD_IN_TOOLS, LEAD_INS = 3, 3
+"""The report's lead-ins: the last 3 tools up to the deciding step, the 3 commonest per mode."""
+
+
+def _pooled_chaos_note(agents: int, levels: set[float | None]) -> str:
+    """Why the chaos-impact rates mislead when they pool agents or levels, said before the table
+    (under it, it was read after the numbers), naming only what this report pools."""
+    pooled = [f"{agents} agents"] if agents else []
+    pooled += [f"{len(levels)} chaos levels"] if len(levels) > 1 else []
+    others = [clause for clause, present in (
+        ("those at chaos none (where no mechanism fires)", 0.0 in levels),
+        ("those of agents it never met", agents > 1)) if present]
+    return (f"Read with care: these rates pool {' and '.join(pooled)}. A mechanism is compared with "
+            "every episode it did not fire in" + (f", {' and '.join(others)} included" if others else "")
+            + ", so it can look harmless, or even helpful, when it is not (an agent run only at high "
+            "chaos makes every mechanism there look helpful). Narrow the report to one agent and one "
+            "chaos level to compare like with like.")
+
+
+def _mistake_notes(data: dict[str, Any]) -> None:
+    """Say what the failure-mode and first-mistake shares are of, and why a section is empty: the
+    first-mistake shares are of the episodes with a counted mistake, which were read as shares
+    of every failure, and a section with nothing to show vanished without a word."""
+    s = data["summary"]
+    finished, failed = s["finished"], s["finished"] - s["successes"]
+    if not finished:
+        return
+    if not data["failure_modes"]:
+        data["notes"]["failure_modes"] = f"None: all {counted(finished, 'finished episode')} succeeded."
+    with_one = sum(r["episodes"] for r in data["first_mistake_step"])
+    data["notes"]["first_mistake_step"] = (
+        f"The shares are of the {with_one:,} finished episodes with a counted mistake, of "
+        f"{finished:,} finished ({failed:,} not successful); an episode without one (one that ran "
+        "out of steps without a wrong move, say) is not in them." if with_one else
+        f"No counted mistake in {counted(finished, 'finished episode')}.")
 
 
 def _stripped(value: str | None) -> str | None:
@@ -224,10 +258,29 @@ SECTIONS = (
     ("success_by_task_and_chaos", "Success by task and chaos level"),
     ("failure_modes", "Failure modes (share of non-successful episodes)"),
     ("first_mistake_step", "Step of the first mistake"),
+    ("actions_before_failure", f"Actions leading into each failure mode (the last {LEAD_IN_TOOLS} "
+                               "tools up to the step that decided it)"),
     ("chaos_impact", "Chaos impact (success with and without each mechanism)"),
     ("compare_agents", "Agents compared"),
     ("tool_error_rates", "Tool error rates"),
 )
+
+
+NOTES_FIRST = frozenset({"chaos_impact"})
+"""Sections whose note is a warning, said before the table rather than after its numbers."""
+
+
+def sections(data: dict[str, Any],
+             with_charts: bool) -> Iterator[tuple[str, list, str | None, str | None]]:
+    """(title, rows, note before the table, note after it) of each section with something to
+    show, for every renderer alike; a section without rows shows only its note, if any."""
+    for key, title in SECTIONS:
+        rows = data[key]
+        note = data["notes"].get(key) if with_charts else text_note(data, key)
+        if not rows and not note:
+            continue
+        first = key in NOTES_FIRST
+        yield title, rows, note if first else None, None if first else note
 
 
 def _cell(value: Any, column: str = "") -> str:
@@ -254,7 +307,13 @@ without a space pushed the other columns off the screen."""
 def _html_cell(column: str, value: Any, episode_href: Callable[[str], str] | None) -> str:
     if column == "example_episode_ids" and episode_href is not None and isinstance(value, list):
         return ", ".join(f'<a href="{_esc(episode_href(str(e)))}">{_esc(e)}</a>' for e in value)
-    return _esc(_cell(value, column))
+    shown = _esc(_cell(value, column))
+    return shown.replace("_", "_<wbr>") if column in _BREAKABLE else shown
+
+
+_BREAKABLE = frozenset({"top_failure_mode"})
+"""Columns of names that may break after an underscore: the agents' table, the widest, cut its
+last column off at 1280 px."""
 
 
 def number_text(value: float) -> str:
@@ -357,19 +416,19 @@ def to_markdown(data: dict[str, Any]) -> str:
     out = [f"# {_md(report_title(data))}", "", summary_line(data["summary"]), ""]
     if note := data["notes"].get("summary"):
         out += [note, ""]
-    for key, title in SECTIONS:
-        rows = data[key]
-        if not rows:
-            continue
+    for title, rows, before, after in sections(data, with_charts=False):
         out += [f"## {title}", ""]
-        cols = list(rows[0])
-        out.append("| " + " | ".join(cols) + " |")
-        out.append("|" + "|".join("---" for _ in cols) + "|")
-        for r in rows:
-            out.append("| " + " | ".join(_md(_cell(r[c], c)) for c in cols) + " |")
-        out.append("")
-        if note := text_note(data, key):
-            out += [note, ""]
+        if before:
+            out += [before, ""]
+        if rows:
+            cols = list(rows[0])
+            out.append("| " + " | ".join(cols) + " |")
+            out.append("|" + "|".join("---" for _ in cols) + "|")
+            for r in rows:
+                out.append("| " + " | ".join(_md(_cell(r[c], c)) for c in cols) + " |")
+            out.append("")
+        if after:
+            out += [after, ""]
     return "\n".join(out)
 
 
@@ -624,7 +683,9 @@ def charts(data: dict[str, Any]) -> list[str]:
     if first:
         bars = first_mistake_bars(first)
         out.append(bar_chart([label for label, _, _ in bars], [share for _, share, _ in bars],
-                             title="Step of the first mistake (share of episodes with a mistake)",
+                             title="Step of the first mistake (share of the "
+                                   f"{counted(sum(r['episodes'] for r in first), 'episode')} "
+                                   "with one)",
                              color=PALETTE[2], zoom=True, notes=[note for _, _, note in bars]))
     agents = sorted(data["compare_agents"], key=lambda r: (-exact_rate(r), r["agent"]))
     if len(agents) > 1:  # a row per agent: model names are long
@@ -701,7 +762,7 @@ h1{font-size:1.5rem}h2{font-size:1.1rem;margin-top:2rem;border-bottom:1px solid 
 table{border-collapse:collapse;font-size:.85rem;margin:.5rem 0}
 td,th{border:1px solid #ddd;padding:3px 8px;text-align:left;overflow-wrap:break-word}
 td.free{overflow-wrap:anywhere;min-width:8em}
-th{background:#f5f5f5;white-space:nowrap}
+th{background:#f5f5f5}p.warning{background:#fff4e0;padding:.4rem .8rem;border-radius:4px}
 .scroll{overflow-x:auto;max-width:100%}svg{max-width:100%;height:auto}
 .footnote{color:#595959;font-size:.8rem}
 .charts{display:flex;flex-wrap:wrap;gap:1.5rem}
@@ -731,7 +792,9 @@ def html_body(data: dict[str, Any], episode_href: Callable[[str], str] | None = 
     puts it in its own page, with `episode_href` making each example episode id a link to that
     episode's timeline (from why agents fail to how one failed, in a click)."""
     s = data["summary"]
-    top_mode = data["failure_modes"][0]["failure_mode"] if data["failure_modes"] else "none"
+    # "none" read as a mode of that name
+    top_mode = (data["failure_modes"][0]["failure_mode"] if data["failure_modes"]
+                else "no failures" if s["finished"] else "n/a")
     # the running ones named beside the total: the rates beside it leave them out
     episodes = f"{s['episodes']} ({s['running']} running)" if s["running"] else s["episodes"]
     kpis = [("episodes", episodes), ("success rate", _rate(s)),
@@ -742,20 +805,23 @@ def html_body(data: dict[str, Any], episode_href: Callable[[str], str] | None = 
                                               for k, v in kpis) + "</div>",
             *([f"<p>{_esc(note)}</p>"] if (note := data["notes"].get("summary")) else []),
             '<div class="charts">' + "".join(charts(data)) + "</div>"]
-    for key, title in SECTIONS:
-        rows = data[key]
-        if not rows:
-            continue
-        cols = list(rows[0])
-        head = "".join(f"<th>{_esc(c)}</th>" for c in cols)
-        body.append(f'<h2>{_esc(title)}</h2>'
-                    f'<div class="scroll" {scroll_region(title)}><table><tr>{head}</tr>')
-        for r in rows:
-            cells = (f"<td{_FREE_TEXT.get(c, '')}>{_html_cell(c, r[c], episode_href)}</td>" for c in cols)
-            body.append("<tr>" + "".join(cells) + "</tr>")
-        body.append("</table></div>")
-        if note := data["notes"].get(key):
-            body.append(f"<p>{_esc(note)}</p>")
+    for title, rows, before, after in sections(data, with_charts=True):
+        body.append(f"<h2>{_esc(title)}</h2>")
+        if before:
+            body.append(f"<p class='warning'>{_esc(before)}</p>")
+        if rows:
+            cols = list(rows[0])
+            # a long column name may break after its underscores: the agents' table ran off the
+            # screen at 1280 px with `top_failure_mode` and `mean_first_mistake_step` cut off
+            head = "".join(f"<th>{_esc(c).replace('_', '_<wbr>')}</th>" for c in cols)
+            body.append(f'<div class="scroll" {scroll_region(title)}><table><tr>{head}</tr>')
+            for r in rows:
+                cells = (f"<td{_FREE_TEXT.get(c, '')}>{_html_cell(c, r[c], episode_href)}</td>"
+                         for c in cols)
+                body.append("<tr>" + "".join(cells) + "</tr>")
+            body.append("</table></div>")
+        if after:
+            body.append(f"<p>{_esc(after)}</p>")
     running = ("" if not s["running"] else f"{counted(s['running'], 'episode')} still running "
                + ("is" if s["running"] == 1 else "are") + " counted in totals but not in rates. ")
     body.append(f"<p class='footnote'>{running}Generated by companyos analytics report.</p>")

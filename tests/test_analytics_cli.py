@@ -4,6 +4,7 @@ CLI, the report, the Parquet export and the HTTP route work end to end."""
 from __future__ import annotations
 
 import contextlib
+import html
 import json
 import math
 import os
@@ -813,11 +814,57 @@ def test_the_report_draws_success_by_chaos_per_agent_when_it_covers_several(repo
         assert f">{agent}</text>" in page  # in the chart's legend
     assert "## Success by agent and chaos level" in report.to_markdown(data)
     levels, note = len(data["success_by_chaos"]), data["notes"]["chaos_impact"]
-    assert note.startswith(f"These rates pool all 3 agents and {levels} chaos levels")
+    assert note.startswith(f"Read with care: these rates pool 3 agents and {levels} chaos levels")
     assert "to one agent and one chaos level" in note
     assert only_random["success_by_agent_and_chaos"] == [] and "chaos_impact" not in only_random["notes"]
     page = report.to_html(only_random)
     assert "Success rate by chaos level<" in page and "and agent" not in page and "together" not in page
+
+
+def test_the_report_says_what_its_shares_are_of_and_warns_before_a_pooled_table(reports, logged,
+                                                                                tmp_path):
+    """The first-mistake shares (of episodes with a mistake) were read as shares of every failure;
+    the chaos-impact warning came after the numbers, named chaos none where no episode ran at it
+    and agents an agent's own report never pooled; the lead-ins into each failure mode were only
+    a query away; and an expert's report said "top failure mode none", a mode of that name."""
+    from analytics import report
+    from analytics.service import run_named
+
+    reported, data, _ = reports
+    finished = [r for r in reported if r["outcome"] is not None]
+    with_one = sum(r["episodes"] for r in data["first_mistake_step"])
+    failed = sum(r["outcome"] != "success" for r in finished)
+    assert data["notes"]["first_mistake_step"].startswith(
+        f"The shares are of the {with_one:,} finished episodes with a counted mistake, of "
+        f"{len(finished):,} finished ({failed:,} not successful)")
+    page = report.to_html(data)
+    assert f"Step of the first mistake (share of the {with_one} episodes with one)" in page
+    markdown = report.to_markdown(data)
+    impact = markdown.split("## Chaos impact")[1]
+    assert impact.index("Read with care") < impact.index("| mechanism")  # the warning first
+    assert "chaos none" not in data["notes"]["chaos_impact"]  # no episode ran at none
+    assert "agents it never met" in data["notes"]["chaos_impact"]
+    assert "<p class='warning'>Read with care" in page
+    url, _ = logged
+    with Warehouse(tmp_path / "w.duckdb") as wh:
+        sync(url, wh)
+        lead_ins = run_named(wh, "actions_before_failure", {"k": 3, "top": 3})
+        expert = report.build(wh, agent="expert")
+    assert data["actions_before_failure"] == lead_ins and lead_ins
+    assert "## Actions leading into each failure mode (the last 3 tools up to the step" in markdown
+    assert html.escape(lead_ins[0]["sequence"]) in page
+    one_agent = report._pooled_chaos_note(0, {0.0, 0.8})  # one agent's report, over two levels
+    assert one_agent.startswith("Read with care: these rates pool 2 chaos levels.")
+    assert "those at chaos none (where no mechanism fires) included" in one_agent
+    assert "agents it never met" not in one_agent
+    # an agent with no failure: said in words, not by sections that vanish
+    assert expert["summary"]["successes"] == expert["summary"]["finished"] > 0
+    expert_md = report.to_markdown(expert)
+    assert (f"## Failure modes (share of non-successful episodes)\n\nNone: all "
+            f"{expert['summary']['finished']} finished episodes succeeded.") in expert_md
+    assert "No counted mistake in" in expert_md
+    assert "top failure mode<b>no failures</b>" in report.to_html(expert)
+    assert "<th>success_<wbr>rate</th>" in page  # a long column name may break after `_`
 
 
 def test_http_route_answers_named_queries_only(logged, tmp_path):

@@ -514,22 +514,24 @@ def _print_catalogue(fmt: str) -> None:
 def _print_report(data: dict) -> None:
     from rich.table import Table
 
-    from analytics.report import SECTIONS, report_title, summary_line, text_note
+    from analytics.report import report_title, sections, summary_line
 
     console = stdout_console()
     console.print(report_title(data), style="bold")  # literal: the title holds the --agent filter
     console.print(summary_line(data["summary"]))
     if note := data["notes"].get("summary"):
         console.print(note, markup=False)
-    for key, title in SECTIONS:
-        rows = data[key]
+    for title, rows, before, after in sections(data, with_charts=False):
         if not rows:
-            continue
-        table = Table(title=title, title_justify="left")
-        for c in rows[0]:
-            table.add_column(c, overflow="fold")
-        for r in rows:
-            table.add_row(*[_text(v, short=True, column=c) for c, v in r.items()])
-        console.print(table)
-        if note := text_note(data, key):
-            console.print(note, markup=False)
+            console.print(title, style="italic")
+        if before:
+            console.print(before, markup=False)
+        if rows:
+            table = Table(title=title, title_justify="left")
+            for c in rows[0]:
+                table.add_column(c, overflow="fold")
+            for r in rows:
+                table.add_row(*[_text(v, short=True, column=c) for c, v in r.items()])
+            console.print(table)
+        if after:
+            console.print(after, markup=False)
