@@ -142,7 +142,7 @@ def build(wh: Warehouse, agent: str | None = None, task: str | None = None,
     versions = summary.pop("rules_versions") or []  # of the finished episodes, which the rates cover
     if len(versions) > 1:
         data["notes"]["summary"] = (
-            f"These episodes were judged by rules versions {' and '.join(map(str, versions))}, which "
+            f"These episodes were judged by rules versions {listed(map(str, versions))}, which "
             "count success and mistakes differently: the rates mix them. Narrow the report to one "
             "version (--rules, or ?rules= in the UI) to compare like with like.")
     elif versions:
@@ -150,7 +150,7 @@ def build(wh: Warehouse, agent: str | None = None, task: str | None = None,
     profiles = [str(p) for p in summary.pop("reward_profiles") or []]  # (a log naming none: None)
     if len(profiles) > 1:  # a sparse episode's return is not a dense one's: the mean mixes scales
         data["notes"]["summary"] = " ".join(filter(None, [data["notes"].get("summary"), (
-            f"They were scored by reward profiles {' and '.join(profiles)}, whose returns are on "
+            f"They were scored by reward profiles {listed(profiles)}, whose returns are on "
             "different scales: the mean return mixes them. Narrow the report to one profile "
             "(--profile, or ?profile= in the UI) to compare returns.")]))
     agents = agent_count(data["success_by_agent_and_chaos"])
@@ -182,8 +182,8 @@ def _pooled_chaos_note(agents: int, levels: set[float | None]) -> str:
     others = [clause for clause, present in (
         ("those at chaos none (where no mechanism fires)", 0.0 in levels),
         ("those of agents it never met", agents > 1)) if present]
-    return (f"Read with care: these rates pool {' and '.join(pooled)}. A mechanism is compared with "
-            "every episode it did not fire in" + (f", {' and '.join(others)} included" if others else "")
+    return (f"Read with care: these rates pool {listed(pooled)}. A mechanism is compared with "
+            "every episode it did not fire in" + (f", {listed(others)} included" if others else "")
             + ", so it can look harmless, or even helpful, when it is not (an agent run only at high "
             "chaos makes every mechanism there look helpful). Narrow the report to one agent and one "
             "chaos level to compare like with like.")
@@ -392,6 +392,12 @@ def summary_line(s: dict[str, Any]) -> str:
             f"success {_rate(s)}, mean return {_shown(s['mean_return'])}, "
             f"mean steps {_shown(s['mean_steps'])}, "
             f"{counted(s['agents'], 'agent')}, {counted(s['tasks'], 'task')}")
+
+
+def listed(items: Iterable[str]) -> str:
+    """`1, 2 and 4`: "rules versions 1 and 2 and 4" read as a stammer."""
+    *rest, last = items
+    return f"{', '.join(rest)} and {last}" if rest else last
 
 
 def counted(n: int, noun: str) -> str:

@@ -867,6 +867,20 @@ def test_the_report_says_what_its_shares_are_of_and_warns_before_a_pooled_table(
     assert "<th>success_<wbr>rate</th>" in page  # a long column name may break after `_`
 
 
+def test_a_note_lists_three_rules_versions_as_a_list(tmp_path, cli):
+    """It read "rules versions 1 and 2 and 4"."""
+    from analytics import report
+
+    url = f"sqlite:///{tmp_path / 'three.db'}"
+    for rules in (1, 2, 4):
+        run_plan(RunPlan(url, "random", "license_renewal", "low", 3, 0, "episode", rules=rules), workers=1)
+    out = cli("query", "failure_modes", "--db", url, "--warehouse", str(tmp_path / "w.duckdb"))
+    assert out.exit_code == 0, out.output
+    assert "judged by rules versions 1, 2 and 4, which" in " ".join(out.output.split())
+    with Warehouse(tmp_path / "w.duckdb") as wh:
+        assert "judged by rules versions 1, 2 and 4, which" in report.build(wh)["notes"]["summary"]
+
+
 def test_http_route_answers_named_queries_only(logged, tmp_path):
     url, reported = logged
     app = FastAPI()

@@ -190,6 +190,7 @@ def query_command(
 ) -> None:
     """Answer a named question (see `companyos analytics query` for the list)."""
     from analytics import named
+    from analytics.report import listed
 
     _check_format(fmt)
     if name is None:
@@ -217,7 +218,7 @@ def query_command(
     _print_rows(names, rows, fmt, title=f"{name}: {query.description}")
     if len(pooled) > 1:  # as the report says it: rates over two rule sets compare unlike things
         typer.echo(f"note: the finished episodes matching these filters were judged by rules versions "
-                   f"{' and '.join(map(str, pooled))}, which count success and mistakes differently, "
+                   f"{listed(map(str, pooled))}, which count success and mistakes differently, "
                    "and this query counts them together: `-p rules=V` keeps one", err=True)
     if name == "pass_at_k" and rows and not any(row[names.index("instances")] for row in rows):
         k = bound["k"]
