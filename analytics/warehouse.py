@@ -269,10 +269,10 @@ NOT_WRITABLE = "this process may not write the file (a read-only file or file sy
 
 SQLITE_HEADER = b"SQLite format 3\x00"
 DUCKDB_MAGIC = b"DUCK"
+"""Bytes 8-11 of every DuckDB database file."""
 OFFLINE = {"autoinstall_known_extensions": False, "autoload_known_extensions": False}
 """Only what the wheel has built in (JSON, Parquet): DuckDB would otherwise fetch an extension over
 the network to open, say, a SQLite file given as the warehouse, and write into it."""
-"""Bytes 8-11 of every DuckDB database file."""
 
 
 def path_problem(path: Path) -> str | None:

@@ -822,7 +822,7 @@ def test_the_report_draws_success_by_chaos_per_agent_when_it_covers_several(repo
 
 
 def test_the_report_says_what_its_shares_are_of_and_warns_before_a_pooled_table(reports, logged,
-                                                                                tmp_path):
+                                                                                tmp_path, cli):
     """The first-mistake shares (of episodes with a mistake) were read as shares of every failure;
     the chaos-impact warning came after the numbers, named chaos none where no episode ran at it
     and agents an agent's own report never pooled; the lead-ins into each failure mode were only
@@ -865,6 +865,9 @@ def test_the_report_says_what_its_shares_are_of_and_warns_before_a_pooled_table(
     assert "No counted mistake in" in expert_md
     assert "top failure mode<b>no failures</b>" in report.to_html(expert)
     assert "<th>success_<wbr>rate</th>" in page  # a long column name may break after `_`
+    out = cli("report", "--db", url, "--warehouse", str(tmp_path / "w.duckdb")).output
+    heading, warning = out.index("Chaos impact (success with"), out.index("Read with care")
+    assert heading < warning < out.index("┃ mechanism")  # in the terminal too
 
 
 def test_a_note_lists_three_rules_versions_as_a_list(tmp_path, cli):

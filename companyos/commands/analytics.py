@@ -523,12 +523,13 @@ def _print_report(data: dict) -> None:
     if note := data["notes"].get("summary"):
         console.print(note, markup=False)
     for title, rows, before, after in sections(data, with_charts=False):
-        if not rows:
-            console.print(title, style="italic")
+        apart = not rows or bool(before)  # the title above a note said before the table
+        if apart:
+            console.print(title, style="italic", markup=False)
         if before:
             console.print(before, markup=False)
         if rows:
-            table = Table(title=title, title_justify="left")
+            table = Table(title=None if apart else title, title_justify="left")
             for c in rows[0]:
                 table.add_column(c, overflow="fold")
             for r in rows:
