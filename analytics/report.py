@@ -768,7 +768,8 @@ h1{font-size:1.5rem}h2{font-size:1.1rem;margin-top:2rem;border-bottom:1px solid 
 table{border-collapse:collapse;font-size:.85rem;margin:.5rem 0}
 td,th{border:1px solid #ddd;padding:3px 8px;text-align:left;overflow-wrap:break-word}
 td.free{overflow-wrap:anywhere;min-width:8em}
-th{background:#f5f5f5}p.warning{background:#fff4e0;padding:.4rem .8rem;border-radius:4px}
+th{background:#f5f5f5}.scroll th{white-space:normal}
+p.warning{background:#fff4e0;padding:.4rem .8rem;border-radius:4px}
 .scroll{overflow-x:auto;max-width:100%}svg{max-width:100%;height:auto}
 .footnote{color:#595959;font-size:.8rem}
 .charts{display:flex;flex-wrap:wrap;gap:1.5rem}
