@@ -304,9 +304,12 @@ _FREE_TEXT = {"agent": ' class="free"'}
 without a space pushed the other columns off the screen."""
 
 
-def _html_cell(column: str, value: Any, episode_href: Callable[[str], str] | None) -> str:
+def _html_cell(column: str, value: Any, episode_href: Callable[[str], str] | None,
+               mode_href: Callable[[str], str] | None = None) -> str:
     if column == "example_episode_ids" and episode_href is not None and isinstance(value, list):
         return ", ".join(f'<a href="{_esc(episode_href(str(e)))}">{_esc(e)}</a>' for e in value)
+    if column == "failure_mode" and mode_href is not None and isinstance(value, str):
+        return f'<a href="{_esc(mode_href(value))}">{_esc(value)}</a>'
     shown = _esc(_cell(value, column))
     return shown.replace("_", "_<wbr>") if column in _BREAKABLE else shown
 
@@ -794,10 +797,12 @@ def to_html(data: dict[str, Any]) -> str:
             f"</title><style>{REPORT_CSS}</style></head><body>" + html_body(data) + "</body></html>")
 
 
-def html_body(data: dict[str, Any], episode_href: Callable[[str], str] | None = None) -> str:
+def html_body(data: dict[str, Any], episode_href: Callable[[str], str] | None = None,
+              mode_href: Callable[[str], str] | None = None) -> str:
     """The report's markup without the document around it (styled by REPORT_CSS): the web UI
     puts it in its own page, with `episode_href` making each example episode id a link to that
-    episode's timeline (from why agents fail to how one failed, in a click)."""
+    episode's timeline (from why agents fail to how one failed, in a click), and `mode_href` each
+    failure mode a link to the list of its episodes."""
     s = data["summary"]
     # "none" read as a mode of that name
     top_mode = (data["failure_modes"][0]["failure_mode"] if data["failure_modes"]
@@ -823,8 +828,8 @@ def html_body(data: dict[str, Any], episode_href: Callable[[str], str] | None = 
             head = "".join(f"<th>{_esc(c).replace('_', '_<wbr>')}</th>" for c in cols)
             body.append(f'<div class="scroll" {scroll_region(title)}><table><tr>{head}</tr>')
             for r in rows:
-                cells = (f"<td{_FREE_TEXT.get(c, '')}>{_html_cell(c, r[c], episode_href)}</td>"
-                         for c in cols)
+                cells = (f"<td{_FREE_TEXT.get(c, '')}>"
+                         f"{_html_cell(c, r[c], episode_href, mode_href)}</td>" for c in cols)
                 body.append("<tr>" + "".join(cells) + "</tr>")
             body.append("</table></div>")
         if after:

@@ -67,7 +67,7 @@ from api.ws import websocket_app
 from companyos.catalogue import task_catalogue
 from companyos.config import resolve_db
 from companyos.lifecycle import end_with
-from domain import TASK_FAMILIES
+from domain import FAILURE_MODES, TASK_FAMILIES
 from eventstore import EventStore, WriterBusy
 from eventstore.backends import writers_waited_for
 from eventstore.encoding import parse_json as loads
@@ -78,6 +78,7 @@ T = TypeVar("T")
 EpisodeId = Annotated[str, Path(max_length=200)]
 Outcome = Literal[OUTCOMES]  # the episode listing's own list: one list for every reader
 TaskFamily = Literal[tuple(TASK_FAMILIES)]  # a misspelt task is a 422, not an empty list
+FailureMode = Literal[tuple(FAILURE_MODES)]  # as a task: a misspelt mode is a 422
 EpisodesLimit = whole_number_in(1, 500)
 EventsLimit = whole_number_in(1, 1000)
 Offset = whole_number_in(0, 10**9)
@@ -505,11 +506,13 @@ def _register_log(app: FastAPI, server: Server) -> None:
                       outcome: Annotated[Outcome | None, Query()] = None,
                       rules: Annotated[RulesFilter | None, Query(description="only episodes judged by "
                                                                              "this rules version")] = None,
+                      failure_mode: Annotated[FailureMode | None, Query(
+                          description="only episodes that failed so")] = None,
                       limit: Annotated[EpisodesLimit, Query()] = 50,
                       offset: Annotated[Offset, Query()] = 0) -> JSON:
         """Logged episodes, newest first (`outcome=running` for unfinished ones)."""
-        return JSON(log.list(task=task, agent=agent, outcome=outcome, rules=rules, limit=limit,
-                             offset=offset))
+        return JSON(log.list(task=task, agent=agent, outcome=outcome, rules=rules,
+                             failure_mode=failure_mode, limit=limit, offset=offset))
 
     @app.get("/episodes/{episode_id}", dependencies=STRICT_QUERY, response_model=EpisodeSummary,
              tags=["Episode log"],

@@ -33,10 +33,11 @@ class EpisodeLog:
         self._last: tuple[int, int | BaseException] = (0, 0)  # the last one's (reached, behind) or error
 
     def list(self, *, task: str | None = None, agent: str | None = None, outcome: str | None = None,
-             rules: int | str | None = None, limit: int = 50, offset: int = 0) -> dict[str, Any]:
+             rules: int | str | None = None, failure_mode: str | None = None, limit: int = 50,
+             offset: int = 0) -> dict[str, Any]:
         table = episodes_table
         try:  # before the catch-up, which may wait a minute for a busy store
-            where = episode_filters(task, agent, outcome, rules)
+            where = episode_filters(task, agent, outcome, rules, failure_mode=failure_mode)
         except ValueError as exc:
             raise ApiError(400, "invalid_filter", str(exc)) from None
         behind = self._caught_up(self.store.last_position())
@@ -45,7 +46,8 @@ class EpisodeLog:
                  .order_by(table.c.first_position.desc()).limit(limit).offset(offset))
         with self.store.engine.connect() as conn:
             rows = [{str(k): v for k, v in row.items()} for row in conn.execute(query).mappings()]
-            total = count_episodes(conn, task=task, agent=agent, outcome=outcome, rules=rules)
+            total = count_episodes(conn, task=task, agent=agent, outcome=outcome, rules=rules,
+                                   failure_mode=failure_mode)
         next_offset = offset + len(rows) if offset + len(rows) < total else None
         return {"episodes": rows, "total": total, "limit": limit, "offset": offset,
                 "next_offset": next_offset, "read_models_behind": behind}

@@ -38,7 +38,7 @@ from api.episodes import EpisodeLog
 from api.guard import proxy_root
 from api.querystring import RepeatedParameter, single_valued, unknown_parameter, whole_number
 from api.sessions import ApiError
-from api.ui_html import ROOT_PATH, UI, episode_url, error_page, ui_href
+from api.ui_html import ROOT_PATH, UI, episode_url, error_page, ui_href, url
 from api.ui_pages import (
     analytics_page,
     episode_list,
@@ -78,8 +78,8 @@ def ui_router(log: EpisodeLog, db: str | Callable[[], str], warehouse: str | Non
     def episodes(request: Request) -> HTMLResponse:
         """The episode list, newest first, filtered and paged like GET /episodes."""
         try:
-            params = _params(request, "task", "agent", "outcome", "rules", "limit", "offset")
-            filters = {k: params[k] for k in ("task", "agent", "outcome", "rules") if k in params}
+            params = _params(request, *LIST_FILTERS, "limit", "offset")
+            filters = {k: params[k] for k in LIST_FILTERS if k in params}
             limit = _whole(params, "limit", PAGE_SIZE, 1, MAX_PAGE_SIZE)
             offset = _whole(params, "offset", 0, 0, MAX_OFFSET)
             listing = log.list(**filters, limit=limit, offset=offset)
@@ -152,7 +152,8 @@ def ui_router(log: EpisodeLog, db: str | Callable[[], str], warehouse: str | Non
             return error_page(503, f"the analytics warehouse cannot be used: {exc}")
         except CorruptCommit as exc:
             return error_page(500, f"{exc}; `companyos verify` names every damaged episode")
-        return analytics_page(report.html_body(data, episode_href=episode_url), filters)
+        return analytics_page(report.html_body(data, episode_href=episode_url,
+                                               mode_href=_mode_list(filters)), filters)
 
     @router.get(UI + "/{rest:path}", response_class=HTMLResponse)
     def not_found(rest: str, request: Request) -> Response:
@@ -201,6 +202,19 @@ def _params(request: Request, *takes: str) -> dict[str, str]:
     if "agent" in given:  # typed as the pages show a label: a bidirectional control as its escape
         given["agent"] = hidden_bidi_controls(given["agent"])
     return given
+
+
+LIST_FILTERS = ("task", "agent", "outcome", "failure_mode", "rules")
+"""What the episode list filters by, as GET /episodes does."""
+
+
+def _mode_list(filters: dict[str, str]) -> Callable[[str], str] | None:
+    """The address of the list of a failure mode's episodes under the report's filters, or None
+    when the list cannot apply them all (it filters by no chaos level or profile), so a link
+    never leads to more episodes than the report counted."""
+    if set(filters) - set(LIST_FILTERS):
+        return None
+    return lambda mode: url(ui_href(), {**filters, "failure_mode": mode})
 
 
 def _as_the_form_shows(filters: dict[str, str]) -> dict[str, str]:

@@ -62,6 +62,7 @@ def episode_list(listing: dict[str, Any], filters: dict[str, str]) -> HTMLRespon
         + select("task", "task", TASK_FAMILIES, filters.get("task"))
         + text_input("agent", "agent", filters.get("agent"))
         + select("outcome", "outcome", OUTCOMES, filters.get("outcome"))
+        + select("failure_mode", "failure mode", list(FAILURE_MODES), filters.get("failure_mode"))
         + select("rules", "rules", [str(v) for v in RULES_VERSIONS], filters.get("rules"))
         + f'<input type="hidden" name="limit" value="{esc(listing["limit"])}">'
         + '<button type="submit">Filter</button>'

@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 import sqlalchemy as sa
 
-from domain import rules_from_text, rules_of, sim_time, task_family
+from domain import FAILURE_MODES, rules_from_text, rules_of, sim_time, task_family
 from domain.labels import control_character
 from eventstore import EventStore, RecordedEvent
 from projections.runner import Projection, fold_records, read_rows, row_of
@@ -221,9 +221,14 @@ def new_agent_label_problem(agent: object) -> str | None:
 
 
 def episode_filters(task: str | None = None, agent: str | None = None, outcome: str | None = None,
-                    rules: int | str | None = None) -> list[sa.ColumnElement[bool]]:
+                    rules: int | str | None = None, *,
+                    failure_mode: str | None = None) -> list[sa.ColumnElement[bool]]:
     """The WHERE clauses of an episode listing (every reader of the read model uses these);
-    ValueError, in words, for a task, outcome or rules version that no episode can have."""
+    ValueError, in words, for a task, outcome, rules version or failure mode that no episode can
+    have."""
+    if failure_mode is not None and failure_mode not in FAILURE_MODES:
+        raise ValueError(f"unknown failure mode {failure_mode!r}; choose one of "
+                         f"{', '.join(FAILURE_MODES)}")
     if rules is not None:
         rules = rules_from_text(rules)
     # None is no filter; an empty value (an unset shell variable) is a wrong one, as for agent
@@ -246,15 +251,19 @@ def episode_filters(task: str | None = None, agent: str | None = None, outcome: 
         where.append(episodes.c.outcome == outcome)
     if rules is not None:
         where.append(episodes.c.rules == rules)
+    if failure_mode:
+        where.append(episodes.c.failure_mode == failure_mode)
     return where
 
 
 def list_episodes(conn: sa.Connection, task: str | None = None, agent: str | None = None,
                   outcome: str | None = None, limit: int | None = 50,
-                  offset: int = 0, rules: int | str | None = None) -> list[dict[str, Any]]:
+                  offset: int = 0, rules: int | str | None = None, *,
+                  failure_mode: str | None = None) -> list[dict[str, Any]]:
     """Episodes, newest first (by where they begin in the log), skipping `offset`;
     `outcome="running"` selects episodes that have not ended."""
-    query = sa.select(episodes).where(*episode_filters(task, agent, outcome, rules))
+    query = sa.select(episodes).where(*episode_filters(task, agent, outcome, rules,
+                                                       failure_mode=failure_mode))
     query = query.order_by(episodes.c.first_position.desc()).offset(offset or None)
     if limit:
         query = query.limit(limit)
@@ -262,8 +271,9 @@ def list_episodes(conn: sa.Connection, task: str | None = None, agent: str | Non
 
 
 def count_episodes(conn: sa.Connection, task: str | None = None, agent: str | None = None,
-                   outcome: str | None = None, rules: int | str | None = None) -> int:
+                   outcome: str | None = None, rules: int | str | None = None, *,
+                   failure_mode: str | None = None) -> int:
     """How many episodes the filters select (a page's "of N")."""
     query = sa.select(sa.func.count()).select_from(episodes).where(
-        *episode_filters(task, agent, outcome, rules))
+        *episode_filters(task, agent, outcome, rules, failure_mode=failure_mode))
     return conn.execute(query).scalar_one()

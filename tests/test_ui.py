@@ -861,3 +861,41 @@ def test_pages_fit_a_narrow_screen_and_keep_numbers_whole(ui):
     charts = _html_ok(c.get("/ui/analytics"))
     svgs = re.findall(r"<svg [^>]*>", charts)
     assert svgs and all(re.search(r'viewBox="0 0 \d+ \d+"', tag) for tag in svgs)
+
+
+def test_the_episodes_of_a_failure_mode_are_listed_and_the_report_links_to_them(tmp_path):
+    """From "why agents fail" to the episodes that failed so: the list took no failure mode
+    (`/ui?failure_mode=` was a 400 naming the filters it takes), nor did GET /episodes or the
+    command line, and the report's modes led nowhere."""
+    import json
+    from collections import Counter
+
+    from companyos.batch import RunPlan
+    from companyos.batch import run as run_plan
+    from companyos.commands import projections
+    from tests.conftest import command_runner
+
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    reported = [r.to_json() for r in run_plan(RunPlan(url, "random", "all", "high", 60, 0), workers=1)]
+    modes = Counter(r["failure_mode"] for r in reported if r["failure_mode"])
+    mode, count = modes.most_common(1)[0]
+    failed_so = {r["episode_id"] for r in reported if r["failure_mode"] == mode}
+    cli = command_runner(projections.register)
+    listed = json.loads(cli("episodes", "--db", url, "--failure-mode", mode, "--limit", "0",
+                            "--json").stdout)
+    assert {e["episode_id"] for e in listed["episodes"]} == failed_so and listed["total"] == count
+    refused = cli("episodes", "--db", url, "--failure-mode", "nope")
+    assert refused.exit_code == 2 and "unknown failure mode 'nope'; choose one of" in refused.stderr
+    with TestClient(create_app(ServerConfig(db=url))) as c:
+        answer = c.get("/episodes", params={"failure_mode": mode, "limit": 500}).json()
+        assert {e["episode_id"] for e in answer["episodes"]} == failed_so and answer["total"] == count
+        assert c.get("/episodes", params={"failure_mode": "nope"}).status_code == 422
+        page = _html_ok(c.get("/ui", params={"failure_mode": mode, "limit": 500}))
+        assert f"of {count}<" in page and all(e in page for e in failed_so)
+        assert f'<option value="{mode}" selected>' in page
+        report = _html_ok(c.get("/ui/analytics"))
+        assert f'href="/ui?failure_mode={mode}"' in report
+        narrowed = _html_ok(c.get("/ui/analytics", params={"task": "expense_report"}))
+        assert "/ui?task=expense_report&amp;failure_mode=" in narrowed
+        # the list filters by no chaos level: a link would lead to more episodes than counted
+        assert "failure_mode=" not in _html_ok(c.get("/ui/analytics", params={"chaos": "high"}))

@@ -71,6 +71,8 @@ def episodes(
     outcome: str | None = typer.Option(None, "--outcome",
                                        help="success, failure, truncated or running."),
     rules: int | None = typer.Option(None, "--rules", help="Only episodes judged by this rules version."),
+    failure_mode: str | None = typer.Option(None, "--failure-mode",
+                                            help="Only episodes that failed so (see `companyos tasks`)."),
     limit: int = typer.Option(50, "--limit", min=0, max=10**9,
                               help="At most this many, newest first (0: all)."),
     offset: int = typer.Option(0, "--offset", min=0, max=10**12,
@@ -83,7 +85,8 @@ def episodes(
     from projections.episodes import count_episodes, episode_filters, list_episodes
 
     try:
-        episode_filters(task, agent, outcome, rules)  # a wrong filter is told before any catching up
+        # a wrong filter is told before any catching up
+        episode_filters(task, agent, outcome, rules, failure_mode=failure_mode)
     except ValueError as exc:
         fail(str(exc))
     store = _open(db)
@@ -105,8 +108,9 @@ def episodes(
                 runner.catch_up(progress=advance, upto=upto)
         with store.engine.connect() as conn:
             rows = list_episodes(conn, task=task, agent=agent, outcome=outcome, limit=limit or None,
-                                 offset=offset, rules=rules)
-            total = count_episodes(conn, task=task, agent=agent, outcome=outcome, rules=rules)
+                                 offset=offset, rules=rules, failure_mode=failure_mode)
+            total = count_episodes(conn, task=task, agent=agent, outcome=outcome, rules=rules,
+                                   failure_mode=failure_mode)
     finally:
         store.close()
     _say_waiting(waiting, "listed", "list")
