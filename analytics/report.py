@@ -18,7 +18,7 @@ from typing import Any
 
 from analytics.service import rows_of, run_named
 from analytics.warehouse import Warehouse
-from domain import CHAOS_LEVELS, reward_profile, rules_from_text, task_family
+from domain import CHAOS_LEVELS, FAILURE_MODES, reward_profile, rules_from_text, task_family
 from domain.chaos import level_text, parse_chaos
 from domain.labels import control_character, visible_bidi_controls, visible_controls
 
@@ -136,9 +136,14 @@ def build(wh: Warehouse, agent: str | None = None, task: str | None = None,
                                       "rules": f["rules"]})
                            if agent is None else []),
     }
+    data["failure_mode_meanings"] = [{"failure_mode": r["failure_mode"],
+                                      "meaning": FAILURE_MODES.get(r["failure_mode"], "")}
+                                     for r in data["failure_modes"]]
     tools = run_named(wh, "tool_error_rates", {**f, "min_calls": 1})
     data["tool_error_rates"] = tools[:TOOL_ROWS]
     data["notes"] = {}
+    if tools:
+        data["notes"]["tool_error_rates"] = TOOL_TERMS
     versions = summary.pop("rules_versions") or []  # of the finished episodes, which the rates cover
     if len(versions) > 1:
         data["notes"]["summary"] = (
@@ -164,12 +169,17 @@ def build(wh: Warehouse, agent: str | None = None, task: str | None = None,
             f"lists all {agents}.")
     if len(tools) > TOOL_ROWS:  # agents that invent tool names can make this list long
         data["notes"]["tool_error_rates"] = (
-            f"{len(tools) - TOOL_ROWS} more tools, with the same or lower error rates, are not shown: "
-            f"`{_query_command('tool_error_rates', data['filters'])}` lists them all")
+            f"{TOOL_TERMS} {len(tools) - TOOL_ROWS} more tools, with the same or lower error rates, "
+            f"are not shown: `{_query_command('tool_error_rates', data['filters'])}` lists them all")
     data["seconds"] = round(time.perf_counter() - started, 3)
     return data
 
 
+TOOL_TERMS = ("rejected: calls the apps refused, whatever the cause; chaos_rejections: those a chaos "
+              "mechanism caused (an outage, a random rejection), not the agent; rejected_under_chaos: "
+              "those refused once some chaos had struck the episode, whatever the cause (from medium "
+              "chaos up nearly all); top_reject_code: the commonest refusal.")
+"""The tool table's columns in words: `chaos_rejections` and `rejected_under_chaos` read alike."""
 LEAD_IN_TOOLS, LEAD_INS = 3, 3
 """The report's lead-ins: the last 3 tools up to the deciding step, the 3 commonest per mode."""
 
@@ -257,6 +267,7 @@ SECTIONS = (
     ("success_by_agent_and_chaos", "Success by agent and chaos level"),
     ("success_by_task_and_chaos", "Success by task and chaos level"),
     ("failure_modes", "Failure modes (share of non-successful episodes)"),
+    ("failure_mode_meanings", "What these failure modes mean"),
     ("first_mistake_step", "Step of the first mistake"),
     ("actions_before_failure", f"Actions leading into each failure mode (the last {LEAD_IN_TOOLS} "
                                "tools up to the step that decided it)"),
@@ -579,9 +590,11 @@ def bar_chart(labels: list[str], values: list[float], *, title: str, percent: bo
 
 
 def hbar_chart(labels: list[str], values: list[float], *, title: str, width: int = 560,
-               notes: list[str] | None = None, full_scale: float | None = None) -> str:
+               notes: list[str] | None = None, full_scale: float | None = None,
+               color: str | None = None) -> str:
     """Horizontal bars (fractions), longest first: reads like a ranked list. The longest bar spans
-    the chart, unless `full_scale` says which value does (1.0: rates on an absolute scale)."""
+    the chart, unless `full_scale` says which value does (1.0: rates on an absolute scale). Bars
+    take the palette in turn, or all `color`."""
     row, top, label_w = 22, 28, 190
     height = top + row * len(values) + 10
     inner_w = width - label_w - 60
@@ -593,9 +606,9 @@ def hbar_chart(labels: list[str], values: list[float], *, title: str, width: int
         note = f" ({notes[i]})" if notes else ""
         shown = _esc(_fit(label, label_w - 8))
         parts.append(f'<text x="{label_w - 6}" y="{y + 14}" text-anchor="end">{shown}</text>')
+        fill = color or PALETTE[i % len(PALETTE)]
         parts.append(f'<rect x="{label_w}" y="{y + 3}" width="{w:.1f}" height="{row - 6}" '
-                     f'fill="{PALETTE[i % len(PALETTE)]}"><title>{_esc(label)}: {percent_text(value)}'
-                     f'{_esc(note)}</title></rect>')
+                     f'fill="{fill}"><title>{_esc(label)}: {percent_text(value)}{_esc(note)}</title></rect>')
         parts.append(f'<text x="{label_w + w + 4:.1f}" y="{y + 14}">{percent_text(value)}</text>')
     parts.append("</svg>")
     return "".join(parts)
@@ -684,10 +697,11 @@ def charts(data: dict[str, Any]) -> list[str]:
                                      {t: [rate.get((t, c)) for c in levels] for t in tasks},
                                      title="Success rate by task and chaos level" + _together(by_agent)))
     modes = data["failure_modes"]
-    if modes:
+    if modes:  # one colour: by rank, a mode's colour changed from one report to the next
         out.append(hbar_chart([r["failure_mode"] for r in modes], [r["share"] for r in modes],
                               title="Failure modes (share of non-successful episodes)",
-                              notes=[counted(r["episodes"], "episode") for r in modes]))
+                              notes=[counted(r["episodes"], "episode") for r in modes],
+                              color=PALETTE[2]))
     first = data["first_mistake_step"]
     if first:
         bars = first_mistake_bars(first)

@@ -30,7 +30,7 @@ from api.analytics_routes import analytics_router
 from companyos.batch import RunPlan
 from companyos.batch import run as run_plan
 from companyos.commands import analytics as commands
-from domain import CURRENT_RULES
+from domain import CURRENT_RULES, FAILURE_MODES
 from eventstore import EventStore
 from eventstore.engine import normalise_url
 from tests.conftest import command_runner, live_server, start_slow_sync
@@ -865,6 +865,11 @@ def test_the_report_says_what_its_shares_are_of_and_warns_before_a_pooled_table(
     assert "No counted mistake in" in expert_md
     assert "top failure mode<b>no failures</b>" in report.to_html(expert)
     assert "<th>success_<wbr>rate</th>" in page  # a long column name may break after `_`
+    # the terms said where they are read: each mode present with its meaning, the tool columns
+    assert [(r["failure_mode"], r["meaning"]) for r in data["failure_mode_meanings"]] == [
+        (r["failure_mode"], FAILURE_MODES[r["failure_mode"]]) for r in data["failure_modes"]]
+    assert "## What these failure modes mean" in markdown
+    assert "chaos_rejections: those a chaos mechanism caused" in data["notes"]["tool_error_rates"]
     out = cli("report", "--db", url, "--warehouse", str(tmp_path / "w.duckdb")).output
     heading, warning = out.index("Chaos impact (success with"), out.index("Read with care")
     assert heading < warning < out.index("┃ mechanism")  # in the terminal too

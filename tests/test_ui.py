@@ -602,7 +602,7 @@ def test_a_query_parameter_a_page_does_not_take_is_a_400_page_naming_it(ui):
     c, _, ids = ui
     episode = ids["success"]
     for path, query, takes in (
-            ("/ui", "outcom=success", "agent, limit, offset, outcome, rules, task"),
+            ("/ui", "outcom=success", "agent, failure_mode, limit, offset, outcome, rules, task"),
             (f"/ui/episodes/{episode}", "form=5", "from"),
             (f"/ui/episodes/{episode}/views", "setp=3", "step"),
             (f"/ui/episodes/{episode}/rerun", "x=1", "none")):
