@@ -52,10 +52,12 @@ FROM episodes
 
 _RULES_VERSIONS = "SELECT DISTINCT rules FROM episodes" + _FILTERED + "AND outcome IS NOT NULL ORDER BY rules"
 
-# Success per agent and chaos level, for the report's chart when it covers several agents: one
-# bar per agent at each level, so an easy level run by a strong agent never reads as chaos helping.
-_BY_AGENT_AND_CHAOS = """
-SELECT coalesce(agent, '(unknown)') AS agent, chaos,
+# Success per agent and chaos level (or task), for the report's charts when it covers several
+# agents: one bar per agent at each level, so an easy level run by a strong agent never reads as
+# chaos helping, and one per agent at each task, so "which tasks does each agent fail" needs no
+# report per agent. `{by}` is `chaos` or `task`, never the caller's text.
+_BY_AGENT_AND = """
+SELECT coalesce(agent, '(unknown)') AS agent, {by},
        count(*) AS episodes,
        count(*) FILTER (WHERE outcome = 'success') AS successes,
        round_decimal(count(*) FILTER (WHERE outcome = 'success') / count(*), 4) AS success_rate
@@ -64,7 +66,7 @@ WHERE outcome IS NOT NULL AND ($task IS NULL OR task = $task)
   AND ($chaos IS NULL OR chaos = $chaos) AND ($profile IS NULL OR reward_profile = $profile)
   AND ($rules IS NULL OR rules = $rules)
 GROUP BY ALL
-ORDER BY agent, chaos NULLS LAST
+ORDER BY agent, {by} NULLS LAST
 """
 
 
@@ -124,7 +126,8 @@ def build(wh: Warehouse, agent: str | None = None, task: str | None = None,
         "filters": {k: v for k, v in shown.items() if v is not None},
         "summary": summary,
         "success_by_chaos": success_by_chaos(by_task_and_chaos),
-        "success_by_agent_and_chaos": (by_agent_and_chaos(wh, f) if agent is None else []),
+        "success_by_agent_and_chaos": by_agent_and(wh, f, "chaos") if agent is None else [],
+        "success_by_agent_and_task": by_agent_and(wh, f, "task") if agent is None else [],
         "success_by_task_and_chaos": by_task_and_chaos,
         "failure_modes": run_named(wh, "failure_modes", {**f, "examples": 3}),
         "first_mistake_step": run_named(wh, "first_mistake_step", f),
@@ -164,9 +167,9 @@ def build(wh: Warehouse, agent: str | None = None, task: str | None = None,
         data["notes"]["chaos_impact"] = _pooled_chaos_note(agents, levels)
     _mistake_notes(data)
     if agents > CHART_AGENTS:
-        data["notes"]["success_by_agent_and_chaos"] = (
-            f"The chart above draws the {CHART_AGENTS} agents with the most episodes; this table "
-            f"lists all {agents}.")
+        for key in ("success_by_agent_and_chaos", "success_by_agent_and_task"):
+            data["notes"][key] = (f"The chart above draws the {CHART_AGENTS} agents with the most "
+                                  f"episodes; this table lists all {agents}.")
     if len(tools) > TOOL_ROWS:  # agents that invent tool names can make this list long
         data["notes"]["tool_error_rates"] = (
             f"{TOOL_TERMS} {len(tools) - TOOL_ROWS} more tools, with the same or lower error rates, "
@@ -239,10 +242,12 @@ def success_by_chaos(by_task_and_chaos: list[dict[str, Any]]) -> list[dict[str, 
              "success_rate": _share(totals[chaos][1], totals[chaos][0])} for chaos in order]
 
 
-def by_agent_and_chaos(wh: Warehouse, f: dict[str, Any]) -> list[dict[str, Any]]:
-    """Success per agent and chaos level; [] when the episodes are one agent's (the plain
-    success-by-chaos rows say it all then)."""
-    rows = rows_of(wh.con.execute(_BY_AGENT_AND_CHAOS,
+def by_agent_and(wh: Warehouse, f: dict[str, Any], by: str) -> list[dict[str, Any]]:
+    """Success per agent and chaos level (`by="chaos"`) or task (`by="task"`); [] when the
+    episodes are one agent's (the plain success-by-chaos and by-task rows say it all then)."""
+    if by not in ("chaos", "task"):  # a column name put into the SQL: never the caller's text
+        raise ValueError(f"by must be chaos or task, not {by!r}")
+    rows = rows_of(wh.con.execute(_BY_AGENT_AND.format(by=by),
                                   {k: f[k] for k in ("task", "chaos", "profile", "rules")}))
     return rows if agent_count(rows) > 1 else []
 
@@ -265,6 +270,7 @@ def _share(part: int, whole: int) -> float:
 SECTIONS = (
     ("success_by_chaos", "Success by chaos level"),
     ("success_by_agent_and_chaos", "Success by agent and chaos level"),
+    ("success_by_agent_and_task", "Success by agent and task"),
     ("success_by_task_and_chaos", "Success by task and chaos level"),
     ("failure_modes", "Failure modes (share of non-successful episodes)"),
     ("failure_mode_meanings", "What these failure modes mean"),
@@ -452,7 +458,7 @@ def to_markdown(data: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
-CHART_NOTES = frozenset({"success_by_agent_and_chaos"})
+CHART_NOTES = frozenset({"success_by_agent_and_chaos", "success_by_agent_and_task"})
 """Notes about a chart, which only the HTML report draws: under a Markdown or terminal table, "the
 chart above" pointed at nothing."""
 
@@ -689,13 +695,15 @@ def charts(data: dict[str, Any]) -> list[str]:
                              [exact_rate(r) for r in by_chaos], title="Success rate by chaos level",
                              notes=[counted(r["episodes"], "episode") for r in by_chaos]))
     cells = data["success_by_task_and_chaos"]
-    if cells:
+    if by_task := data.get("success_by_agent_and_task"):  # pooled, a strong agent's tasks read easy
+        out.append(_agents_by_task_chart(by_task))
+    elif cells:
         levels = sorted({r["chaos"] for r in cells})
         tasks = sorted({r["task"] for r in cells if r["task"] is not None})
         rate = {(r["task"], r["chaos"]): exact_rate(r) for r in cells}
         out.append(grouped_bar_chart([_chaos_label(c) for c in levels],
                                      {t: [rate.get((t, c)) for c in levels] for t in tasks},
-                                     title="Success rate by task and chaos level" + _together(by_agent)))
+                                     title="Success rate by task and chaos level"))
     modes = data["failure_modes"]
     if modes:  # one colour: by rank, a mode's colour changed from one report to the next
         out.append(hbar_chart([r["failure_mode"] for r in modes], [r["share"] for r in modes],
@@ -740,21 +748,26 @@ def exact_rate(row: dict[str, Any]) -> float:
     return row["successes"] / row["episodes"]
 
 
-def _together(by_agent: list[dict[str, Any]] | None) -> str:
-    """A title's warning that its rates pool several agents (an easy level run mostly by a strong
-    agent then looks easier than it is)."""
-    return f" (all {agent_count(by_agent)} agents together)" if by_agent else ""
-
-
 def _agents_by_chaos_chart(rows: list[dict[str, Any]]) -> str:
     levels = sorted({r["chaos"] for r in rows}, key=lambda c: (c is None, c or 0.0))
-    rate = {(r["agent"], r["chaos"]): exact_rate(r) for r in rows}
+    return _agents_chart(rows, "chaos", levels, [_chaos_label(c) for c in levels],
+                         "Success rate by chaos level and agent")
+
+
+def _agents_by_task_chart(rows: list[dict[str, Any]]) -> str:
+    tasks = sorted({r["task"] for r in rows}, key=lambda t: (t is None, t or ""))
+    return _agents_chart(rows, "task", tasks, [str(t) for t in tasks], "Success rate by task and agent")
+
+
+def _agents_chart(rows: list[dict[str, Any]], by: str, groups: list, labels: list[str],
+                  title: str) -> str:
+    """A bar per agent (the busiest CHART_AGENTS) in each group of `by`."""
+    rate = {(r["agent"], r[by]): exact_rate(r) for r in rows}
     drawn, every = chart_agents(rows), agent_count(rows)
     # the agents left out, said where the eye is (the note under the table was a screen away)
     some = f" (the {len(drawn)} busiest of {every})" if len(drawn) < every else ""
-    return grouped_bar_chart([_chaos_label(c) for c in levels],
-                             {a: [rate.get((a, c)) for c in levels] for a in drawn},
-                             title="Success rate by chaos level and agent" + some)
+    return grouped_bar_chart(labels, {a: [rate.get((a, g)) for g in groups] for a in drawn},
+                             title=title + some)
 
 
 def first_mistake_bars(rows: list[dict[str, Any]], most: int = 40) -> list[tuple[str, float, str]]:

@@ -809,16 +809,23 @@ def test_the_report_draws_success_by_chaos_per_agent_when_it_covers_several(repo
         for (agent, chaos), n, wins in _successes(reported, "agent", "chaos")]
     page = report.to_html(data)
     assert "Success rate by chaos level and agent" in page
-    assert "Success rate by task and chaos level (all 3 agents together)" in page
+    # which tasks each agent fails: a bar per agent at each task, not every agent pooled
+    assert data["success_by_agent_and_task"] == [
+        {"agent": agent, "task": task, "episodes": n, "successes": wins, "success_rate": round(wins / n, 4)}
+        for (agent, task), n, wins in _successes(reported, "agent", "task")]
+    assert "Success rate by task and agent" in page and "Success rate by task and chaos level" not in page
     for agent in ("expert", "random", "noop"):
         assert f">{agent}</text>" in page  # in the chart's legend
     assert "## Success by agent and chaos level" in report.to_markdown(data)
+    assert "## Success by agent and task" in report.to_markdown(data)
     levels, note = len(data["success_by_chaos"]), data["notes"]["chaos_impact"]
     assert note.startswith(f"Read with care: these rates pool 3 agents and {levels} chaos levels")
     assert "to one agent and one chaos level" in note
     assert only_random["success_by_agent_and_chaos"] == [] and "chaos_impact" not in only_random["notes"]
+    assert only_random["success_by_agent_and_task"] == []
     page = report.to_html(only_random)
-    assert "Success rate by chaos level<" in page and "and agent" not in page and "together" not in page
+    assert "Success rate by chaos level<" in page and "and agent" not in page
+    assert "Success rate by task and chaos level<" in page
 
 
 def test_the_report_says_what_its_shares_are_of_and_warns_before_a_pooled_table(reports, logged,
