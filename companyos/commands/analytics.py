@@ -327,26 +327,19 @@ def _write_report(target: Path, page: str) -> None:
         with final.open("w", encoding="utf-8") as stream:
             stream.write(page)
         return
-    import tempfile
+    import uuid
 
     final.parent.mkdir(parents=True, exist_ok=True)
-    # a new file of a name no one could plant a link at beforehand (a fixed `.NAME.tmp` was written
-    # through such a link, and the rename then put the link in the report's place)
-    handle, name = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
-    staged = Path(name)
+    # a new file, never one already there (O_EXCL: a link planted at a fixed `.NAME.tmp` was written
+    # through, and the rename then put the link in the report's place), with a plain file's mode
+    staged = final.with_name(f".{final.name}.{uuid.uuid4().hex[:8]}.tmp")
+    handle = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(handle, "w", encoding="utf-8") as stream:
             stream.write(page)
-        staged.chmod(0o666 & ~_umask())  # as a plain new file gets it (mkstemp's is 0600)
         staged.replace(final)
     finally:
         staged.unlink(missing_ok=True)
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 @analytics_app.command("report")
