@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable, Iterator
 from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
+from analytics.intervals import wilson_interval
 from analytics.service import rows_of, run_named
 from analytics.warehouse import Warehouse
 from domain import CHAOS_LEVELS, FAILURE_MODES, reward_profile, rules_from_text, task_family
@@ -57,15 +58,21 @@ _RULES_VERSIONS = "SELECT DISTINCT rules FROM episodes" + _FILTERED + "AND outco
 # chaos helping, and one per agent at each task, so "which tasks does each agent fail" needs no
 # report per agent. `{by}` is `chaos` or `task`, never the caller's text.
 _BY_AGENT_AND = """
-SELECT coalesce(agent, '(unknown)') AS agent, {by},
-       count(*) AS episodes,
-       count(*) FILTER (WHERE outcome = 'success') AS successes,
-       round_decimal(count(*) FILTER (WHERE outcome = 'success') / count(*), 4) AS success_rate
-FROM episodes
-WHERE outcome IS NOT NULL AND ($task IS NULL OR task = $task)
-  AND ($chaos IS NULL OR chaos = $chaos) AND ($profile IS NULL OR reward_profile = $profile)
-  AND ($rules IS NULL OR rules = $rules)
-GROUP BY ALL
+SELECT agent, {by}, episodes, instances, successes,
+       round_decimal(successes / episodes, 4) AS success_rate,
+       success_rate_low(successes, episodes, instances := instances) AS success_rate_low,
+       success_rate_high(successes, episodes, instances := instances) AS success_rate_high
+FROM (
+    SELECT coalesce(agent, '(unknown)') AS agent, {by},
+           count(*) AS episodes,
+           count(DISTINCT (task, seed, chaos, max_steps, reward_profile, rules)) AS instances,
+           count(*) FILTER (WHERE outcome = 'success') AS successes
+    FROM episodes
+    WHERE outcome IS NOT NULL AND ($task IS NULL OR task = $task)
+      AND ($chaos IS NULL OR chaos = $chaos) AND ($profile IS NULL OR reward_profile = $profile)
+      AND ($rules IS NULL OR rules = $rules)
+    GROUP BY ALL
+)
 ORDER BY agent, {by} NULLS LAST
 """
 
@@ -166,6 +173,8 @@ def build(wh: Warehouse, agent: str | None = None, task: str | None = None,
     if data["chaos_impact"] and (agents or len(levels) > 1):
         data["notes"]["chaos_impact"] = _pooled_chaos_note(agents, levels)
     _mistake_notes(data)
+    if note := agents_note(data):
+        data["notes"]["compare_agents"] = note
     if agents > CHART_AGENTS:
         for key in ("success_by_agent_and_chaos", "success_by_agent_and_task"):
             data["notes"][key] = (f"The chart above draws the {CHART_AGENTS} agents with the most "
@@ -220,6 +229,54 @@ def _mistake_notes(data: dict[str, Any]) -> None:
         f"No counted mistake in {counted(finished, 'finished episode')}.")
 
 
+MIX_TOLERANCE = 0.1
+"""How far two agents' shares of episodes at a chaos level (or task) may differ before the report
+says their success rates compare unlike episodes."""
+
+
+def _mixes(rows: list[dict[str, Any]], by: str) -> dict[str, dict[Any, float]]:
+    """Each agent's share of its episodes at each value of `by` (chaos or task)."""
+    counts: dict[str, dict[Any, int]] = {}
+    for r in rows:
+        counts.setdefault(r["agent"], {})[r[by]] = r["episodes"]
+    return {agent: {v: n / sum(c.values()) for v, n in c.items()} for agent, c in counts.items()}
+
+
+def _unlike(mixes: dict[str, dict[Any, float]]) -> bool:
+    """Whether some agents' episodes spread over the values differently (beyond MIX_TOLERANCE)."""
+    spreads = list(mixes.values())
+    values = {v for spread in spreads for v in spread}
+    return any(abs(a.get(v, 0.0) - b.get(v, 0.0)) > MIX_TOLERANCE
+               for a in spreads for b in spreads for v in values)
+
+
+def agents_note(data: dict[str, Any]) -> str | None:
+    """What the interval columns mean, whether the agents ran like episodes at all, and which
+    agents these episodes do not tell apart from the best one: a table ranks every agent, and 62%
+    against 58% over 50 episodes each is no ranking; nor is 90% at chaos none against 60% at high."""
+    agents = data["compare_agents"]
+    if len(agents) < 2:
+        return None
+    said = ("success_rate_low and success_rate_high bound each success rate with 95% confidence "
+            "(Wilson's interval, over the agent's instances: a seed run again counts once).")
+    unlike = [what for what, key, by in (("chaos levels", "success_by_agent_and_chaos", "chaos"),
+                                         ("tasks", "success_by_agent_and_task", "task"))
+              if _unlike(_mixes(data.get(key, []), by))]
+    if unlike:
+        return (f"{said} Read with care: these agents ran at {listed(unlike)} in different "
+                "proportions, so their rates compare unlike episodes. Narrow the report to one "
+                "chaos level and task (--chaos, --task), or run the agents on the same seeds, before "
+                "ranking them.")
+    best, *others = sorted(agents, key=lambda r: (-exact_rate(r), r["agent"]))
+    close = [r["agent"] for r in others if r["success_rate_high"] >= best["success_rate_low"]]
+    if not close:
+        return f"{said} {best['agent']}'s interval overlaps no other agent's: its lead is no chance."
+    shown = close[:5] + ([f"{len(close) - 5} more"] if len(close) > 5 else [])
+    return (f"{said} These episodes do not tell {best['agent']} apart from {listed(shown)}: their "
+            "intervals overlap, so the order between them may be chance. Run more episodes before "
+            "ranking them.")
+
+
 def _stripped(value: str | None) -> str | None:
     """A filter as every query reads it: its surrounding whitespace dropped (the summary took it
     as given and counted 0 episodes above sections that showed them all)."""
@@ -234,12 +291,19 @@ def success_by_chaos(by_task_and_chaos: list[dict[str, Any]]) -> list[dict[str, 
     """Success per chaos level, summed from the per-task rows (no second pass over episodes)."""
     totals: dict[float | None, list[int]] = {}
     for row in by_task_and_chaos:
-        total = totals.setdefault(row["chaos"], [0, 0])
+        total = totals.setdefault(row["chaos"], [0, 0, 0])
         total[0] += row["episodes"]
-        total[1] += row["successes"]
+        total[1] += row["instances"]  # an instance has one task: no two rows share one
+        total[2] += row["successes"]
     order = sorted(totals, key=lambda chaos: (chaos is None, chaos or 0.0))  # NULL last, as SQL
-    return [{"chaos": chaos, "episodes": totals[chaos][0], "successes": totals[chaos][1],
-             "success_rate": _share(totals[chaos][1], totals[chaos][0])} for chaos in order]
+    rows = []
+    for chaos in order:
+        episodes, instances, successes = totals[chaos]
+        low, high = wilson_interval(successes, episodes, instances)
+        rows.append({"chaos": chaos, "episodes": episodes, "instances": instances,
+                     "successes": successes, "success_rate": _share(successes, episodes),
+                     "success_rate_low": low, "success_rate_high": high})
+    return rows
 
 
 def by_agent_and(wh: Warehouse, f: dict[str, Any], by: str) -> list[dict[str, Any]]:
@@ -597,10 +661,12 @@ def bar_chart(labels: list[str], values: list[float], *, title: str, percent: bo
 
 def hbar_chart(labels: list[str], values: list[float], *, title: str, width: int = 560,
                notes: list[str] | None = None, full_scale: float | None = None,
-               color: str | None = None) -> str:
+               color: str | None = None,
+               intervals: list[tuple[float | None, float | None]] | None = None) -> str:
     """Horizontal bars (fractions), longest first: reads like a ranked list. The longest bar spans
     the chart, unless `full_scale` says which value does (1.0: rates on an absolute scale). Bars
-    take the palette in turn, or all `color`."""
+    take the palette in turn, or all `color`. `intervals` draws each bar's (low, high) as a
+    whisker, so bars whose whiskers overlap are not read as a ranking."""
     row, top, label_w = 22, 28, 190
     height = top + row * len(values) + 10
     inner_w = width - label_w - 60
@@ -610,12 +676,21 @@ def hbar_chart(labels: list[str], values: list[float], *, title: str, width: int
         y = top + row * i
         w = inner_w * value / peak
         note = f" ({notes[i]})" if notes else ""
+        low, high = intervals[i] if intervals else (None, None)
+        if low is not None and high is not None:
+            note += f" (95% interval {percent_text(low)} to {percent_text(high)})"
         shown = _esc(_fit(label, label_w - 8))
         parts.append(f'<text x="{label_w - 6}" y="{y + 14}" text-anchor="end">{shown}</text>')
         fill = color or PALETTE[i % len(PALETTE)]
         parts.append(f'<rect x="{label_w}" y="{y + 3}" width="{w:.1f}" height="{row - 6}" '
                      f'fill="{fill}"><title>{_esc(label)}: {percent_text(value)}{_esc(note)}</title></rect>')
-        parts.append(f'<text x="{label_w + w + 4:.1f}" y="{y + 14}">{percent_text(value)}</text>')
+        end = w
+        if low is not None and high is not None:
+            x0, x1, mid = label_w + inner_w * low / peak, label_w + inner_w * high / peak, y + row / 2
+            parts.append(f'<path d="M{x0:.1f} {mid - 4:.1f}v8M{x0:.1f} {mid:.1f}H{x1:.1f}'
+                         f'M{x1:.1f} {mid - 4:.1f}v8" stroke="#333" fill="none"/>')
+            end = max(end, x1 - label_w)
+        parts.append(f'<text x="{label_w + end + 4:.1f}" y="{y + 14}">{percent_text(value)}</text>')
     parts.append("</svg>")
     return "".join(parts)
 
@@ -721,8 +796,11 @@ def charts(data: dict[str, Any]) -> list[str]:
     agents = sorted(data["compare_agents"], key=lambda r: (-exact_rate(r), r["agent"]))
     if len(agents) > 1:  # a row per agent: model names are long
         out.append(hbar_chart([r["agent"] for r in agents], [exact_rate(r) for r in agents],
-                              title="Success rate by agent", full_scale=1.0,
-                              notes=[counted(r["episodes"], "episode") for r in agents]))
+                              title="Success rate by agent (with its 95% interval)",
+                              full_scale=1.0,
+                              notes=[counted(r["episodes"], "episode") for r in agents],
+                              intervals=[(r["success_rate_low"], r["success_rate_high"])
+                                         for r in agents]))
     return out
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import duckdb
 
+from analytics.intervals import WILSON_MACROS
 from analytics.paths import why_not_written
 from analytics.sync_progress import Progress, running_sync
 from eventstore import shown_url
@@ -175,6 +176,8 @@ class Warehouse:
             raise WarehousePathError(_not_ours(self.path, problem))
         self.con.execute("SET enable_progress_bar = false")
         self.con.execute(ROUND_DECIMAL)
+        for macro in WILSON_MACROS:
+            self.con.execute(macro)
         if not read_only:
             try:
                 with self.writing():

@@ -17,6 +17,7 @@ from multiprocessing.resource_tracker import ensure_running as ensure_resource_t
 from typing import Any, Protocol
 
 import domain
+from analytics.intervals import wilson_interval
 from companyos.agents import make_agent
 from companyos.config import in_memory_store, read_only_refusal
 from companyos.env import SEED_MAX, CompanyEnv, spec_from_options, task_for_seed
@@ -470,9 +471,12 @@ def summarise(results: list[EpisodeResult]) -> dict[str, Any]:
     returns = [r.reward_return for r in results]
     outcomes = Counter(r.outcome for r in results)
     modes = Counter(r.failure_mode for r in results if r.failure_mode)
+    low, high = wilson_interval(outcomes["success"], n)  # as compare_agents gives it
     return {
         "episodes": n,
         "success_rate": outcomes["success"] / n if n else None,
+        "success_rate_low": low,
+        "success_rate_high": high,
         "outcomes": dict(sorted(outcomes.items())),
         "mean_return": statistics.fmean(returns) if n else None,
         # the sample deviation, as `analytics query compare_agents` gives it: one number for one thing

@@ -19,6 +19,7 @@ import orjson
 import pytest
 
 from analytics import service, synthetic
+from analytics.intervals import wilson_interval
 from analytics.named import QueryError, UnknownQuery
 from analytics.sync import sync
 from analytics.warehouse import DERIVE_VERSION, Warehouse, WarehouseError, store_label
@@ -1367,7 +1368,8 @@ def test_the_agents_chart_keeps_long_model_names_readable():
 
     names = ["gpt-4o-2024-08-06-react-with-reflection-and-tools", "claude-3-5-sonnet-tools",
              "llama-3.1-70b-instruct", "random"]
-    agents = [{"agent": n, "episodes": 10, "successes": wins, "success_rate": wins / 10}
+    agents = [{"agent": n, "episodes": 10, "successes": wins, "success_rate": wins / 10,
+               **dict(zip(("success_rate_low", "success_rate_high"), wilson_interval(wins, 10), strict=True))}
               for n, wins in zip(names, (5, 9, 2, 0), strict=True)]
     data = {"success_by_chaos": [], "success_by_task_and_chaos": [], "failure_modes": [],
             "first_mistake_step": [], "compare_agents": agents}
@@ -1388,7 +1390,8 @@ def test_agents_whose_names_differ_at_the_end_read_apart_in_the_charts():
     from analytics import report
 
     names = [f"acme/llm-agent-gpt-4o-2024-08-06-temperature-0.{t}" for t in (2, 9)]
-    agents = [{"agent": n, "episodes": 10, "successes": wins, "success_rate": wins / 10}
+    agents = [{"agent": n, "episodes": 10, "successes": wins, "success_rate": wins / 10,
+               **dict(zip(("success_rate_low", "success_rate_high"), wilson_interval(wins, 10), strict=True))}
               for n, wins in zip(names, (10, 0), strict=True)]
     (chart,) = report.charts({"success_by_chaos": [], "success_by_task_and_chaos": [],
                               "failure_modes": [], "first_mistake_step": [], "compare_agents": agents})
@@ -1461,8 +1464,8 @@ def test_a_chaos_sweep_keeps_its_axis_labels_readable_and_apart():
     from analytics import report
 
     levels = [round(i / 20, 2) for i in range(21)]
-    by_task_and_chaos = [{"task": task, "chaos": c, "episodes": 10, "successes": 5, "success_rate": 0.5}
-                         for task in ("expense_report", "bug_escalation") for c in levels]
+    by_task_and_chaos = [{"task": task, "chaos": c, "episodes": 10, "instances": 10, "successes": 5,
+                          "success_rate": 0.5} for task in ("expense_report", "bug_escalation") for c in levels]
     data = {"success_by_chaos": report.success_by_chaos(by_task_and_chaos),
             "success_by_task_and_chaos": by_task_and_chaos, "failure_modes": [],
             "first_mistake_step": [], "compare_agents": []}

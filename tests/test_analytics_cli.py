@@ -89,6 +89,57 @@ def test_run_and_compare_agents_state_one_spread_of_returns(tmp_path):
     assert said["std_return"] > 0 and std == pytest.approx(said["std_return"], abs=5e-4)
 
 
+def test_run_and_the_queries_state_one_interval_of_the_success_rate(tmp_path):
+    """`run`'s summary, compare_agents and success_by_task_and_chaos bound a success rate by the
+    same 95% Wilson interval of the same counts."""
+    from analytics.intervals import wilson_interval
+    from analytics.service import run_named
+    from companyos.batch import summarise
+
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    said = {agent: summarise(run_plan(RunPlan(url, agent, "all", "low", n, seed, "episode"), workers=1))
+            for agent, n, seed in (("expert", 12, 0), ("random", 23, 100))}
+    with Warehouse(tmp_path / "w.duckdb") as wh:
+        sync(url, wh)
+        agents = run_named(wh, "compare_agents")
+        cells = run_named(wh, "success_by_task_and_chaos")
+    assert [r["agent"] for r in agents] == ["expert", "random"]
+    for row in agents:
+        summary = said[row["agent"]]
+        wins = summary["outcomes"].get("success", 0)
+        bounds = wilson_interval(wins, summary["episodes"])
+        assert (summary["success_rate_low"], summary["success_rate_high"]) == bounds
+        assert (row["success_rate_low"], row["success_rate_high"]) == bounds
+    assert len(cells) == 5 and any(0 < c["successes"] < c["episodes"] for c in cells)
+    for cell in cells:  # both agents pooled per task
+        assert (cell["success_rate_low"], cell["success_rate_high"]) == wilson_interval(
+            cell["successes"], cell["episodes"])
+
+
+def test_a_seed_run_again_is_one_instance_and_narrows_no_interval(tmp_path):
+    """The same 23 seeds run three times by a deterministic agent are 23 instances: counted as 69
+    independent trials, the interval narrowed with every rerun of the very same episodes."""
+    from analytics.intervals import wilson_interval
+    from analytics.service import run_named
+
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    for agent in ("random", "random", "random", "expert"):
+        run_plan(RunPlan(url, agent, "all", "low", 23, 100, "episode"), workers=1)
+    with Warehouse(tmp_path / "w.duckdb") as wh:
+        sync(url, wh)
+        agents = {r["agent"]: r for r in run_named(wh, "compare_agents")}
+        once = wh.con.execute("SELECT count(*) FILTER (WHERE outcome = 'success') FROM episodes "
+                              "WHERE agent = 'expert'").fetchone()[0]
+    random, expert = agents["random"], agents["expert"]
+    assert (random["episodes"], random["instances"]) == (69, 23)
+    assert (expert["episodes"], expert["instances"]) == (23, 23)
+    assert random["chaos_levels"] == expert["chaos_levels"] == [0.25]
+    wins = random["successes"]
+    assert wins % 3 == 0 and (random["success_rate_low"], random["success_rate_high"]) == \
+        wilson_interval(wins // 3, 23)  # as one run of those seeds
+    assert (expert["success_rate_low"], expert["success_rate_high"]) == wilson_interval(once, 23)
+
+
 def test_query_command_prints_json_csv_and_clear_errors(logged, tmp_path, cli):
     url, reported = logged
     wh = str(tmp_path / "w.duckdb")
@@ -100,7 +151,8 @@ def test_query_command_prints_json_csv_and_clear_errors(logged, tmp_path, cli):
     assert sum(r["episodes"] for r in rows) == len(failed)
     assert sum(r["share"] for r in rows) == pytest.approx(1.0, abs=1e-4)
     out = cli("query", "success_by_task_and_chaos", "--format", "csv", "--db", url, "--warehouse", wh)
-    assert out.stdout.splitlines()[0] == "task,chaos,episodes,successes,success_rate,mean_return"
+    assert out.stdout.splitlines()[0] == ("task,chaos,episodes,instances,successes,success_rate,"
+                                          "success_rate_low,success_rate_high,mean_return")
     out = cli("query", "--format", "json", "--db", url, "--warehouse", wh)
     listed = json.loads(out.stdout)
     assert {q["name"] for q in listed} >= {"pass_at_k", "chaos_impact"}
@@ -778,21 +830,30 @@ def reports(logged, tmp_path_factory):
         return reported, report.build(wh), report.build(wh, agent="random")
 
 
-def _successes(reported: list[dict], *keys: str) -> list[tuple[tuple, int, int]]:
-    """(key values, episodes, successes) per distinct value of `keys` in run's own report, sorted."""
-    tally: dict[tuple, list[int]] = {}
+def _successes(reported: list[dict], *keys: str) -> list[dict]:
+    """Rows of episodes, instances (distinct agent, task, seed and chaos: one profile and rules
+    version here), successes, success rate and its interval per distinct value of `keys` in run's
+    own report, sorted, as the report's success tables give them."""
+    from analytics.intervals import wilson_interval
+
+    tally: dict[tuple, list] = {}
     for r in reported:
-        counts = tally.setdefault(tuple(r[k] for k in keys), [0, 0])
+        counts = tally.setdefault(tuple(r[k] for k in keys), [0, set(), 0])
         counts[0] += 1
-        counts[1] += r["outcome"] == "success"
-    return [(key, n, wins) for key, (n, wins) in sorted(tally.items())]
+        counts[1].add((r["agent"], r["task"], r["seed"], r["chaos"]))
+        counts[2] += r["outcome"] == "success"
+    rows = []
+    for key, (n, instances, wins) in sorted(tally.items()):
+        low, high = wilson_interval(wins, n, len(instances))
+        rows.append({**dict(zip(keys, key, strict=True)), "episodes": n, "instances": len(instances),
+                     "successes": wins, "success_rate": round(wins / n, 4),
+                     "success_rate_low": low, "success_rate_high": high})
+    return rows
 
 
 def test_report_success_by_chaos_agrees_with_what_run_reported(reports):
     reported, data, only_random = reports
-    assert data["success_by_chaos"] == [
-        {"chaos": chaos, "episodes": n, "successes": wins, "success_rate": round(wins / n, 4)}
-        for (chaos,), n, wins in _successes(reported, "chaos")]
+    assert data["success_by_chaos"] == _successes(reported, "chaos")
     assert [r["chaos"] for r in only_random["success_by_chaos"]] == [0.5]  # random ran at medium only
     assert data["summary"]["episodes"] == len(reported)
 
@@ -804,15 +865,11 @@ def test_the_report_draws_success_by_chaos_per_agent_when_it_covers_several(repo
     from analytics import report
 
     reported, data, only_random = reports
-    assert data["success_by_agent_and_chaos"] == [
-        {"agent": agent, "chaos": chaos, "episodes": n, "successes": wins, "success_rate": round(wins / n, 4)}
-        for (agent, chaos), n, wins in _successes(reported, "agent", "chaos")]
+    assert data["success_by_agent_and_chaos"] == _successes(reported, "agent", "chaos")
     page = report.to_html(data)
     assert "Success rate by chaos level and agent" in page
     # which tasks each agent fails: a bar per agent at each task, not every agent pooled
-    assert data["success_by_agent_and_task"] == [
-        {"agent": agent, "task": task, "episodes": n, "successes": wins, "success_rate": round(wins / n, 4)}
-        for (agent, task), n, wins in _successes(reported, "agent", "task")]
+    assert data["success_by_agent_and_task"] == _successes(reported, "agent", "task")
     assert "Success rate by task and agent" in page and "Success rate by task and chaos level" not in page
     for agent in ("expert", "random", "noop"):
         assert f">{agent}</text>" in page  # in the chart's legend

@@ -382,11 +382,12 @@ def test_a_run_of_no_episodes_has_no_success_rate_or_means(tmp_path):
     document = json.loads(subprocess.run([*command, "--json"], capture_output=True, text=True,
                                          check=True).stdout)
     assert document == {"rules": domain.CURRENT_RULES,
-                        "summary": {"episodes": 0, "success_rate": None, "outcomes": {}, "mean_return": None,
+                        "summary": {"episodes": 0, "success_rate": None, "success_rate_low": None,
+                                    "success_rate_high": None, "outcomes": {}, "mean_return": None,
                                     "std_return": None, "mean_steps": None, "failure_modes": {}},
                         "episodes": []}
     table = subprocess.run(command, capture_output=True, text=True, check=True).stdout
-    for metric in ("success rate", "mean return", "mean steps"):
+    for metric in ("success rate", "95% interval", "mean return", "mean steps"):
         assert re.search(rf"{metric}\s+│\s+n/a", table), table
 
 

@@ -1,4 +1,4 @@
--- What separates agents: success, return, steps, first mistake and rejected calls (the agent's own invalid ones and chaos's refusals alike) per agent, with each agent's most common failure mode and the rules versions its episodes were judged by.
+-- What separates agents: success (with its 95% interval), return, steps, first mistake and rejected calls (the agent's own invalid ones and chaos's refusals alike) per agent, with each agent's most common failure mode and the rules versions its episodes were judged by.
 -- param task TASK = NULL: only this task family
 -- param chaos CHAOS = NULL: only this chaos level (none, low, medium, high or a number)
 -- param profile PROFILE = NULL: only episodes scored by this reward profile (default or sparse)
@@ -17,19 +17,40 @@ modes AS (
 ),
 top AS (  -- ties: the alphabetically first mode
     SELECT agent, first(failure_mode ORDER BY n DESC, failure_mode) AS mode FROM modes GROUP BY agent
+),
+agg AS (
+    SELECT coalesce(e.agent, '(unknown)') AS agent,
+           -- the versions its episodes were judged by: agents judged by different ones compare unlike
+           list(DISTINCT e.rules ORDER BY e.rules) AS rules,
+           -- and the chaos levels it ran at: an agent run only at chaos none is not ahead of one
+           -- run only at high
+           list(DISTINCT e.chaos ORDER BY e.chaos) AS chaos_levels,
+           count(*) AS episodes,
+           -- as pass_at_k counts them: a seed run again is one instance, however many its trials
+           count(DISTINCT (e.task, e.seed, e.chaos, e.max_steps, e.reward_profile, e.rules)) AS instances,
+           count(*) FILTER (WHERE outcome = 'success') AS successes,
+           avg(total_return::DECIMAL(18, 6)) AS mean_return,
+           coalesce(stddev_samp(total_return), 0) AS std_return,
+           avg(steps) AS mean_steps,
+           count(first_mistake_step) AS episodes_with_mistake,
+           avg(first_mistake_step) AS mean_first_mistake_step,
+           sum(rejected_actions) / nullif(sum(steps), 0) AS rejected_action_rate,
+           any_value(top.mode) AS top_failure_mode
+    FROM e LEFT JOIN top ON top.agent IS NOT DISTINCT FROM e.agent
+    GROUP BY e.agent
 )
-SELECT coalesce(e.agent, '(unknown)') AS agent,
-       -- the versions its episodes were judged by: agents judged by different ones compare unlike
-       list(DISTINCT e.rules ORDER BY e.rules) AS rules,
-       count(*) AS episodes,
-       count(*) FILTER (WHERE outcome = 'success') AS successes,
-       round_decimal(count(*) FILTER (WHERE outcome = 'success') / count(*), 4) AS success_rate,
-       round_decimal(avg(total_return::DECIMAL(18, 6)), 3) AS mean_return,
-       round_decimal(coalesce(stddev_samp(total_return), 0), 3) AS std_return,
-       round_decimal(avg(steps), 2) AS mean_steps,
-       round_decimal(avg(first_mistake_step), 2) AS mean_first_mistake_step,
-       round_decimal(sum(rejected_actions) / nullif(sum(steps), 0), 4) AS rejected_action_rate,
-       any_value(top.mode) AS top_failure_mode
-FROM e LEFT JOIN top ON top.agent IS NOT DISTINCT FROM e.agent
-GROUP BY e.agent
+SELECT agent, rules, chaos_levels, episodes, instances, successes,
+       round_decimal(successes / episodes, 4) AS success_rate,
+       -- its 95% Wilson interval over the instances: agents whose intervals overlap may differ by
+       -- chance alone
+       success_rate_low(successes, episodes, instances := instances) AS success_rate_low,
+       success_rate_high(successes, episodes, instances := instances) AS success_rate_high,
+       round_decimal(mean_return, 3) AS mean_return,
+       round_decimal(std_return, 3) AS std_return,
+       round_decimal(mean_steps, 2) AS mean_steps,
+       episodes_with_mistake,
+       round_decimal(mean_first_mistake_step, 2) AS mean_first_mistake_step,
+       round_decimal(rejected_action_rate, 4) AS rejected_action_rate,
+       top_failure_mode
+FROM agg
 ORDER BY success_rate DESC, agent

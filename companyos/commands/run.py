@@ -145,10 +145,12 @@ def _print_summary(plan, summary: dict) -> None:
     table.add_row("episodes", str(summary["episodes"]))
     if summary["episodes"]:
         table.add_row("success rate", f"{summary['success_rate']:.1%}")
+        table.add_row("95% interval", f"{summary['success_rate_low']:.1%} to "
+                                      f"{summary['success_rate_high']:.1%}")
         table.add_row("mean return", f"{summary['mean_return']:.2f} ± {summary['std_return']:.2f}")
         table.add_row("mean steps", f"{summary['mean_steps']:.1f}")
     else:  # nothing to average: n/a, as the analytics report says it
-        for metric in ("success rate", "mean return", "mean steps"):
+        for metric in ("success rate", "95% interval", "mean return", "mean steps"):
             table.add_row(metric, "n/a")
     for outcome, count in summary["outcomes"].items():
         table.add_row(f"outcome: {outcome}", str(count))
