@@ -20,7 +20,7 @@ from analytics.intervals import wilson_interval
 from analytics.service import rows_of, run_named
 from analytics.warehouse import Warehouse
 from domain import CHAOS_LEVELS, FAILURE_MODES, reward_profile, rules_from_text, task_family
-from domain.chaos import level_text, parse_chaos
+from domain.chaos import SPRUNG_BY_THE_AGENT, level_text, parse_chaos
 from domain.labels import control_character, visible_bidi_controls, visible_controls
 
 PALETTE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7",
@@ -170,8 +170,13 @@ def build(wh: Warehouse, agent: str | None = None, task: str | None = None,
             "(--profile, or ?profile= in the UI) to compare returns.")]))
     agents = agent_count(data["success_by_agent_and_chaos"])
     levels = {r["chaos"] for r in data["success_by_chaos"]}
-    if data["chaos_impact"] and (agents or len(levels) > 1):
-        data["notes"]["chaos_impact"] = _pooled_chaos_note(agents, levels)
+    pooled = data["chaos_impact"] and (agents or len(levels) > 1)
+    notes = [_pooled_chaos_note(agents, levels)] if pooled else []
+    sprung = [r["mechanism"] for r in data["chaos_impact"] if r["mechanism"] in SPRUNG_BY_THE_AGENT]
+    if sprung:
+        notes.append(_sprung_note(sprung))
+    if notes:
+        data["notes"]["chaos_impact"] = " ".join(notes)
     _mistake_notes(data)
     if note := agents_note(data):
         data["notes"]["compare_agents"] = note
@@ -209,6 +214,18 @@ def _pooled_chaos_note(agents: int, levels: set[float | None]) -> str:
             + ", so it can look harmless, or even helpful, when it is not (an agent run only at high "
             "chaos makes every mechanism there look helpful). Narrow the report to one agent and one "
             "chaos level to compare like with like.")
+
+
+def _sprung_note(mechanisms: list[str]) -> str:
+    """Why the rows of mechanisms the agent's own calls spring read as help or harm they are not:
+    narrowed to one agent and one level, a flawed agent that stopped before submitting made
+    random_rejection read +0.4, and one that floundered made an outage read -0.5."""
+    return (f"{listed(mechanisms)} fire only when the agent makes a call that springs them (a read, "
+            "a lookup, a refresh, a submission; an outage strikes any call, so a longer episode "
+            "meets more). Episodes without them include those that failed before that call, so "
+            "these rows show how agents fared that got that far, not what the trap costs: an "
+            "agent that gives up early makes them look helpful, one that flounders makes them "
+            "look harmful. The mechanisms set at reset compare like with like.")
 
 
 def _mistake_notes(data: dict[str, Any]) -> None:

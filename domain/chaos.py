@@ -63,6 +63,12 @@ MECHANISMS: dict[str, tuple[float, str]] = {
 }
 _P = {name: p for name, (p, _) in MECHANISMS.items()}
 
+SPRUNG_BY_THE_AGENT: tuple[str, ...] = ("stale_again", "ooo_after_lookup", "slow_refresh",
+                                        "slow_decision", "random_rejection", "transient_outage")
+"""Mechanisms drawn only when the agent makes a call that can spring them (a read, a lookup, a
+refresh, a submission; an outage on any call), not set at reset: whether one fires in an episode
+depends on how far, and how long, the agent got, which is why `chaos_impact` reads them apart."""
+
 
 _DECIMAL = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:e[+-]?[0-9]+)?")
 

@@ -66,11 +66,14 @@ def replay_records(episode_id: str, records: list[RecordedEvent],
         raise DamagedEvent(step_records[0], f"does not agree with the events it led to "
                            f"({type(exc).__name__}: {exc})") from None
     rewards = []
+    mistakes = []  # what the rules held against the step: a mistake need not be a refusal
     chaos = []
     ended = None
     for record, event in zip(step_records, step_events, strict=True):
         if record.type == "RewardGranted":
             rewards.append(_loads(record.data_json))
+        elif record.type == "MistakeRecorded":
+            mistakes.append(_loads(record.data_json))
         elif record.type == "EpisodeEnded":
             ended = _loads(record.data_json)
         if getattr(event, "cause", None) == CHAOS:  # the parsed field: an action's text may say "chaos"
@@ -90,6 +93,7 @@ def replay_records(episode_id: str, records: list[RecordedEvent],
         "result": result,
         "rewards": rewards,
         "reward": sum(r["value"] for r in rewards),
+        "mistakes": mistakes,
         "chaos": chaos,
         "events": [r.type for r in step_records],
         "ended": ended,
@@ -124,7 +128,7 @@ def _jsonable(value: Any) -> Any:
 
 
 def render_replay(result: dict[str, Any]) -> str:
-    """The replay as text: header, action, result, rewards, chaos, then the three apps."""
+    """The replay as text: header, action, result, rewards, mistakes, chaos, then the three apps."""
     ep = result["episode"]
     lines = [f"episode {result['episode_id']} — {ep['task']} seed {ep['seed']} chaos {ep['chaos']}"
              f" agent {ep['agent'] or '-'} rules {ep['rules']}",
@@ -143,6 +147,10 @@ def render_replay(result: dict[str, Any]) -> str:
     if result["rewards"]:
         shown = ", ".join(f"{r['rule']} {r['value']:+g}" for r in result["rewards"])
         lines.append(f"rewards: {shown} (step total {result['reward']:+g})")
+    for m in result["mistakes"]:  # its detail unless the refusal above said it already
+        said = info is not None and m.get("detail") == info.get("message")
+        lines.append(f"mistake [{m.get('mode')}]" + ("" if said else f": {m.get('detail')}")
+                     + f" ({m.get('subject')}" + (", irreversible)" if m.get("irreversible") else ")"))
     for c in result["chaos"]:
         lines.append(f"chaos: {c['type']} ({c.get('mechanism') or 'chaos'})")
     if result["ended"]:

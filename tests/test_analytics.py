@@ -1465,7 +1465,8 @@ def test_a_chaos_sweep_keeps_its_axis_labels_readable_and_apart():
 
     levels = [round(i / 20, 2) for i in range(21)]
     by_task_and_chaos = [{"task": task, "chaos": c, "episodes": 10, "instances": 10, "successes": 5,
-                          "success_rate": 0.5} for task in ("expense_report", "bug_escalation") for c in levels]
+                          "success_rate": 0.5}
+                         for task in ("expense_report", "bug_escalation") for c in levels]
     data = {"success_by_chaos": report.success_by_chaos(by_task_and_chaos),
             "success_by_task_and_chaos": by_task_and_chaos, "failure_modes": [],
             "first_mistake_step": [], "compare_agents": []}

@@ -858,6 +858,21 @@ def test_report_success_by_chaos_agrees_with_what_run_reported(reports):
     assert data["summary"]["episodes"] == len(reported)
 
 
+def test_the_report_reads_mechanisms_the_agent_springs_apart_even_for_one_agent_and_level(reports):
+    """Narrowed to one agent and one level, as the pooled note advises, a flawed agent that stopped
+    before submitting still made random_rejection read as help: those rows get a note of their own."""
+    from analytics.report import listed
+    from domain.chaos import SPRUNG_BY_THE_AGENT
+
+    _, _, only_random = reports
+    assert {r["chaos"] for r in only_random["success_by_chaos"]} == {0.5}
+    sprung = [r["mechanism"] for r in only_random["chaos_impact"] if r["mechanism"] in SPRUNG_BY_THE_AGENT]
+    assert sprung, "the random agent at medium chaos meets some of them"
+    note = only_random["notes"]["chaos_impact"]
+    assert note.startswith(f"{listed(sprung)} fire only when the agent makes a call that springs them")
+    assert "pool" not in note  # one agent, one level: nothing pooled to warn of
+
+
 def test_the_report_draws_success_by_chaos_per_agent_when_it_covers_several(reports):
     """The expert ran at high chaos and the random agent at medium: pooled, high chaos read as the
     easier level. Over several agents the report draws (and tabulates) each agent at each level,
@@ -877,8 +892,9 @@ def test_the_report_draws_success_by_chaos_per_agent_when_it_covers_several(repo
     assert "## Success by agent and task" in report.to_markdown(data)
     levels, note = len(data["success_by_chaos"]), data["notes"]["chaos_impact"]
     assert note.startswith(f"Read with care: these rates pool 3 agents and {levels} chaos levels")
-    assert "to one agent and one chaos level" in note
-    assert only_random["success_by_agent_and_chaos"] == [] and "chaos_impact" not in only_random["notes"]
+    assert "to one agent and one chaos level" in note and "fire only when the agent makes a call" in note
+    assert only_random["success_by_agent_and_chaos"] == []
+    assert "pool" not in only_random["notes"]["chaos_impact"]  # one agent at one level
     assert only_random["success_by_agent_and_task"] == []
     page = report.to_html(only_random)
     assert "Success rate by chaos level<" in page and "and agent" not in page

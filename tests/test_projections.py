@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import re
 
 import orjson
 import pytest
@@ -12,7 +13,7 @@ import domain
 from eventstore import CorruptCommit, EventStore, NewEvent, canonical_json
 from projections import ProjectionRunner, default_projections
 from projections.episodes import EpisodesProjection, list_episodes, summarize
-from projections.replay import StepNotFound, replay
+from projections.replay import StepNotFound, render_replay, replay
 from projections.rerun import rerun
 from projections.schema import episode_views, episodes, projection_checkpoints
 from projections.verify import verify
@@ -125,6 +126,26 @@ def test_replay_does_not_take_an_action_that_mentions_chaos_for_chaos(tmp_path):
         env.step({"app": "ticketdesk", "method": "list_tickets", "params": {"cause": "chaos"}})
         step = replay(env.store, info["episode_id"], 1)
     assert step["events"][0] == "ActionTaken" and step["chaos"] == []
+
+
+def test_replay_says_what_the_rules_held_against_a_step_that_was_not_refused(tmp_path):
+    """Resolving the ticket too soon is accepted and recorded as a mistake: the replay named
+    neither the mode nor why ("priority is not critical"), so finding the real omission took SQL."""
+    from companyos.env import CompanyEnv
+
+    with CompanyEnv(f"sqlite:///{tmp_path / 'store.db'}") as env:
+        obs, info = env.reset(seed=1, options={"task": "bug_escalation", "chaos": "none"})
+        ticket = re.search(r"T-\d+", obs["goal"]).group(0)
+        env.step({"app": "ticketdesk", "method": "update_ticket",
+                  "params": {"ticket_id": ticket, "field": "status", "value": "resolved"}})
+        step = replay(env.store, info["episode_id"], 1)
+        quiet = replay(env.store, info["episode_id"], 0)
+    (mistake,) = step["mistakes"]
+    assert step["result"]["rejected"] is None
+    assert mistake["mode"] == "premature_resolution" and mistake["subject"] == ticket
+    assert "priority is not critical" in mistake["detail"]
+    assert f"mistake [premature_resolution]: {mistake['detail']} ({ticket})" in render_replay(step)
+    assert quiet["mistakes"] == [] and "mistake [" not in render_replay(quiet)
 
 
 # -- rerun -----------------------------------------------------------------------------------

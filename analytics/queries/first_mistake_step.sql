@@ -1,4 +1,4 @@
--- At which step agents first go wrong: the distribution of the first recorded mistake's step over finished episodes that had one, with its most common mode.
+-- At which step the rules first recorded a mistake, over finished episodes that had one, with its most common mode. A mistake is recorded where the rules can judge it (a ticket resolved while its priority was never raised), which can be steps after the move that caused it: read the steps before it (companyos replay) for the cause.
 -- param agent VARCHAR = NULL: only episodes of this agent
 -- param task TASK = NULL: only this task family
 -- param chaos CHAOS = NULL: only this chaos level (none, low, medium, high or a number)

@@ -17,7 +17,7 @@ from domain import (
     reset,
     step,
 )
-from domain.chaos import MECHANISMS
+from domain.chaos import MECHANISMS, SPRUNG_BY_THE_AGENT
 from domain.events import (
     ApproverWentOutOfOffice,
     EpisodeEnded,
@@ -67,6 +67,19 @@ def test_no_chaos_at_none_and_every_mechanism_fires_at_high():
                 assert e.mechanism in MECHANISMS
                 fired[e.mechanism] += 1
     assert set(fired) == set(MECHANISMS), set(MECHANISMS) - set(fired)
+
+
+def test_the_mechanisms_said_to_be_sprung_by_the_agent_never_fire_at_reset():
+    """chaos_impact's note tells the two kinds apart: a mechanism set at reset is a fair trial of
+    the agent, one the agent's own calls spring is met only by agents that get that far."""
+    at_reset, later = set(), set()
+    for task in TASK_FAMILIES:
+        for seed in range(30):
+            first, *rest = play(task, seed, "high")[1]
+            at_reset |= {e.mechanism for e in _chaos_events([first])}
+            later |= {e.mechanism for e in _chaos_events(rest)}
+    assert at_reset == set(MECHANISMS) - set(SPRUNG_BY_THE_AGENT)
+    assert later == set(SPRUNG_BY_THE_AGENT)
 
 
 def test_chaos_grows_with_level():
