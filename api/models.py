@@ -179,7 +179,10 @@ class EpisodeList(BaseModel):
     read_models_behind: int = Field(0, description="events of the log the list leaves out: above 0 "
                                     "only when the store's database takes no writes (a standby), so "
                                     "the read models cannot be brought up to date and the list shows "
-                                    "what they hold")
+                                    "what they hold, or while `catching_up`")
+    catching_up: bool = Field(False, description="the read model is still folding the log (only "
+                              "the web UI's list stops waiting for it, after 2 s; GET /episodes "
+                              "waits until it is done)")
 
 
 class StoredEvent(BaseModel):

@@ -56,6 +56,10 @@ PAGE_SIZE = 50
 MAX_PAGE_SIZE = 500  # as GET /episodes
 MAX_OFFSET = 10**9
 MAX_STEP = 10**6
+LIST_WAIT_S = SYNC_WAIT_S
+"""How long the list waits for the episodes read model to catch up before it shows what the read
+model holds, with a note (after a big run the catch-up took 103 s, a blank page meanwhile); the
+catch-up goes on, and a reload shows more."""
 
 
 class BadParameter(ValueError):
@@ -82,7 +86,7 @@ def ui_router(log: EpisodeLog, db: str | Callable[[], str], warehouse: str | Non
             filters = {k: params[k] for k in LIST_FILTERS if k in params}
             limit = _whole(params, "limit", PAGE_SIZE, 1, MAX_PAGE_SIZE)
             offset = _whole(params, "offset", 0, 0, MAX_OFFSET)
-            listing = log.list(**filters, limit=limit, offset=offset)
+            listing = log.list(**filters, limit=limit, offset=offset, wait_s=LIST_WAIT_S)
         except BadParameter as exc:
             return error_page(400, str(exc))
         except ApiError as exc:

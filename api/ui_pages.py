@@ -75,7 +75,12 @@ def episode_list(listing: dict[str, Any], filters: dict[str, str]) -> HTMLRespon
     shown = (f"episodes {offset + 1}–{offset + len(rows)} of {total}" if rows
              else f"no episodes on this page ({total} match)")
     body = [f"<h1>Episodes</h1>{form}<p>{esc(shown)}</p>"]
-    if behind := listing.get("read_models_behind"):
+    if listing.get("catching_up"):
+        again = url(ui_href(), {**filters, "limit": listing["limit"], "offset": listing["offset"] or None})
+        body.append(f"<p role='status'>The list is catching up with the log: "
+                    f"{listing['read_models_behind']:,} events are not listed yet. The catch-up goes "
+                    f"on meanwhile; {link(again, 'reload the page')} to see more.</p>")
+    elif behind := listing.get("read_models_behind"):
         body.append(f"<p class='muted'>The read models are {behind} events behind the log, and the "
                     "store's database takes no writes (a standby?), so they cannot be brought up to "
                     "date: the episodes logged since are not listed.</p>")

@@ -72,6 +72,7 @@ def patient_report(monkeypatch):
     from api import ui as ui_routes
 
     monkeypatch.setattr(ui_routes, "SYNC_WAIT_S", 600.0)
+    monkeypatch.setattr(ui_routes, "LIST_WAIT_S", 600.0)  # the list's catch-up, likewise
 
 
 @pytest.fixture(scope="module")
@@ -259,6 +260,41 @@ def test_a_failed_episode_shows_its_failure_mode(ui):
     assert f"<b>{summary['failure_mode']}</b>" in page  # in the summary, with its meaning
     assert "without ever reading the data" in page
     assert summary["digest"] in page and f"seed</dt><dd>{summary['seed']}<" in page
+
+
+def test_a_list_whose_catch_up_runs_long_shows_what_the_read_model_holds_and_says_so(sqlite_url,
+                                                                                    monkeypatch):
+    """After a run of 232,000 episodes the list's first load took 103 s, a blank page meanwhile.
+    The page now stops waiting after LIST_WAIT_S, lists what the read model holds and says how
+    much is on its way; the catch-up goes on, and GET /episodes still waits for all of it."""
+    import threading
+
+    from api import ui as ui_routes
+    from projections.runner import ProjectionRunner
+
+    with CompanyEnv(sqlite_url) as env:
+        first = _play(env, "expert", 0, {"task": "expense_report", "chaos": "none"})
+    with TestClient(create_app(ServerConfig(db=sqlite_url))) as c:
+        assert first in _html_ok(c.get("/ui"))
+        with CompanyEnv(sqlite_url) as env:
+            second = _play(env, "expert", 1, {"task": "bug_escalation", "chaos": "none"})
+        release, original = threading.Event(), ProjectionRunner.catch_up
+
+        def slow(self, *args, **kwargs):
+            release.wait(60)
+            return original(self, *args, **kwargs)
+
+        monkeypatch.setattr(ProjectionRunner, "catch_up", slow)
+        monkeypatch.setattr(ui_routes, "LIST_WAIT_S", 0.2)
+        page = _html_ok(c.get("/ui"))
+        behind = len(_events(sqlite_url, second))
+        assert f"The list is catching up with the log: {behind} events are not listed yet" in page
+        assert first in page and second not in page and "episodes 1–1 of 1" in page
+        threading.Timer(0.5, release.set).start()
+        listing = c.get("/episodes").json()  # the API waits for the whole log
+        assert (listing["total"], listing["read_models_behind"], listing["catching_up"]) == (2, 0, False)
+        page = _html_ok(c.get("/ui"))
+        assert first in page and second in page and "catching up" not in page
 
 
 def test_a_running_episode_shows_as_running(sqlite_url):
