@@ -899,7 +899,9 @@ p.warning{background:#fff4e0;padding:.4rem .8rem;border-radius:4px}
 .footnote{color:#595959;font-size:.8rem}
 .charts{display:flex;flex-wrap:wrap;gap:1.5rem}
 .summary{font-size:1rem;background:#f7f7f7;padding:.6rem 1rem;border-radius:6px}
-.kpi{display:inline-block;margin-right:2rem}.kpi b{display:block;font-size:1.4rem}
+.kpi{display:inline-block;margin-right:2rem;max-width:100%}
+.kpi b{display:block;font-size:1.4rem;overflow-wrap:anywhere}
+svg rect{stroke:#444;stroke-width:.6}
 @media (max-width:640px){.charts{overflow-x:auto}.charts svg{max-width:none}}
 """
 
@@ -947,7 +949,7 @@ def html_body(data: dict[str, Any], episode_href: Callable[[str], str] | None = 
             cols = list(rows[0])
             # a long column name may break after its underscores: the agents' table ran off the
             # screen at 1280 px with `top_failure_mode` and `mean_first_mistake_step` cut off
-            head = "".join(f"<th>{_esc(c).replace('_', '_<wbr>')}</th>" for c in cols)
+            head = "".join(f"<th scope='col'>{_esc(c).replace('_', '_<wbr>')}</th>" for c in cols)
             body.append(f'<div class="scroll" {scroll_region(title)}><table><tr>{head}</tr>')
             for r in rows:
                 cells = (f"<td{_FREE_TEXT.get(c, '')}>"

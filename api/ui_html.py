@@ -150,7 +150,7 @@ def table(headers: Iterable[str], rows: Iterable[Iterable[Any]], *,
     in `free_text` (labels and ids the user chose) may break anywhere: 100 characters without a
     space pushed the other columns off the screen."""
     headers = list(headers)
-    head = "".join(f"<th>{esc(h)}</th>" for h in headers)
+    head = "".join(f"<th scope='col'>{esc(h)}</th>" for h in headers)
     attrs = iter(row_attrs) if row_attrs is not None else None
     body = []
     for row in rows:

@@ -89,7 +89,15 @@ def episode_list(listing: dict[str, Any], filters: dict[str, str]) -> HTMLRespon
                            "seed", "chaos", "rules", "started"], rows, numeric=frozenset({5, 6, 7, 8, 9}),
                            free_text=frozenset({0, 2})))
     body.append(_pager(listing, filters))
-    return page("Episodes", "".join(body))
+    return page(_list_title(filters, offset, len(rows)), "".join(body))
+
+
+def _list_title(filters: dict[str, str], offset: int, shown: int) -> str:
+    """The list's title names its filters and rows: every page read "Episodes", so the browser's
+    history held a row of look-alikes."""
+    narrowed = ", ".join(f"{k} {v}" for k, v in filters.items())
+    rows = f"{offset + 1}–{offset + shown}" if shown else "none"
+    return f"Episodes ({narrowed}; {rows})" if narrowed else f"Episodes ({rows})"
 
 
 def _pager(listing: dict[str, Any], filters: dict[str, str]) -> Markup:
@@ -120,6 +128,13 @@ def timeline_url(episode_id: str, step: int) -> str:
     return url(episode_url(episode_id), {"from": first or None}) + f"#step-{step}"
 
 
+def _step_link(episode_id: str, step: int) -> Markup:
+    """The timeline's step number, linking to the apps after it; named in full for a screen
+    reader's list of links, where "0", "1", "2" said nothing."""
+    return Markup(f'<a href="{esc(views_url(episode_id, step))}" '
+                  f'aria-label="the apps after step {step}">{step}</a>')
+
+
 def episode_page(summary: dict[str, Any], timeline: list[Step], first: int = 0) -> HTMLResponse:
     """`GET /ui/episodes/{id}?from=K`: the summary, then what steps K to K+199 did and led to."""
     episode_id = summary["episode_id"]
@@ -141,7 +156,8 @@ def episode_page(summary: dict[str, Any], timeline: list[Step], first: int = 0) 
             f"<p>{link(views_url(episode_id, last), 'The apps after the last step')} · "
             f"{link(episode_url(episode_id) + '/rerun', 'Re-simulate it and check the digest')}</p>",
             "<h2>Timeline</h2>", pager, _timeline_table(episode_id, shown), pager]
-    return page(f"Episode {episode_id}", "".join(body))
+    steps = f", steps {first}–{min(first + TIMELINE_PAGE - 1, last)}" if pager else ""
+    return page(f"Episode {episode_id}{steps}", "".join(body))
 
 
 def _timeline_pager(episode_id: str, first: int, last: int) -> Markup:
@@ -165,7 +181,7 @@ def _failure_line(mode: str | None) -> Markup:
 def _timeline_table(episode_id: str, timeline: list[Step]) -> Markup:
     rows, attrs = [], []
     for s in timeline:
-        rows.append([link(views_url(episode_id, s.step), s.step), _action_cell(s), _result_cell(s),
+        rows.append([_step_link(episode_id, s.step), _action_cell(s), _result_cell(s),
                      _effects_cell(s), _rewards_cell(s), _mistakes_cell(s), _chaos_cell(s)])
         css = "mistake" if s.mistakes or (s.ended and s.ended.get("outcome") != "success") \
             else "rejected" if s.rejected else ""
@@ -358,7 +374,9 @@ def analytics_page(report_body: str, filters: dict[str, str]) -> HTMLResponse:
         + select("rules", "rules", [str(v) for v in RULES_VERSIONS], filters.get("rules"))
         + text_input("agent", "agent", filters.get("agent"))
         + f'<button type="submit">Filter</button><a href="{here}">clear</a></form>')
-    return page("Analytics", form + report_body, head=f"<style>{REPORT_CSS}</style>")
+    narrowed = ", ".join(f"{k} {v}" for k, v in filters.items() if v)
+    return page(f"Analytics ({narrowed})" if narrowed else "Analytics", form + report_body,
+                head=f"<style>{REPORT_CSS}</style>")
 
 
 def _chaos_choices(chosen: str | None) -> list[str]:

@@ -944,7 +944,7 @@ def test_the_report_says_what_its_shares_are_of_and_warns_before_a_pooled_table(
             f"{expert['summary']['finished']} finished episodes succeeded.") in expert_md
     assert "No counted mistake in" in expert_md
     assert "top failure mode<b>no failures</b>" in report.to_html(expert)
-    assert "<th>success_<wbr>rate</th>" in page  # a long column name may break after `_`
+    assert "<th scope='col'>success_<wbr>rate</th>" in page  # a long column name may break after `_`
     # the terms said where they are read: each mode present with its meaning, the tool columns
     assert [(r["failure_mode"], r["meaning"]) for r in data["failure_mode_meanings"]] == [
         (r["failure_mode"], FAILURE_MODES[r["failure_mode"]]) for r in data["failure_modes"]]

@@ -128,7 +128,7 @@ def test_list_shows_every_logged_episode_newest_first_with_its_facts(ui):
         if e["failure_mode"]:
             assert f">{e['failure_mode']}</span>" in row
         assert re.findall(r"<td[^>]*>(.*?)</td>", row)[8] == str(e["rules"])  # after the chaos
-    head = re.findall(r"<th>(.*?)</th>", page)
+    head = re.findall(r"<th scope='col'>(.*?)</th>", page)
     assert head[head.index("chaos") + 1] == "rules"
     assert html.escape(HOSTILE) in page and "expert-agent" in page
 
@@ -154,6 +154,20 @@ def test_list_filters_and_drops_the_empty_fields_a_form_sends(ui):
     for chosen in (f'<option value="{CURRENT_RULES}" selected>', '<option value="expense_report" selected>',
                    '<option value="failure" selected>'):
         assert chosen in page
+
+
+def test_pages_are_titled_apart_and_their_tables_and_step_links_read_out_whole(ui):
+    """Every list page was titled "Episodes" (the history menu: a row of look-alikes), header
+    cells had no scope, and the timeline's step links read "0", "1", "2" in a list of links."""
+    c, _, ids = ui
+    titles = {re.search(r"<title>(.*?)</title>", _html_ok(c.get("/ui", params=p))).group(1)
+              for p in ({}, {"agent": "random-agent"}, {"limit": 1, "offset": 1}, {"task": "expense_report"})}
+    assert titles == {"Episodes (1–4) · CompanyOS", "Episodes (agent random-agent; 1–2) · CompanyOS",
+                      "Episodes (2–2) · CompanyOS", "Episodes (task expense_report; 1–2) · CompanyOS"}
+    for page in (_html_ok(c.get("/ui")), _html_ok(c.get(f"/ui/episodes/{ids['success']}"))):
+        assert "<th>" not in page and "<th scope='col'>" in page
+    page = _html_ok(c.get(f"/ui/episodes/{ids['success']}"))
+    assert 'aria-label="the apps after step 0">0</a>' in page
 
 
 def test_the_report_page_shows_a_chaos_level_as_the_form_writes_it(ui):
@@ -491,7 +505,7 @@ def test_a_page_asked_for_with_a_trailing_slash_leads_to_the_page(ui):
 def _table(section: str, caption: str) -> list[dict[str, str]]:
     """The rows of the table under <h3>caption</h3>, as {column: cell text}."""
     body = section.split(f"<h3>{caption}</h3>", 1)[1].split("</table>", 1)[0]
-    head = re.findall(r"<th>(.*?)</th>", body)
+    head = re.findall(r"<th scope='col'>(.*?)</th>", body)
     rows = re.findall(r"<tr>(<td>.*?)</tr>", body, re.S)
     return [dict(zip(head, [html.unescape(re.sub(r"<[^>]+>", "", cell))
                             for cell in re.findall(r"<td[^>]*>(.*?)</td>", row, re.S)], strict=True))
