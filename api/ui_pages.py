@@ -55,6 +55,17 @@ def _failure(mode: str | None) -> Markup:
 # -- the episode list ---------------------------------------------------------------------------
 
 
+PAGE_SIZES = (50, 100, 200, 500)
+"""The list's page sizes on offer (GET /episodes takes up to 500): 232,000 episodes at 50 a page
+were 4,640 clicks from end to end, and `limit` could be set only in the address."""
+
+
+def _page_size(limit: int) -> Markup:
+    sizes = sorted({*PAGE_SIZES, limit})  # an address's own size stays chosen
+    options = "".join(f'<option value="{n}"{" selected" if n == limit else ""}>{n}</option>' for n in sizes)
+    return Markup(f'<label>per page<select name="limit">{options}</select></label>')
+
+
 def episode_list(listing: dict[str, Any], filters: dict[str, str]) -> HTMLResponse:
     """`GET /ui`: the listing (as `GET /episodes` answers it), a filter form and a pager."""
     form = Markup(
@@ -64,7 +75,7 @@ def episode_list(listing: dict[str, Any], filters: dict[str, str]) -> HTMLRespon
         + select("outcome", "outcome", OUTCOMES, filters.get("outcome"))
         + select("failure_mode", "failure mode", list(FAILURE_MODES), filters.get("failure_mode"))
         + select("rules", "rules", [str(v) for v in RULES_VERSIONS], filters.get("rules"))
-        + f'<input type="hidden" name="limit" value="{esc(listing["limit"])}">'
+        + _page_size(listing["limit"])
         + '<button type="submit">Filter</button>'
         + f'<a href="{esc(ui_href())}">clear</a></form>')
     rows = [[link(episode_url(e["episode_id"]), e["episode_id"]), e["task"], e["agent"] or "",
@@ -105,13 +116,17 @@ def _pager(listing: dict[str, Any], filters: dict[str, str]) -> Markup:
     keep = {**filters, "limit": limit}
     parts = []
     total = listing["total"]
+    last = (total - 1) // limit * limit if total else 0  # the oldest page's offset
     if offset >= total > 0:  # past the end (an edited address): one step back would still be empty
-        last = (total - 1) // limit * limit
         parts.append(link(url(ui_href(), {**keep, "offset": last}), "← the oldest episodes"))
     elif offset > 0:
+        if offset > limit:
+            parts.append(link(url(ui_href(), keep), "« newest"))
         parts.append(link(url(ui_href(), {**keep, "offset": max(0, offset - limit)}), "← newer"))
     if listing["next_offset"] is not None:
         parts.append(link(url(ui_href(), {**keep, "offset": listing["next_offset"]}), "older →"))
+        if listing["next_offset"] < last:
+            parts.append(link(url(ui_href(), {**keep, "offset": last}), "oldest »"))
     return Markup(f"<div class='pager'>{''.join(parts)}</div>")
 
 

@@ -201,6 +201,29 @@ def test_list_pages_forward_and_back_keeping_the_filters(ui):
     assert f"episodes {first_shown}–{total} of {total}" in _html_ok(c.get(back))
 
 
+def test_the_list_reaches_its_oldest_and_newest_pages_in_one_click_at_a_size_the_form_sets(ui):
+    """232,000 episodes were 4,640 "older" clicks from end to end, and the page size could be set
+    only in the address."""
+    c, _, _ = ui
+    total = c.get("/episodes").json()["total"]
+    oldest = c.get("/episodes", params={"limit": 1, "offset": total - 1}).json()["episodes"][0]["episode_id"]
+
+    def pager(page: str) -> dict[str, dict]:
+        found = re.findall(r'<a href="([^"]*)">([^<]*)</a>', page.split("class='pager'>")[1])
+        return {html.unescape(label): parse_qs(urlsplit(html.unescape(h)).query) for h, label in found}
+
+    first = _html_ok(c.get("/ui", params={"limit": 1}))
+    assert pager(first) == {"older →": {"limit": ["1"], "offset": ["1"]},
+                            "oldest »": {"limit": ["1"], "offset": [str(total - 1)]}}
+    last = _html_ok(c.get("/ui", params={"limit": 1, "offset": total - 1}))
+    assert oldest in last
+    assert pager(last) == {"« newest": {"limit": ["1"]},
+                           "← newer": {"limit": ["1"], "offset": [str(total - 2)]}}
+    sizes = re.search(r'<select name="limit">(.*?)</select>', first).group(1)
+    assert re.findall(r'<option value="(\d+)"', sizes) == ["1", "50", "100", "200", "500"]
+    assert '<option value="1" selected>' in sizes  # the address's own size stays chosen
+
+
 @pytest.mark.parametrize(("query", "said"), [
     ({"outcome": "bogus"}, "unknown outcome"),
     ({"task": "nope"}, "unknown task"),
