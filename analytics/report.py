@@ -51,6 +51,14 @@ SELECT count(*) AS episodes,
 FROM episodes
 """ + _FILTERED
 
+# Instances (as pass_at_k counts them) run more than once: the fewest trials among them, and how many
+_REPEATS = """
+SELECT min(n) AS fewest, count(*) AS instances FROM (
+    SELECT count(*) AS n FROM episodes""" + _FILTERED + """AND outcome IS NOT NULL
+    GROUP BY agent, task, seed, chaos, max_steps, reward_profile, rules HAVING count(*) > 1
+)
+"""
+
 _RULES_VERSIONS = "SELECT DISTINCT rules FROM episodes" + _FILTERED + "AND outcome IS NOT NULL ORDER BY rules"
 
 # Success per agent and chaos level (or task), for the report's charts when it covers several
@@ -146,12 +154,13 @@ def build(wh: Warehouse, agent: str | None = None, task: str | None = None,
                                       "rules": f["rules"]})
                            if agent is None else []),
     }
+    data["pass_at_k"], pass_note = pass_at_k_section(wh, f)
     data["failure_mode_meanings"] = [{"failure_mode": r["failure_mode"],
                                       "meaning": FAILURE_MODES.get(r["failure_mode"], "")}
                                      for r in data["failure_modes"]]
     tools = run_named(wh, "tool_error_rates", {**f, "min_calls": 1})
     data["tool_error_rates"] = tools[:TOOL_ROWS]
-    data["notes"] = {}
+    data["notes"] = {"pass_at_k": pass_note}
     if tools:
         data["notes"]["tool_error_rates"] = TOOL_TERMS
     versions = summary.pop("rules_versions") or []  # of the finished episodes, which the rates cover
@@ -333,6 +342,36 @@ def by_agent_and(wh: Warehouse, f: dict[str, Any], by: str) -> list[dict[str, An
     return rows if agent_count(rows) > 1 else []
 
 
+PASS_K = 4
+"""The largest k the report's pass^k table shows (fewer when the repeated instances ran fewer times)."""
+
+
+def pass_at_k_section(wh: Warehouse, f: dict[str, Any]) -> tuple[list[dict[str, Any]], str]:
+    """pass^1..pass^K per agent and task, over the instances run at least K times, and the note
+    that says what it is; without repeated trials, a note that says how to get them. A flaky agent
+    (right on 70% of trials, seed by seed) reads as any 70% agent until its trials are set side by
+    side: the report had no place for that."""
+    fewest, repeated = wh.con.execute(_REPEATS, f).fetchone()
+    if not repeated:
+        return [], ("Each instance (task, seed, chaos level, step budget, reward profile and rules "
+                    "version) ran once, so there is no pass^k: run the same seeds again to see "
+                    "whether an agent's successes repeat.")
+    k = min(PASS_K, fewest)
+    rows: dict[tuple, dict[str, Any]] = {}
+    for r in run_named(wh, "pass_at_k", {**f, "k": k}):
+        if not r["instances"]:
+            continue
+        row = rows.setdefault((r["agent"], r["task"]), {
+            "agent": r["agent"], "task": r["task"], "instances": r["instances"],
+            "instances_left_out": r["instances_left_out"], "mean_trials": r["mean_trials"]})
+        row[f"pass^{r['k']}"] = r["pass_hat_k"]
+    return list(rows.values()), (
+        f"pass^k (τ-bench): the chance that k trials of one instance all succeed, over the "
+        f"{repeated:,} instances run at least twice; an agent right on some trials only falls as k "
+        f"grows, one that never varies stays level. Instances run fewer than {k} times are left "
+        "out (instances_left_out); `companyos analytics query pass_at_k` takes another k.")
+
+
 def agent_count(rows: list[dict[str, Any]]) -> int:
     """How many agents rows with an `agent` column name."""
     return len({r["agent"] for r in rows})
@@ -360,6 +399,7 @@ SECTIONS = (
                                "tools up to the step that decided it)"),
     ("chaos_impact", "Chaos impact (success with and without each mechanism)"),
     ("compare_agents", "Agents compared"),
+    ("pass_at_k", "Consistency over repeated trials (pass^k)"),
     ("tool_error_rates", "Tool error rates"),
 )
 

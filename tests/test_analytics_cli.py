@@ -140,6 +140,33 @@ def test_a_seed_run_again_is_one_instance_and_narrows_no_interval(tmp_path):
     assert (expert["success_rate_low"], expert["success_rate_high"]) == wilson_interval(once, 23)
 
 
+def test_the_report_sets_repeated_trials_side_by_side_as_pass_hat_k(tmp_path):
+    """A flaky agent reads as any agent of its success rate until its trials of one instance are
+    set side by side; the report had no place for pass^k. Deterministic agents stay level."""
+    from analytics import report
+
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    run_plan(RunPlan(url, "expert", "all", "low", 10, 0, "episode"), workers=1)
+    with Warehouse(tmp_path / "w.duckdb") as wh:
+        sync(url, wh)
+        once = report.build(wh)
+    assert once["pass_at_k"] == [] and "ran once, so there is no pass^k" in once["notes"]["pass_at_k"]
+    for _ in range(3):
+        run_plan(RunPlan(url, "random", "all", "low", 10, 100, "episode"), workers=1)
+    with Warehouse(tmp_path / "w.duckdb") as wh:
+        sync(url, wh)
+        data = report.build(wh)
+        tally = wh.con.execute("SELECT task, count(*) FILTER (WHERE outcome = 'success') / count(*) "
+                               "FROM episodes WHERE agent = 'random' GROUP BY task").fetchall()
+    rows = data["pass_at_k"]
+    assert {r["agent"] for r in rows} == {"random"} and len(rows) == 5  # the expert ran each seed once
+    for r in rows:
+        assert (r["instances"], r["instances_left_out"], r["mean_trials"]) == (2, 0, 3)
+        assert r["pass^1"] == r["pass^2"] == r["pass^3"] == pytest.approx(dict(tally)[r["task"]], abs=5e-5)
+    assert "over the 10 instances run at least twice" in data["notes"]["pass_at_k"]
+    assert "## Consistency over repeated trials (pass^k)" in report.to_markdown(data)
+
+
 def test_query_command_prints_json_csv_and_clear_errors(logged, tmp_path, cli):
     url, reported = logged
     wh = str(tmp_path / "w.duckdb")
