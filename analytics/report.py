@@ -27,7 +27,7 @@ PALETTE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b
            "#9c755f", "#bab0ac")
 
 _FILTERED = """
-WHERE ($agent IS NULL OR agent = $agent) AND ($task IS NULL OR task = $task)
+WHERE ($agent IS NULL OR coalesce(agent, '(unknown)') = $agent) AND ($task IS NULL OR task = $task)
   AND ($chaos IS NULL OR chaos = $chaos) AND ($profile IS NULL OR reward_profile = $profile)
   AND ($rules IS NULL OR rules = $rules)
 """

@@ -243,7 +243,9 @@ def episode_filters(task: str | None = None, agent: str | None = None, outcome: 
     where = []
     if task:
         where.append(episodes.c.task == task)
-    if agent:
+    if agent == UNKNOWN_AGENT:  # as the analytics name (and pool) episodes logged without one
+        where.append(sa.or_(episodes.c.agent.is_(None), episodes.c.agent == agent))
+    elif agent:
         where.append(episodes.c.agent == agent)
     if outcome == "running":
         where.append(episodes.c.outcome.is_(None))

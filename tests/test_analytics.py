@@ -1187,6 +1187,28 @@ def test_report_counts_agentless_episodes_as_the_unknown_agent_it_lists(tmp_path
     assert '"kpi">episodes<b>3</b>' in report.html_body(none_running)
 
 
+def test_the_unknown_agent_compare_agents_lists_is_a_filter_that_finds_its_episodes(tmp_path):
+    """`(unknown)` is how the analytics name episodes logged without an agent; asked for, every
+    query answered nothing, without a word."""
+    from analytics import report
+
+    def write(store):
+        _episode(store, "a", [[]], ("success", None), agent="a")
+        _episode(store, "nobody", [[], []], ("truncated", "step_budget_exhausted"), agent=None)
+
+    with _warehouse_of(tmp_path, write) as wh:
+        unknown = {"agent": "(unknown)"}
+        assert [r["agent"] for r in service.run_named(wh, "compare_agents")] == ["a", "(unknown)"]
+        [cell] = service.run_named(wh, "success_by_task_and_chaos", unknown)
+        assert (cell["episodes"], cell["successes"]) == (1, 0)
+        [mode] = service.run_named(wh, "failure_modes", unknown)
+        assert mode["example_episode_ids"] == ["nobody"]
+        tools = service.run_named(wh, "tool_error_rates", {**unknown, "min_calls": 1})
+        assert sorted(r["tool"] for r in tools) == ["t.s1", "t.s2"]  # the unlabelled episode's steps
+        data = report.build(wh, agent="(unknown)")
+    assert data["summary"]["episodes"] == 1 and data["summary"]["successes"] == 0
+
+
 def test_the_reports_success_rate_never_reads_100_or_0_percent_when_it_is_not():
     """1,000,000 episodes of which 5 failed: the report's summary said "success 100.0%"."""
     from analytics import report

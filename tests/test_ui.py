@@ -334,6 +334,20 @@ def test_a_list_whose_catch_up_runs_long_shows_what_the_read_model_holds_and_say
         assert first in page and second in page and "catching up" not in page
 
 
+def test_the_unknown_agent_the_analytics_name_is_a_list_filter_too(sqlite_url):
+    """The report links a failure mode to its episodes under its agent filter; for `(unknown)`,
+    the analytics' name for episodes logged without an agent, the list found none."""
+    with CompanyEnv(sqlite_url) as env:
+        nobody = _play(env, "expert", 0, {"task": "expense_report", "chaos": "none"})
+    with CompanyEnv(sqlite_url, agent="someone") as env:
+        someone = _play(env, "expert", 1, {"task": "expense_report", "chaos": "none"})
+    with TestClient(create_app(ServerConfig(db=sqlite_url))) as c:
+        listing = c.get("/episodes", params={"agent": "(unknown)"}).json()
+        assert [e["episode_id"] for e in listing["episodes"]] == [nobody] and listing["total"] == 1
+        page = _html_ok(c.get("/ui", params={"agent": "(unknown)"}))
+    assert nobody in page and someone not in page
+
+
 def test_a_running_episode_shows_as_running(sqlite_url):
     with TestClient(create_app(ServerConfig(db=sqlite_url))) as c:
         meta = c.post("/reset", json={"seed": 5, "task": "license_renewal"}).json()["metadata"]

@@ -1,5 +1,5 @@
 -- The most common action sequences leading into each failure mode, over finished non-successful episodes: the last k tools up to the decisive step (the step whose mistake decided the failure mode, else the last step).
--- param agent VARCHAR = NULL: only episodes of this agent
+-- param agent VARCHAR = NULL: only episodes of this agent ((unknown): those logged without one)
 -- param task TASK = NULL: only this task family
 -- param chaos CHAOS = NULL: only this chaos level (none, low, medium, high or a number)
 -- param profile PROFILE = NULL: only episodes scored by this reward profile (default or sparse)
@@ -12,7 +12,7 @@ WITH failed AS (
                AS sequence
     FROM episodes
     WHERE outcome IS NOT NULL AND outcome <> 'success'
-      AND ($agent IS NULL OR agent = $agent)
+      AND ($agent IS NULL OR coalesce(agent, '(unknown)') = $agent)
       AND ($task IS NULL OR task = $task)
       AND ($chaos IS NULL OR chaos = $chaos)
       AND ($profile IS NULL OR reward_profile = $profile)

@@ -1,5 +1,5 @@
 -- Which chaos trap hurts: success rate of finished episodes in which each chaos mechanism fired, against those in which it did not.
--- param agent VARCHAR = NULL: only episodes of this agent
+-- param agent VARCHAR = NULL: only episodes of this agent ((unknown): those logged without one)
 -- param task TASK = NULL: only this task family
 -- param chaos CHAOS = NULL: only this chaos level (none, low, medium, high or a number)
 -- param profile PROFILE = NULL: only episodes scored by this reward profile (default or sparse)
@@ -8,7 +8,7 @@ WITH e AS (
     SELECT chaos_mechanisms, outcome = 'success' AS ok
     FROM episodes
     WHERE outcome IS NOT NULL
-      AND ($agent IS NULL OR agent = $agent)
+      AND ($agent IS NULL OR coalesce(agent, '(unknown)') = $agent)
       AND ($task IS NULL OR task = $task)
       AND ($chaos IS NULL OR chaos = $chaos)
       AND ($profile IS NULL OR reward_profile = $profile)

@@ -1,5 +1,5 @@
 -- Why episodes fail: each failure mode's share of the finished, non-successful episodes (shares sum to 1 within rounding to 6 decimals), with example episode ids.
--- param agent VARCHAR = NULL: only episodes of this agent
+-- param agent VARCHAR = NULL: only episodes of this agent ((unknown): those logged without one)
 -- param task TASK = NULL: only this task family
 -- param chaos CHAOS = NULL: only this chaos level (none, low, medium, high or a number)
 -- param profile PROFILE = NULL: only episodes scored by this reward profile (default or sparse)
@@ -9,7 +9,7 @@ WITH failed AS (
     SELECT episode_id, failure_mode, first_position
     FROM episodes
     WHERE outcome IS NOT NULL AND outcome <> 'success'
-      AND ($agent IS NULL OR agent = $agent)
+      AND ($agent IS NULL OR coalesce(agent, '(unknown)') = $agent)
       AND ($task IS NULL OR task = $task)
       AND ($chaos IS NULL OR chaos = $chaos)
       AND ($profile IS NULL OR reward_profile = $profile)

@@ -1,5 +1,5 @@
 -- At which step the rules first recorded a mistake, over finished episodes that had one, with its most common mode. A mistake is recorded where the rules can judge it (a ticket resolved while its priority was never raised), which can be steps after the move that caused it: read the steps before it (companyos replay) for the cause.
--- param agent VARCHAR = NULL: only episodes of this agent
+-- param agent VARCHAR = NULL: only episodes of this agent ((unknown): those logged without one)
 -- param task TASK = NULL: only this task family
 -- param chaos CHAOS = NULL: only this chaos level (none, low, medium, high or a number)
 -- param profile PROFILE = NULL: only episodes scored by this reward profile (default or sparse)
@@ -8,7 +8,7 @@ WITH e AS (
     SELECT first_mistake_step AS step, first_mistake_mode AS mode
     FROM episodes
     WHERE outcome IS NOT NULL AND first_mistake_step IS NOT NULL
-      AND ($agent IS NULL OR agent = $agent)
+      AND ($agent IS NULL OR coalesce(agent, '(unknown)') = $agent)
       AND ($task IS NULL OR task = $task)
       AND ($chaos IS NULL OR chaos = $chaos)
       AND ($profile IS NULL OR reward_profile = $profile)

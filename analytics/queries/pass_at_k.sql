@@ -1,6 +1,6 @@
 -- tau-bench pass^k per agent and task: the chance that k independent trials of one instance (task, seed, chaos, step budget, reward profile, rules version) all succeed, C(c,k)/C(n,k) averaged for every k up to the requested one over the same instances, those with at least that many trials (the others are counted in instances_left_out).
 -- param k INTEGER[1..64] = 4: largest k reported (rows for 1..k)
--- param agent VARCHAR = NULL: only episodes of this agent
+-- param agent VARCHAR = NULL: only episodes of this agent ((unknown): those logged without one)
 -- param task TASK = NULL: only this task family
 -- param chaos CHAOS = NULL: only this chaos level (none, low, medium, high or a number)
 -- param profile PROFILE = NULL: only episodes scored by this reward profile (default or sparse)
@@ -10,7 +10,7 @@ WITH trials AS (
            count(*) AS n, count(*) FILTER (WHERE outcome = 'success') AS c
     FROM episodes
     WHERE outcome IS NOT NULL
-      AND ($agent IS NULL OR agent = $agent)
+      AND ($agent IS NULL OR coalesce(agent, '(unknown)') = $agent)
       AND ($task IS NULL OR task = $task)
       AND ($chaos IS NULL OR chaos = $chaos)
       AND ($profile IS NULL OR reward_profile = $profile)

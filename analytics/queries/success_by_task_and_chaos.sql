@@ -1,5 +1,5 @@
 -- Success rate per task family and chaos level, over finished episodes, with its 95% interval.
--- param agent VARCHAR = NULL: only episodes of this agent
+-- param agent VARCHAR = NULL: only episodes of this agent ((unknown): those logged without one)
 -- param task TASK = NULL: only this task family
 -- param chaos CHAOS = NULL: only this chaos level (none, low, medium, high or a number)
 -- param profile PROFILE = NULL: only episodes scored by this reward profile (default or sparse)
@@ -18,7 +18,7 @@ FROM (
            avg(total_return::DECIMAL(18, 6)) AS mean_return
     FROM episodes
     WHERE outcome IS NOT NULL
-      AND ($agent IS NULL OR agent = $agent)
+      AND ($agent IS NULL OR coalesce(agent, '(unknown)') = $agent)
       AND ($task IS NULL OR task = $task)
       AND ($chaos IS NULL OR chaos = $chaos)
       AND ($profile IS NULL OR reward_profile = $profile)

@@ -16,7 +16,7 @@ WITH s AS (
                WHERE outcome IS NULL OR ($profile IS NOT NULL AND reward_profile IS DISTINCT FROM $profile)
                   OR ($rules IS NOT NULL AND rules IS DISTINCT FROM $rules))
          left_out USING (episode_id)
-    WHERE ($agent IS NULL OR agent = $agent)
+    WHERE ($agent IS NULL OR coalesce(agent, '(unknown)') = $agent)
       AND ($task IS NULL OR task = $task)
       AND ($chaos IS NULL OR chaos = $chaos)
 ),
