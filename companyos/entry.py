@@ -6,7 +6,23 @@ from __future__ import annotations
 import sys
 
 
+def redelivered(hook):  # type: ignore[no-untyped-def]
+    """`sys.unraisablehook` that delivers a Ctrl-C again where Python could not raise it (one that
+    lands in an import lock's callback is "Exception ignored", with a traceback, and the command
+    went on as if never interrupted); every other unraisable error goes to `hook`."""
+    import _thread
+
+    def on_unraisable(unraisable) -> None:  # type: ignore[no-untyped-def]
+        if isinstance(unraisable.exc_value, KeyboardInterrupt):
+            _thread.interrupt_main()  # raised in the main thread at its next instruction
+            return
+        hook(unraisable)
+
+    return on_unraisable
+
+
 def main() -> None:
+    sys.unraisablehook = redelivered(sys.unraisablehook)
     try:
         from companyos.cli import main as command
 

@@ -335,6 +335,25 @@ def test_ctrl_c_while_the_command_loads_is_one_line_not_a_traceback(tmp_path):
     assert reached, "every signal came while Python itself started: nothing of the command was tried"
 
 
+def test_a_ctrl_c_python_could_not_raise_is_delivered_again_not_printed_and_lost():
+    """What the test above met under load: the signal landed in an import lock's callback, Python
+    printed "Exception ignored in: ... Traceback" and the command went on as if never interrupted."""
+    import types
+
+    from companyos.entry import redelivered
+
+    others: list = []
+    hook = redelivered(others.append)
+    with pytest.raises(KeyboardInterrupt):
+        hook(types.SimpleNamespace(exc_value=KeyboardInterrupt()))
+        for _ in range(10_000):  # the main thread raises it at its next instruction
+            pass
+    assert others == []
+    failed = types.SimpleNamespace(exc_value=ValueError("a finaliser failed"))
+    hook(failed)
+    assert others == [failed]  # anything else is printed as Python prints it
+
+
 def test_a_ctrl_c_python_wraps_while_a_class_is_made_counts_as_an_interruption():
     """What the test above met under load: the signal landed while pydantic, imported lazily, made
     a dataclass, and Python 3.11 raised it as a RuntimeError about `__set_name__`, which the
