@@ -85,6 +85,20 @@ ORDER BY agent, {by} NULLS LAST
 """
 
 
+# Each agent's failure modes, for a report over several agents: pooled, one agent's many failures
+# of one kind drowned out what the others fail at
+_MODES_BY_AGENT = """
+SELECT coalesce(agent, '(unknown)') AS agent, failure_mode, count(*) AS episodes,
+       round_decimal(count(*) / sum(count(*)) OVER (PARTITION BY coalesce(agent, '(unknown)')), 4) AS share
+FROM episodes
+WHERE outcome IS NOT NULL AND outcome <> 'success' AND failure_mode IS NOT NULL
+  AND ($task IS NULL OR task = $task) AND ($chaos IS NULL OR chaos = $chaos)
+  AND ($profile IS NULL OR reward_profile = $profile) AND ($rules IS NULL OR rules = $rules)
+GROUP BY 1, 2
+ORDER BY agent, episodes DESC, failure_mode
+"""
+
+
 def check_filters(agent: str | None, task: str | None, chaos: str | None = None,
                   profile: str | None = None, rules: str | int | None = None) -> None:
     """ValueError, in words, for a filter no episode can match (every section would be empty):
@@ -145,6 +159,7 @@ def build(wh: Warehouse, agent: str | None = None, task: str | None = None,
         "success_by_agent_and_task": by_agent_and(wh, f, "task") if agent is None else [],
         "success_by_task_and_chaos": by_task_and_chaos,
         "failure_modes": run_named(wh, "failure_modes", {**f, "examples": 3}),
+        "failure_modes_by_agent": modes_by_agent(wh, f) if agent is None else [],
         "first_mistake_step": run_named(wh, "first_mistake_step", f),
         "actions_before_failure": run_named(wh, "actions_before_failure",
                                             {**f, "k": LEAD_IN_TOOLS, "top": LEAD_INS}),
@@ -342,6 +357,13 @@ def by_agent_and(wh: Warehouse, f: dict[str, Any], by: str) -> list[dict[str, An
     return rows if agent_count(rows) > 1 else []
 
 
+def modes_by_agent(wh: Warehouse, f: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each agent's failure modes and their shares of its non-successful episodes; [] when they
+    are one agent's (the failure-mode table says it all then)."""
+    rows = rows_of(wh.con.execute(_MODES_BY_AGENT, {k: f[k] for k in ("task", "chaos", "profile", "rules")}))
+    return rows if agent_count(rows) > 1 else []
+
+
 PASS_K = 4
 """The largest k the report's pass^k table shows (fewer when the repeated instances ran fewer times)."""
 
@@ -393,6 +415,7 @@ SECTIONS = (
     ("success_by_agent_and_task", "Success by agent and task"),
     ("success_by_task_and_chaos", "Success by task and chaos level"),
     ("failure_modes", "Failure modes (share of non-successful episodes)"),
+    ("failure_modes_by_agent", "Failure modes by agent (share of each agent's non-successful episodes)"),
     ("failure_mode_meanings", "What these failure modes mean"),
     ("first_mistake_step", "Step of the first mistake"),
     ("actions_before_failure", f"Actions leading into each failure mode (the last {LEAD_IN_TOOLS} "
@@ -443,11 +466,12 @@ without a space pushed the other columns off the screen."""
 
 
 def _html_cell(column: str, value: Any, episode_href: Callable[[str], str] | None,
-               mode_href: Callable[[str], str] | None = None) -> str:
+               mode_href: Callable[[str, str | None], str] | None = None,
+               agent: str | None = None) -> str:
     if column == "example_episode_ids" and episode_href is not None and isinstance(value, list):
         return ", ".join(f'<a href="{_esc(episode_href(str(e)))}">{_esc(e)}</a>' for e in value)
     if column == "failure_mode" and mode_href is not None and isinstance(value, str):
-        return f'<a href="{_esc(mode_href(value))}">{_esc(value)}</a>'
+        return f'<a href="{_esc(mode_href(value, agent))}">{_esc(value)}</a>'
     shown = _esc(_cell(value, column))
     return shown.replace("_", "_<wbr>") if column in _BREAKABLE else shown
 
@@ -962,11 +986,12 @@ def to_html(data: dict[str, Any]) -> str:
 
 
 def html_body(data: dict[str, Any], episode_href: Callable[[str], str] | None = None,
-              mode_href: Callable[[str], str] | None = None) -> str:
+              mode_href: Callable[[str, str | None], str] | None = None) -> str:
     """The report's markup without the document around it (styled by REPORT_CSS): the web UI
     puts it in its own page, with `episode_href` making each example episode id a link to that
-    episode's timeline (from why agents fail to how one failed, in a click), and `mode_href` each
-    failure mode a link to the list of its episodes."""
+    episode's timeline (from why agents fail to how one failed, in a click), and `mode_href(mode,
+    agent)` each failure mode a link to the list of its episodes (of the row's agent, in a table
+    by agent)."""
     s = data["summary"]
     # "none" read as a mode of that name
     top_mode = (data["failure_modes"][0]["failure_mode"] if data["failure_modes"]
@@ -993,7 +1018,8 @@ def html_body(data: dict[str, Any], episode_href: Callable[[str], str] | None = 
             body.append(f'<div class="scroll" {scroll_region(title)}><table><tr>{head}</tr>')
             for r in rows:
                 cells = (f"<td{_FREE_TEXT.get(c, '')}>"
-                         f"{_html_cell(c, r[c], episode_href, mode_href)}</td>" for c in cols)
+                         f"{_html_cell(c, r[c], episode_href, mode_href, r.get('agent'))}</td>"
+                         for c in cols)
                 body.append("<tr>" + "".join(cells) + "</tr>")
             body.append("</table></div>")
         if after:

@@ -212,13 +212,14 @@ LIST_FILTERS = ("task", "agent", "outcome", "failure_mode", "rules")
 """What the episode list filters by, as GET /episodes does."""
 
 
-def _mode_list(filters: dict[str, str]) -> Callable[[str], str] | None:
-    """The address of the list of a failure mode's episodes under the report's filters, or None
-    when the list cannot apply them all (it filters by no chaos level or profile), so a link
-    never leads to more episodes than the report counted."""
+def _mode_list(filters: dict[str, str]) -> Callable[[str, str | None], str] | None:
+    """The address of the list of a failure mode's episodes under the report's filters (and the
+    row's agent, in a table by agent), or None when the list cannot apply them all (it filters by
+    no chaos level or profile), so a link never leads to more episodes than the report counted."""
     if set(filters) - set(LIST_FILTERS):
         return None
-    return lambda mode: url(ui_href(), {**filters, "failure_mode": mode})
+    return lambda mode, agent=None: url(ui_href(), {**filters, **({"agent": agent} if agent else {}),
+                                                    "failure_mode": mode})
 
 
 def _as_the_form_shows(filters: dict[str, str]) -> dict[str, str]:

@@ -986,3 +986,35 @@ def test_the_episodes_of_a_failure_mode_are_listed_and_the_report_links_to_them(
         assert "/ui?task=expense_report&amp;failure_mode=" in narrowed
         # the list filters by no chaos level: a link would lead to more episodes than counted
         assert "failure_mode=" not in _html_ok(c.get("/ui/analytics", params={"chaos": "high"}))
+
+
+def test_the_report_tables_each_agents_failure_modes_and_links_to_that_agents_episodes(tmp_path):
+    """Pooled, one agent's many failures of one kind drowned out what another fails at; a row of
+    the table by agent leads to that agent's episodes of that mode, exactly as many as it counts."""
+    from collections import Counter
+
+    from analytics import report
+    from analytics.sync import sync
+    from analytics.warehouse import Warehouse
+    from companyos.batch import RunPlan
+    from companyos.batch import run as run_plan
+
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    reported = [r.to_json() for agent, seed in (("random", 0), ("noop", 100))
+                for r in run_plan(RunPlan(url, agent, "all", "high", 30, seed), workers=1)]
+    tally = Counter((r["agent"], r["failure_mode"]) for r in reported if r["failure_mode"])
+    with Warehouse(tmp_path / "w.duckdb") as wh:
+        sync(url, wh)
+        rows = report.build(wh)["failure_modes_by_agent"]
+    assert {(r["agent"], r["failure_mode"]): r["episodes"] for r in rows} == dict(tally)
+    for agent in ("random", "noop"):
+        mine = [r for r in rows if r["agent"] == agent]
+        assert sum(r["share"] for r in mine) == pytest.approx(1, abs=5e-4)
+    with TestClient(create_app(ServerConfig(db=url))) as c:
+        page = _html_ok(c.get("/ui/analytics"))
+        start = page.index("<h2>Failure modes by agent")
+        table = page[start:page.index("</table>", start)]
+        for (agent, mode), count in tally.items():
+            href = f"/ui?agent={agent}&amp;failure_mode={mode}"
+            assert f'href="{href}"' in table
+            assert f"of {count}<" in _html_ok(c.get(html.unescape(href)))
