@@ -72,3 +72,14 @@ WILSON_MACROS = (
 """`success_rate_low(successes, episodes[, instances := k])` and `success_rate_high(...)`: the 95%
 Wilson interval's bounds to 4 places, NULL for no episodes or instances; defined on every warehouse connection
 after round_decimal, so the named queries and `analytics sql` can use them."""
+
+
+def percent_text(fraction: float, places: int = 1) -> str:
+    """A fraction as a percentage rounded as the queries round (half away from zero): f"{x:.1%}"
+    rounds the binary value half to even, so 0.3125 read 31.2% where 0.6125 read 61.3%."""
+    return f"{percent_value(fraction, places)}%"
+
+
+def percent_value(fraction: float, places: int) -> Decimal:
+    """The percentage `percent_text` writes, as a Decimal."""
+    return (Decimal(str(fraction)) * 100).quantize(Decimal(1).scaleb(-places), ROUND_HALF_UP)

@@ -14,9 +14,10 @@ import time
 import unicodedata
 from collections.abc import Callable, Iterable, Iterator
 from decimal import ROUND_HALF_UP, Decimal
+from fractions import Fraction
 from typing import Any
 
-from analytics.intervals import wilson_interval
+from analytics.intervals import percent_text, percent_value, wilson_bounds, wilson_interval
 from analytics.service import rows_of, run_named
 from analytics.warehouse import Warehouse
 from domain import CHAOS_LEVELS, FAILURE_MODES, reward_profile, rules_from_text, task_family
@@ -244,12 +245,14 @@ def _sprung_note(mechanisms: list[str]) -> str:
     """Why the rows of mechanisms the agent's own calls spring read as help or harm they are not:
     narrowed to one agent and one level, a flawed agent that stopped before submitting made
     random_rejection read +0.4, and one that floundered made an outage read -0.5."""
-    return (f"{listed(mechanisms)} fire only when the agent makes a call that springs them (a read, "
+    fire, them = ("fire", "them") if len(mechanisms) > 1 else ("fires", "it")
+    return (f"{listed(mechanisms)} {fire} only when the agent makes a call that springs {them} (a read, "
             "a lookup, a refresh, a submission; an outage strikes any call, so a longer episode "
-            "meets more). Episodes without them include those that failed before that call, so "
-            "these rows show how agents fared that got that far, not what the trap costs: an "
-            "agent that gives up early makes them look helpful, one that flounders makes them "
-            "look harmful. The mechanisms set at reset compare like with like.")
+            f"meets more). Episodes without {them} include those that failed before that call, so "
+            f"{'these rows show' if them == 'them' else 'its row shows'} how agents fared that got "
+            f"that far, not what the trap costs: an agent that gives up early makes {them} look "
+            f"helpful, one that flounders makes {them} look harmful. The mechanisms set at reset "
+            "compare like with like.")
 
 
 def _mistake_notes(data: dict[str, Any]) -> None:
@@ -270,24 +273,25 @@ def _mistake_notes(data: dict[str, Any]) -> None:
         f"No counted mistake in {counted(finished, 'finished episode')}.")
 
 
-MIX_TOLERANCE = 0.1
+MIX_TOLERANCE = Fraction(1, 10)
 """How far two agents' shares of episodes at a chaos level (or task) may differ before the report
 says their success rates compare unlike episodes."""
 
 
-def _mixes(rows: list[dict[str, Any]], by: str) -> dict[str, dict[Any, float]]:
-    """Each agent's share of its episodes at each value of `by` (chaos or task)."""
+def _mixes(rows: list[dict[str, Any]], by: str) -> dict[str, dict[Any, Fraction]]:
+    """Each agent's share of its episodes at each value of `by` (chaos or task), exactly: as
+    floats, 4/10 - 3/10 came out above a tenth and read as "more than 10 points apart"."""
     counts: dict[str, dict[Any, int]] = {}
     for r in rows:
         counts.setdefault(r["agent"], {})[r[by]] = r["episodes"]
-    return {agent: {v: n / sum(c.values()) for v, n in c.items()} for agent, c in counts.items()}
+    return {agent: {v: Fraction(n, sum(c.values())) for v, n in c.items()} for agent, c in counts.items()}
 
 
-def _unlike(mixes: dict[str, dict[Any, float]]) -> bool:
+def _unlike(mixes: dict[str, dict[Any, Fraction]]) -> bool:
     """Whether some agents' episodes spread over the values differently (beyond MIX_TOLERANCE)."""
     spreads = list(mixes.values())
     values = {v for spread in spreads for v in spread}
-    return any(abs(a.get(v, 0.0) - b.get(v, 0.0)) > MIX_TOLERANCE
+    return any(abs(a.get(v, 0) - b.get(v, 0)) > MIX_TOLERANCE
                for a in spreads for b in spreads for v in values)
 
 
@@ -311,7 +315,8 @@ def agents_note(data: dict[str, Any]) -> str | None:
     best, *others = sorted(agents, key=lambda r: (-exact_rate(r), r["agent"]))
     close = [r["agent"] for r in others if r["success_rate_high"] >= best["success_rate_low"]]
     if not close:
-        return f"{said} {best['agent']}'s interval overlaps no other agent's: its lead is no chance."
+        return (f"{said} {best['agent']}'s interval overlaps no other agent's: its lead is beyond "
+                "the intervals.")
     shown = close[:5] + ([f"{len(close) - 5} more"] if len(close) > 5 else [])
     return (f"{said} These episodes do not tell {best['agent']} apart from {listed(shown)}: their "
             "intervals overlap, so the order between them may be chance. Run more episodes before "
@@ -402,8 +407,6 @@ def agent_count(rows: list[dict[str, Any]]) -> int:
 def _share(part: int, whole: int) -> float:
     """part/whole to 4 decimals as the queries' round_decimal gives it (Python's round of a float
     rounds half to even, and a binary value just under a half-way one down)."""
-    from decimal import ROUND_HALF_UP, Decimal
-
     return float((Decimal(part) / Decimal(whole)).quantize(Decimal("0.0001"), ROUND_HALF_UP))
 
 
@@ -448,13 +451,13 @@ def _cell(value: Any, column: str = "") -> str:
     if value is None:
         return ""
     if isinstance(value, list):
-        return ", ".join(map(str, value))
+        return ", ".join(_cell(v, column) for v in value)
     if isinstance(value, float):
         return level_text(value) if column in KEY_NUMBER_COLUMNS else number_text(value)
     return str(value)
 
 
-KEY_NUMBER_COLUMNS = frozenset({"chaos"})
+KEY_NUMBER_COLUMNS = frozenset({"chaos", "chaos_levels"})
 """Columns whose numbers name a group rather than measure one: shown exactly, since two levels that
 differ in the last bits (0.3 and NumPy's 0.30000000000000004) are two groups, and a filter finds
 only the value as written."""
@@ -527,11 +530,11 @@ def _rate(s: dict[str, Any]) -> str:
     # from the counts: the rate is rounded to 4 places already, and rounding it again read 1 of
     # 22 (4.545%) as 4.6%
     exact = successes / finished if finished else s["success_rate"]
-    shown = _percent(exact, 1)
+    shown = percent_value(exact, 1)
     places = 1
     while 0 < successes < finished and shown in (0, 100) and places < 12:
         places += 1
-        shown = _percent(successes / finished, places)
+        shown = percent_value(successes / finished, places)
     return f"{shown}%"
 
 
@@ -540,16 +543,6 @@ def _tick(fraction: float, top: float) -> str:
     (a quarter of 50% is 12.5%, which read "12%" beside "38%")."""
     whole = abs(100 * fraction - round(100 * fraction)) < 1e-9
     return percent_text(fraction, 0 if whole and top >= 0.2 else 1)
-
-
-def percent_text(fraction: float, places: int = 1) -> str:
-    """A fraction as a percentage rounded as the queries round (half away from zero): f"{x:.1f}"
-    rounds the binary value half to even, so 0.3125 read 31.2% where 0.6125 read 61.3%."""
-    return f"{_percent(fraction, places)}%"
-
-
-def _percent(fraction: float, places: int) -> Decimal:
-    return (Decimal(str(fraction)) * 100).quantize(Decimal(1).scaleb(-places), ROUND_HALF_UP)
 
 
 def summary_line(s: dict[str, Any]) -> str:
@@ -880,7 +873,9 @@ def charts(data: dict[str, Any]) -> list[str]:
                               title="Success rate by agent (with its 95% interval)",
                               full_scale=1.0,
                               notes=[counted(r["episodes"], "episode") for r in agents],
-                              intervals=[(r["success_rate_low"], r["success_rate_high"])
+                              # from the counts: the columns are rounded to 4 places, and
+                              # rounding them again read 95.9594% as 96.0%
+                              intervals=[wilson_bounds(r["successes"], r["episodes"], r["instances"])
                                          for r in agents]))
     return out
 

@@ -84,7 +84,7 @@ def episode_list(listing: dict[str, Any], filters: dict[str, str]) -> HTMLRespon
             for e in listing["episodes"]]
     offset, total = listing["offset"], listing["total"]
     shown = (f"episodes {offset + 1}–{offset + len(rows)} of {total}" if rows
-             else f"no episodes on this page ({total} match)")
+             else f"no episodes on this page ({total} match)" if total else "No episodes match.")
     body = [f"<h1>Episodes</h1>{form}<p>{esc(shown)}</p>"]
     if listing.get("catching_up"):
         again = url(ui_href(), {**filters, "limit": listing["limit"], "offset": listing["offset"] or None})

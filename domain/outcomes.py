@@ -286,6 +286,14 @@ def _resolved(m, world) -> bool:
                for b in approvals.values())
 
 
+def counts_as_mistake(mistake, world) -> bool:
+    """Whether a recorded mistake is one, given the world at the episode's end: a rejection is
+    recorded when it happens, but it is the agent's mistake only if it is never handled (chaos
+    rejects correct requests, and the agent that escalates or resubmits made none). As the
+    analytics count `mistakes` and `first_mistake_step`."""
+    return not (mistake.mode == "rejection_not_handled" and _resolved(mistake, world))
+
+
 def truncation_mode(state) -> str:
     """Failure mode of an episode that ran out of steps. A premature resolution is blamed only
     when no other mistake was left unrepaired: resolving early is harmless once the work is

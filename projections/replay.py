@@ -14,6 +14,7 @@ import orjson
 import domain
 from domain.episode import INITIAL_STATE
 from domain.events import CHAOS
+from domain.outcomes import counts_as_mistake
 from eventstore import EventStore, RecordedEvent
 from projections.views import APPS, DamagedEvent, check_episode_stream, decode, render_views, views_of
 
@@ -73,12 +74,18 @@ def replay_records(episode_id: str, records: list[RecordedEvent],
         if record.type == "RewardGranted":
             rewards.append(_loads(record.data_json))
         elif record.type == "MistakeRecorded":
-            mistakes.append(_loads(record.data_json))
+            mistakes.append((event, _loads(record.data_json)))
         elif record.type == "EpisodeEnded":
             ended = _loads(record.data_json)
         if getattr(event, "cause", None) == CHAOS:  # the parsed field: an action's text may say "chaos"
             chaos.append({"type": record.type, **_loads(record.data_json)})
     views = views_of(state)
+    if any(event.mode == "rejection_not_handled" for event, _ in mistakes):  # handled later?
+        rest = records[end:]  # the episode's end decides whether the rejection was handled
+        final = _fold(rest, [decode(r) for r in rest], state) if rest else state
+        counted = [counts_as_mistake(event, final.world) for event, _ in mistakes]
+    else:
+        counted = [True] * len(mistakes)
     return {
         "episode_id": episode_id,
         "episode": {"task": started.get("task"), "seed": started.get("seed"),
@@ -93,7 +100,7 @@ def replay_records(episode_id: str, records: list[RecordedEvent],
         "result": result,
         "rewards": rewards,
         "reward": sum(r["value"] for r in rewards),
-        "mistakes": mistakes,
+        "mistakes": [{**data, "counted": c} for (_, data), c in zip(mistakes, counted, strict=True)],
         "chaos": chaos,
         "events": [r.type for r in step_records],
         "ended": ended,
@@ -149,8 +156,10 @@ def render_replay(result: dict[str, Any]) -> str:
         lines.append(f"rewards: {shown} (step total {result['reward']:+g})")
     for m in result["mistakes"]:  # its detail unless the refusal above said it already
         said = info is not None and m.get("detail") == info.get("message")
+        notes = [m.get("subject")] + (["irreversible"] if m.get("irreversible") else []) + (
+            [] if m.get("counted", True) else ["handled later, so not counted as a mistake"])
         lines.append(f"mistake [{m.get('mode')}]" + ("" if said else f": {m.get('detail')}")
-                     + f" ({m.get('subject')}" + (", irreversible)" if m.get("irreversible") else ")"))
+                     + f" ({', '.join(map(str, notes))})")
     for c in result["chaos"]:
         lines.append(f"chaos: {c['type']} ({c.get('mechanism') or 'chaos'})")
     if result["ended"]:

@@ -3,6 +3,8 @@ for the user where agents are compared."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from analytics import report
@@ -69,7 +71,7 @@ def test_the_agents_note_names_those_the_episodes_do_not_tell_apart():
     assert "do not tell a apart from b: their intervals overlap" in note
     assert "Wilson" in note
     clear = report.agents_note(_report(_agent("weak", 5, 50), _agent("strong", 45, 50)))
-    assert "strong's interval overlaps no other agent's" in clear
+    assert "strong's interval overlaps no other agent's: its lead is beyond the intervals" in clear
     assert report.agents_note(_report(_agent("alone", 5, 50))) is None
 
 
@@ -87,10 +89,14 @@ def test_agents_run_at_different_chaos_levels_are_not_ranked():
     """An agent run only at chaos none is not ahead of one run only at high."""
     easy, hard = _agent("easy", 45, 50), _agent("hard", 5, 50)
     note = report.agents_note(_report(easy, hard, chaos={"easy": {0.0: 50}, "hard": {0.75: 50}}))
-    assert "ran at chaos levels in different proportions" in note and "no chance" not in note
+    assert "ran at chaos levels in different proportions" in note and "beyond the intervals" not in note
     # the same levels in like proportions are like episodes
     alike = {"easy": {0.0: 25, 0.75: 25}, "hard": {0.0: 27, 0.75: 23}}
-    assert "no chance" in report.agents_note(_report(easy, hard, chaos=alike))
+    assert "beyond the intervals" in report.agents_note(_report(easy, hard, chaos=alike))
+    # exactly 10 points apart is not more than 10 (as floats, 4/10 - 3/10 was)
+    ten = {"easy": {0.0: 4, 0.75: 6}, "hard": {0.0: 3, 0.75: 7}}
+    assert "beyond the intervals" in report.agents_note(_report(_agent("easy", 9, 10), _agent("hard", 0, 10),
+                                                                chaos=ten))
     unlike = {"easy": {0.0: 40, 0.75: 10}, "hard": {0.0: 10, 0.75: 40}}
     assert "different proportions" in report.agents_note(_report(easy, hard, chaos=unlike))
 
@@ -103,3 +109,25 @@ def test_the_agents_chart_draws_each_interval_as_a_whisker():
     assert chart.count("<path ") == 3
     assert "a: 62.0% (50 episodes) (95% interval 48.2% to 74.1%)" in chart
     assert "c: 0.0% (20 episodes) (95% interval 0.0% to 16.1%)" in chart
+    (chart,) = report.charts({**data, "compare_agents": [_agent("d", 91, 91), _agent("e", 0, 5)]})
+    # from the counts, not the columns rounded to 4 places (0.9595 read 96.0%, 0.4345 read 43.5%)
+    assert "d: 100.0% (91 episodes) (95% interval 95.9% to 100.0%)" in chart
+    assert "e: 0.0% (5 episodes) (95% interval 0.0% to 43.4%)" in chart
+
+
+def test_runs_summary_rounds_its_rate_and_interval_as_the_report_does(capsys):
+    """`:.1%` read 5 of 16 (31.25%) as 31.2%, and the bounds, rounded to 4 places and then to 1,
+    read 91 of 91's lower bound (95.9496%) as 96.0%."""
+    from types import SimpleNamespace
+
+    from companyos.commands.run import _print_summary
+
+    plan = SimpleNamespace(agent="a", task="all", chaos="medium", rules=4)
+    for wins, n, rate, interval in ((5, 16, "31.3%", "14.2% to 55.6%"),
+                                    (91, 91, "100.0%", "95.9% to 100.0%")):
+        _print_summary(plan, {"episodes": n, "outcomes": {"success": wins, "failure": n - wins},
+                              "success_rate": wins / n, "mean_return": 0.0, "std_return": 0.0,
+                              "mean_steps": 1.0, "failure_modes": {}})
+        table = capsys.readouterr().out
+        assert re.search(rf"success rate\s+│\s+{re.escape(rate)} ", table), table
+        assert re.search(rf"95% interval\s+│\s+{re.escape(interval)} ", table), table

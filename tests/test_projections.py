@@ -148,6 +148,34 @@ def test_replay_says_what_the_rules_held_against_a_step_that_was_not_refused(tmp
     assert quiet["mistakes"] == [] and "mistake [" not in render_replay(quiet)
 
 
+def test_replay_says_a_rejection_handled_later_is_no_mistake_as_the_analytics_count_it(tmp_path):
+    """A chaos rejection the expert escalated showed as "mistake [rejection_not_handled]" in the
+    replay, which the analytics (rightly) do not count: checking first_mistake_step against the
+    replay found mistakes that were none."""
+    from analytics.sync import sync
+    from analytics.warehouse import Warehouse
+    from companyos.batch import RunPlan
+    from companyos.batch import run as run_plan
+
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    run_plan(RunPlan(url, "expert", "all", "high", 40, 0, "episode"), workers=1)
+    with Warehouse(tmp_path / "w.duckdb") as wh:
+        sync(url, wh)
+        counts = dict(wh.con.execute("SELECT episode_id, mistakes FROM episodes").fetchall())
+        recorded = {e for (e,) in wh.con.execute(
+            "SELECT DISTINCT episode_id FROM steps WHERE mistake IS NOT NULL").fetchall()}
+    assert recorded, "the expert at high chaos meets rejections it handles"
+    uncounted = 0
+    with EventStore.open(url) as store:
+        for episode_id in recorded:
+            steps = replay(store, episode_id)["steps"]
+            shown = [m for k in range(steps + 1) for m in replay(store, episode_id, k)["mistakes"]]
+            assert sum(m["counted"] for m in shown) == counts[episode_id], episode_id
+            uncounted += sum(not m["counted"] for m in shown)
+            assert all(m["counted"] or m["mode"] == "rejection_not_handled" for m in shown)
+    assert uncounted
+
+
 # -- rerun -----------------------------------------------------------------------------------
 
 

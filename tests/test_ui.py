@@ -146,6 +146,7 @@ def test_list_filters_and_drops_the_empty_fields_a_form_sends(ui):
     assert f'value="{html.escape(HOSTILE)}"' in page
     page = _html_ok(c.get("/ui", params={"task": "", "agent": "", "outcome": ""}))
     assert all(i in page for i in ids.values())
+    assert "No episodes match." in _html_ok(c.get("/ui", params={"agent": "nobody"}))  # not "0 match"
     # a filter accepted as written otherwise is shown as the form writes it: the select showed
     # "any" beside a filtered list, and the next Filter dropped the filter
     page = _html_ok(c.get("/ui", params={"rules": f"0{CURRENT_RULES}", "task": " expense_report",

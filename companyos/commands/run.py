@@ -138,15 +138,20 @@ def seed_ranges(seeds: list[int], shown: int | None = 6) -> str:
 def _print_summary(plan, summary: dict) -> None:
     from rich.table import Table
 
+    from analytics.intervals import percent_text, wilson_bounds
+
     table = Table(title=f"{plan.agent} agent, task {plan.task}, chaos {plan.chaos}, "
                         f"rules {plan.rules}")
     table.add_column("metric")
     table.add_column("value", justify="right")
     table.add_row("episodes", str(summary["episodes"]))
     if summary["episodes"]:
-        table.add_row("success rate", f"{summary['success_rate']:.1%}")
-        table.add_row("95% interval", f"{summary['success_rate_low']:.1%} to "
-                                      f"{summary['success_rate_high']:.1%}")
+        # from the counts, rounded as the report rounds: `:.1%` read 5 of 16 as 31.2%, and the
+        # bounds' 4 places rounded again read 95.9496% as 96.0%
+        wins, n = summary["outcomes"].get("success", 0), summary["episodes"]
+        low, high = wilson_bounds(wins, n)
+        table.add_row("success rate", percent_text(wins / n))
+        table.add_row("95% interval", f"{percent_text(low)} to {percent_text(high)}")
         table.add_row("mean return", f"{summary['mean_return']:.2f} ± {summary['std_return']:.2f}")
         table.add_row("mean steps", f"{summary['mean_steps']:.1f}")
     else:  # nothing to average: n/a, as the analytics report says it
