@@ -1390,7 +1390,7 @@ def test_the_agents_chart_keeps_long_model_names_readable():
 
     names = ["gpt-4o-2024-08-06-react-with-reflection-and-tools", "claude-3-5-sonnet-tools",
              "llama-3.1-70b-instruct", "random"]
-    agents = [{"agent": n, "episodes": 10, "successes": wins, "success_rate": wins / 10,
+    agents = [{"agent": n, "episodes": 10, "instances": 10, "successes": wins, "success_rate": wins / 10,
                **dict(zip(("success_rate_low", "success_rate_high"), wilson_interval(wins, 10), strict=True))}
               for n, wins in zip(names, (5, 9, 2, 0), strict=True)]
     data = {"success_by_chaos": [], "success_by_task_and_chaos": [], "failure_modes": [],
@@ -1412,7 +1412,7 @@ def test_agents_whose_names_differ_at_the_end_read_apart_in_the_charts():
     from analytics import report
 
     names = [f"acme/llm-agent-gpt-4o-2024-08-06-temperature-0.{t}" for t in (2, 9)]
-    agents = [{"agent": n, "episodes": 10, "successes": wins, "success_rate": wins / 10,
+    agents = [{"agent": n, "episodes": 10, "instances": 10, "successes": wins, "success_rate": wins / 10,
                **dict(zip(("success_rate_low", "success_rate_high"), wilson_interval(wins, 10), strict=True))}
               for n, wins in zip(names, (10, 0), strict=True)]
     (chart,) = report.charts({"success_by_chaos": [], "success_by_task_and_chaos": [],
