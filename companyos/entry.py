@@ -6,15 +6,20 @@ from __future__ import annotations
 import sys
 
 
-def redelivered(hook):  # type: ignore[no-untyped-def]
+def redelivered(hook, delay_s: float = 0.05):  # type: ignore[no-untyped-def]
     """`sys.unraisablehook` that delivers a Ctrl-C again where Python could not raise it (one that
     lands in an import lock's callback is "Exception ignored", with a traceback, and the command
     went on as if never interrupted); every other unraisable error goes to `hook`."""
     import _thread
+    import threading
 
     def on_unraisable(unraisable) -> None:  # type: ignore[no-untyped-def]
         if isinstance(unraisable.exc_value, KeyboardInterrupt):
-            _thread.interrupt_main()  # raised in the main thread at its next instruction
+            # a moment later, from another thread: raised from here, in the main thread, it
+            # landed inside this hook and was "ignored" once more
+            again = threading.Timer(delay_s, _thread.interrupt_main)
+            again.daemon = True
+            again.start()
             return
         hook(unraisable)
 
