@@ -24,7 +24,8 @@ _ERROR_TEXT = {
     401: "Missing API key or episode token",
     403: "Wrong API key or episode token",
     404: "No such episode (or step)",
-    409: "Another step on this episode is running, the episode has finished, or the id exists",
+    409: "Another step on this episode is running, the episode has finished, the id exists, or "
+         "the episode is judged by a rules version this server does not know (code unknown_rules)",
     413: "Request body over the size limit",
     500: "The log is damaged behind the store's back (code log_damaged, naming the stream): "
          "`companyos verify` names every damaged episode",

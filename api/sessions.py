@@ -28,7 +28,13 @@ import sqlalchemy as sa
 
 import domain
 from companyos.env import episode_state, spec_from_options
-from companyos.runtime import EpisodeNotFound, EpisodeRuntime, episode_id_problem, new_episode_id
+from companyos.runtime import (
+    EpisodeNotFound,
+    EpisodeRuntime,
+    UnknownRules,
+    episode_id_problem,
+    new_episode_id,
+)
 from eventstore import TOKEN_META_KEY, ConcurrencyError, CorruptCommit, EventStore, StoreClosed, WriterBusy
 from eventstore.backends import WAIT_FOR_WRITERS
 from eventstore.engine import pooler_hint
@@ -456,6 +462,8 @@ class SessionManager:
             raise ApiError(404, "episode_not_found", f"no episode {episode_id!r}") from None
         except CorruptCommit as exc:
             raise log_damaged(exc) from None
+        except UnknownRules as exc:
+            raise ApiError(409, "unknown_rules", str(exc)) from None
 
     @staticmethod
     def _payload(session: Session, runtime: EpisodeRuntime, info: Any,

@@ -131,6 +131,11 @@ class EpisodeRuntime:
         check_episode_stream(records)
         check_stream_head(records, store.stream_head(episode_id))
         state = domain.fold([decode(r) for r in records])
+        if (version := domain.rules_of(state.target)) not in domain.RULES_VERSIONS:
+            known = ", ".join(map(str, domain.RULES_VERSIONS))
+            raise UnknownRules(f"episode {episode_id!r} is judged by rules version {version}, which "
+                               f"this companyos does not know (it knows {known}): upgrade "
+                               "companyos to continue it")
         return cls(store, episode_id, state, durability, records[0].meta, records[-1].version,
                    records[-1].digest)
 
@@ -269,6 +274,12 @@ def check_group(durability: str, group: CommitGroup | None) -> None:
         raise ValueError(f"durability must be one of {DURABILITY}, not {durability!r}")
     if group is not None and durability != "episode":
         raise ValueError("a commit group writes whole episodes: it needs durability='episode'")
+
+
+class UnknownRules(RuntimeError):
+    """An episode judged by a rules version this companyos does not know (logged by a newer
+    release): continuing it would judge its next steps by other rules, and the log would hold an
+    episode its own rules never judged."""
 
 
 class UnloggedEpisode(RuntimeError):

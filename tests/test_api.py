@@ -17,7 +17,8 @@ from starlette.testclient import WebSocketDenialResponse
 from api.app import create_app
 from api.config import ServerConfig
 from companyos.env import CompanyEnv
-from domain import CURRENT_RULES
+from companyos.runtime import UnknownRules
+from domain import CURRENT_RULES, RULES_VERSIONS
 from eventstore import EventStore, NewEvent
 from eventstore.backends import SqliteBackend
 from tests import tamper
@@ -1047,6 +1048,45 @@ def test_numbers_in_query_strings_are_digits_as_on_the_ui_pages(sqlite_url):
                                   "action": ACTIONS[2], "timeout_s": "1"})
         assert r.status_code == 422 and "timeout_s" in r.text, r.text
         assert c.get(f"/episodes/{episode_id}").json()["steps"] == 2  # nothing was applied
+
+
+def _judged_by_a_newer_release(store: EventStore, episode_id: str, copy: str) -> None:
+    """`copy`: the episode as a newer release would log it, judged by a rules version after ours
+    (a chain of digests as the store writes it, its token and agent kept)."""
+    records = list(store.read_stream(episode_id))
+    events = []
+    for r in records:
+        data = json.loads(r.data_json)
+        if r.type == "EpisodeStarted":
+            data["target"]["rules"] = max(RULES_VERSIONS) + 1
+        events.append(NewEvent(r.type, data, schema_version=r.schema_version, meta=r.meta))
+    store.append(copy, events, None)
+
+
+def test_an_episode_judged_by_rules_this_server_does_not_know_is_not_continued(sqlite_url):
+    """A store shared with a newer release holds an episode judged by rules version 5: the server
+    judged its next step by its own rules and logged it, and the log then held a "rules 5" episode
+    those rules never judged (what an older release did to today's rules-4 episodes)."""
+    with client(sqlite_url) as c:
+        started = c.post("/reset", json={"seed": 7, "task": "expense_report", "chaos": "none"}).json()
+        episode_id, token = started["metadata"]["episode_id"], started["metadata"]["episode_token"]
+    with EventStore.open(sqlite_url) as store:
+        _judged_by_a_newer_release(store, episode_id, "newer-release")
+        before = store.stream_digest("newer-release")
+    with client(sqlite_url) as c:
+        listing = {"app": "ticketdesk", "method": "list_tickets", "params": {}}
+        answer = c.post("/step", json={"episode_id": "newer-release", "episode_token": token,
+                                       "action": listing})
+        assert answer.status_code == 409, answer.text
+        error = answer.json()
+        assert error["code"] == "unknown_rules"
+        assert f"judged by rules version {max(RULES_VERSIONS) + 1}, which this companyos does not know" in \
+            error["detail"] and "upgrade companyos" in error["detail"]
+        assert c.get("/health").status_code == 200  # and it keeps serving
+    with EventStore.open(sqlite_url) as store:
+        assert store.stream_digest("newer-release") == before  # nothing logged
+    with CompanyEnv(sqlite_url) as env, pytest.raises(UnknownRules, match="upgrade companyos"):
+        env.resume("newer-release")
 
 
 def test_websocket_resume_after_restart(sqlite_url, tmp_path):
