@@ -27,19 +27,22 @@ class _CatchUp:
     can stop waiting for it (the first list after a run of 232,000 episodes took 103 s) while it
     goes on and the next request finds the work done."""
 
-    def __init__(self, fold: Any, upto: int) -> None:
+    def __init__(self, fold: Any, upto: int, count_end: Any) -> None:
         self.upto = upto
         self.behind = 0
         self.error: BaseException | None = None
+        self.ended_as = 0  # how many catch-ups had ended once this one did
         self.done = threading.Event()
-        threading.Thread(target=self._run, args=(fold,), name="episodes-catch-up", daemon=True).start()
+        threading.Thread(target=self._run, args=(fold, count_end), name="episodes-catch-up",
+                         daemon=True).start()
 
-    def _run(self, fold: Any) -> None:
+    def _run(self, fold: Any, count_end: Any) -> None:
         try:
             self.behind = fold(self.upto)
         except BaseException as exc:  # handed to every request that waits for this one
             self.error = exc
         finally:
+            self.ended_as = count_end()
             self.done.set()
 
 
@@ -54,6 +57,8 @@ class EpisodeLog:
         self._runner = ProjectionRunner(store, [EpisodesProjection()])
         self._catch_up_lock = threading.Lock()
         self._job: _CatchUp | None = None  # the latest catch-up, running or ended
+        self._ended = 0  # catch-ups ended so far
+        self._ended_lock = threading.Lock()
 
     def list(self, *, task: str | None = None, agent: str | None = None, outcome: str | None = None,
              rules: int | str | None = None, failure_mode: str | None = None, limit: int = 50,
@@ -82,15 +87,19 @@ class EpisodeLog:
         """Catch the read model up to `upto` (the log as asked: steps logged meanwhile are not
         waited for); (how many events it is behind, whether a catch-up is still under way).
 
-        One catch-up at a time: a listing that finds one running waits for it, and starts
-        another only if it ended short of `upto` or failed (else each listing queued behind the
-        last paid its own minute for the same busy store, one after another)."""
+        One catch-up at a time: a listing takes the answer of one that ended after it came, a
+        failure included, and starts another only if none did, or that one ended short of `upto`
+        (else each listing queued behind the last paid its own minute for the same busy store, one
+        after another)."""
+        arrived = self._ended
         deadline = None if wait_s is None else time.monotonic() + wait_s
         while True:
             with self._catch_up_lock:
                 job = self._job
-                if job is None or (job.done.is_set() and (job.error is not None or job.upto < upto)):
-                    job = self._job = _CatchUp(self._fold, upto)
+                ended = job is not None and job.done.is_set()
+                if job is None or (ended and job.ended_as <= arrived
+                                   and (job.error is not None or job.upto < upto)):
+                    job = self._job = _CatchUp(self._fold, upto, self._count_end)
             left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
             if not job.done.wait(left):  # what the read model holds so far, and how much it misses
                 return self.store.count_events(min(self._runner.stored_checkpoints().values())), True
@@ -98,6 +107,12 @@ class EpisodeLog:
                 raise job.error
             if job.upto >= upto:
                 return job.behind, False
+            arrived = job.ended_as  # it ended short of this listing's position: catch up anew
+
+    def _count_end(self) -> int:
+        with self._ended_lock:
+            self._ended += 1
+            return self._ended
 
     def _fold(self, upto: int) -> int:
         """Fold the log into the read model up to `upto`; how many events it is still behind (0,
