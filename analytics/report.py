@@ -27,12 +27,18 @@ from domain.labels import control_character, visible_bidi_controls, visible_cont
 PALETTE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7",
            "#9c755f", "#bab0ac")
 
-_FILTERED = """
-WHERE ($agent IS NULL OR coalesce(agent, '(unknown)') = $agent) AND ($task IS NULL OR task = $task)
-  AND ($chaos IS NULL OR chaos = $chaos) AND ($profile IS NULL OR reward_profile = $profile)
-  AND ($rules IS NULL OR rules = $rules)
+_ACROSS_AGENTS = """($task IS NULL OR task = $task) AND ($chaos IS NULL OR chaos = $chaos)
+  AND ($profile IS NULL OR reward_profile = $profile) AND ($rules IS NULL OR rules = $rules)
 """
+"""The report's filters but the agent's, for the tables that set agents side by side."""
+
+_FILTERED = "\nWHERE ($agent IS NULL OR coalesce(agent, '(unknown)') = $agent) AND " + _ACROSS_AGENTS
 """The episodes the report's filters (and every named query's) keep."""
+
+
+def _across_agents(f: dict[str, Any]) -> dict[str, Any]:
+    """The parameters of `_ACROSS_AGENTS` (and of compare_agents, which takes no agent)."""
+    return {k: f[k] for k in ("task", "chaos", "profile", "rules")}
 
 _SUMMARY = """
 SELECT count(*) AS episodes,
@@ -77,9 +83,7 @@ FROM (
            count(DISTINCT (task, seed, chaos, max_steps, reward_profile, rules)) AS instances,
            count(*) FILTER (WHERE outcome = 'success') AS successes
     FROM episodes
-    WHERE outcome IS NOT NULL AND ($task IS NULL OR task = $task)
-      AND ($chaos IS NULL OR chaos = $chaos) AND ($profile IS NULL OR reward_profile = $profile)
-      AND ($rules IS NULL OR rules = $rules)
+    WHERE outcome IS NOT NULL AND """ + _ACROSS_AGENTS + """
     GROUP BY ALL
 )
 ORDER BY agent, {by} NULLS LAST
@@ -93,8 +97,7 @@ SELECT coalesce(agent, '(unknown)') AS agent, failure_mode, count(*) AS episodes
        round_decimal(count(*) / sum(count(*)) OVER (PARTITION BY coalesce(agent, '(unknown)')), 4) AS share
 FROM episodes
 WHERE outcome IS NOT NULL AND outcome <> 'success' AND failure_mode IS NOT NULL
-  AND ($task IS NULL OR task = $task) AND ($chaos IS NULL OR chaos = $chaos)
-  AND ($profile IS NULL OR reward_profile = $profile) AND ($rules IS NULL OR rules = $rules)
+  AND """ + _ACROSS_AGENTS + """
 GROUP BY 1, 2
 ORDER BY agent, episodes DESC, failure_mode
 """
@@ -149,7 +152,6 @@ def build(wh: Warehouse, agent: str | None = None, task: str | None = None,
     shown = {"agent": _stripped(agent), "task": _stripped(task), "chaos": _stripped(chaos),
              "profile": _stripped(profile), "rules": rules_version(rules)}
     f = {**shown, "chaos": None if chaos is None else parse_chaos(chaos)}
-    task = f["task"]
     summary = rows_of(wh.con.execute(_SUMMARY, f))[0]
     by_task_and_chaos = run_named(wh, "success_by_task_and_chaos", f)
     data = {
@@ -165,10 +167,7 @@ def build(wh: Warehouse, agent: str | None = None, task: str | None = None,
         "actions_before_failure": run_named(wh, "actions_before_failure",
                                             {**f, "k": LEAD_IN_TOOLS, "top": LEAD_INS}),
         "chaos_impact": run_named(wh, "chaos_impact", f),
-        "compare_agents": (run_named(wh, "compare_agents",
-                                     {"task": task, "chaos": f["chaos"], "profile": f["profile"],
-                                      "rules": f["rules"]})
-                           if agent is None else []),
+        "compare_agents": run_named(wh, "compare_agents", _across_agents(f)) if agent is None else [],
     }
     data["pass_at_k"], pass_note = pass_at_k_section(wh, f)
     data["failure_mode_meanings"] = [{"failure_mode": r["failure_mode"],
@@ -357,15 +356,14 @@ def by_agent_and(wh: Warehouse, f: dict[str, Any], by: str) -> list[dict[str, An
     episodes are one agent's (the plain success-by-chaos and by-task rows say it all then)."""
     if by not in ("chaos", "task"):  # a column name put into the SQL: never the caller's text
         raise ValueError(f"by must be chaos or task, not {by!r}")
-    rows = rows_of(wh.con.execute(_BY_AGENT_AND.format(by=by),
-                                  {k: f[k] for k in ("task", "chaos", "profile", "rules")}))
+    rows = rows_of(wh.con.execute(_BY_AGENT_AND.format(by=by), _across_agents(f)))
     return rows if agent_count(rows) > 1 else []
 
 
 def modes_by_agent(wh: Warehouse, f: dict[str, Any]) -> list[dict[str, Any]]:
     """Each agent's failure modes and their shares of its non-successful episodes; [] when they
     are one agent's (the failure-mode table says it all then)."""
-    rows = rows_of(wh.con.execute(_MODES_BY_AGENT, {k: f[k] for k in ("task", "chaos", "profile", "rules")}))
+    rows = rows_of(wh.con.execute(_MODES_BY_AGENT, _across_agents(f)))
     return rows if agent_count(rows) > 1 else []
 
 

@@ -58,7 +58,6 @@ class EpisodeLog:
         self._catch_up_lock = threading.Lock()
         self._job: _CatchUp | None = None  # the latest catch-up, running or ended
         self._ended = 0  # catch-ups ended so far
-        self._ended_lock = threading.Lock()
 
     def list(self, *, task: str | None = None, agent: str | None = None, outcome: str | None = None,
              rules: int | str | None = None, failure_mode: str | None = None, limit: int = 50,
@@ -102,7 +101,7 @@ class EpisodeLog:
                     job = self._job = _CatchUp(self._fold, upto, self._count_end)
             left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
             if not job.done.wait(left):  # what the read model holds so far, and how much it misses
-                return self.store.count_events(min(self._runner.stored_checkpoints().values())), True
+                return self._behind(), True
             if job.error is not None:
                 raise job.error
             if job.upto >= upto:
@@ -110,9 +109,13 @@ class EpisodeLog:
             arrived = job.ended_as  # it ended short of this listing's position: catch up anew
 
     def _count_end(self) -> int:
-        with self._ended_lock:
+        with self._catch_up_lock:
             self._ended += 1
             return self._ended
+
+    def _behind(self) -> int:
+        """Events of the log the read model has not folded yet."""
+        return self.store.count_events(min(self._runner.stored_checkpoints().values()))
 
     def _fold(self, upto: int) -> int:
         """Fold the log into the read model up to `upto`; how many events it is still behind (0,
@@ -126,7 +129,7 @@ class EpisodeLog:
             # a database that takes no writes (a standby, a read-only role): what the read
             # models hold, and how much of the log they miss, as `companyos episodes` lists it
             # (this was a 503 once the log had moved past them)
-            return self.store.count_events(min(self._runner.stored_checkpoints().values()))
+            return self._behind()
 
     def _records(self, episode_id: str) -> list:
         if episode_id_problem(episode_id):

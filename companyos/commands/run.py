@@ -150,7 +150,7 @@ def _print_summary(plan, summary: dict) -> None:
         # bounds' 4 places rounded again read 95.9496% as 96.0%
         wins, n = summary["outcomes"].get("success", 0), summary["episodes"]
         low, high = wilson_bounds(wins, n)
-        table.add_row("success rate", percent_text(wins / n))
+        table.add_row("success rate", percent_text(summary["success_rate"]))
         table.add_row("95% interval", f"{percent_text(low)} to {percent_text(high)}")
         table.add_row("mean return", f"{summary['mean_return']:.2f} ± {summary['std_return']:.2f}")
         table.add_row("mean steps", f"{summary['mean_steps']:.1f}")
