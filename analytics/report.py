@@ -170,12 +170,15 @@ def build(wh: Warehouse, agent: str | None = None, task: str | None = None,
         "compare_agents": run_named(wh, "compare_agents", _across_agents(f)) if agent is None else [],
     }
     data["pass_at_k"], pass_note = pass_at_k_section(wh, f)
+    data["head_to_head"], paired_note = head_to_head_section(wh, f, data["compare_agents"])
     data["failure_mode_meanings"] = [{"failure_mode": r["failure_mode"],
                                       "meaning": FAILURE_MODES.get(r["failure_mode"], "")}
                                      for r in data["failure_modes"]]
     tools = run_named(wh, "tool_error_rates", {**f, "min_calls": 1})
     data["tool_error_rates"] = tools[:TOOL_ROWS]
     data["notes"] = {"pass_at_k": pass_note}
+    if paired_note:
+        data["notes"]["head_to_head"] = paired_note
     if tools:
         data["notes"]["tool_error_rates"] = TOOL_TERMS
     versions = summary.pop("rules_versions") or []  # of the finished episodes, which the rates cover
@@ -294,32 +297,91 @@ def _unlike(mixes: dict[str, dict[Any, Fraction]]) -> bool:
                for a in spreads for b in spreads for v in values)
 
 
+SIGNIFICANCE = 0.05
+"""The head-to-head p-value below which the report calls two agents told apart."""
+
+
 def agents_note(data: dict[str, Any]) -> str | None:
     """What the interval columns mean, whether the agents ran like episodes at all, and which
     agents these episodes do not tell apart from the best one: a table ranks every agent, and 62%
-    against 58% over 50 episodes each is no ranking; nor is 90% at chaos none against 60% at high."""
+    against 58% over 50 episodes each is no ranking; nor is 90% at chaos none against 60% at high.
+    Where two agents ran the same instances, the head-to-head sign test decides, not the overlap
+    of their intervals: paired seed by seed, 4 points can be a real lead."""
     agents = data["compare_agents"]
     if len(agents) < 2:
         return None
     said = ("success_rate_low and success_rate_high bound each success rate with 95% confidence "
             "(Wilson's interval, over the agent's instances: a seed run again counts once).")
+    paired = {r["other"]: r for r in data.get("head_to_head", [])}
     unlike = [what for what, key, by in (("chaos levels", "success_by_agent_and_chaos", "chaos"),
                                          ("tasks", "success_by_agent_and_task", "task"))
               if _unlike(_mixes(data.get(key, []), by))]
     if unlike:
+        where = (" The head-to-head table compares them only on the instances they share." if paired
+                 else "")
         return (f"{said} Read with care: these agents ran at {listed(unlike)} in different "
-                "proportions, so their rates compare unlike episodes. Narrow the report to one "
-                "chaos level and task (--chaos, --task), or run the agents on the same seeds, before "
-                "ranking them.")
+                f"proportions, so their rates compare unlike episodes.{where} Narrow the report to "
+                "one chaos level and task (--chaos, --task), or run the agents on the same seeds, "
+                "before ranking them.")
     best, *others = sorted(agents, key=lambda r: (-exact_rate(r), r["agent"]))
-    close = [r["agent"] for r in others if r["success_rate_high"] >= best["success_rate_low"]]
-    if not close:
-        return (f"{said} {best['agent']}'s interval overlaps no other agent's: its lead is beyond "
-                "the intervals.")
-    shown = close[:5] + ([f"{len(close) - 5} more"] if len(close) > 5 else [])
-    return (f"{said} These episodes do not tell {best['agent']} apart from {listed(shown)}: their "
-            "intervals overlap, so the order between them may be chance. Run more episodes before "
-            "ranking them.")
+    close, reversed_ = [], []
+    for r in others:
+        h = paired.get(r["agent"])
+        if h is None:  # no instance in common: the intervals are all there is
+            if r["success_rate_high"] >= best["success_rate_low"]:
+                close.append(r["agent"])
+        elif h["p_value"] >= SIGNIFICANCE:
+            close.append(r["agent"])
+        elif h["other_ahead"] > h["agent_ahead"]:
+            reversed_.append(r["agent"])
+    basis = ("on the instances they share, neither is ahead beyond chance (the head-to-head "
+             "table's p_value is 0.05 or more), or, where they share none, their intervals overlap"
+             if paired else "their intervals overlap")
+    if close:
+        shown = close[:5] + ([f"{len(close) - 5} more"] if len(close) > 5 else [])
+        verdict = (f"These episodes do not tell {best['agent']} apart from {listed(shown)}: {basis}, "
+                   "so the order between them may be chance. Run more episodes before ranking them.")
+    elif paired:
+        verdict = (f"These episodes tell {best['agent']} apart from every other agent: by the "
+                   "head-to-head sign test where they ran the same instances, by the intervals "
+                   "where they did not.")
+    else:
+        verdict = f"{best['agent']}'s interval overlaps no other agent's: its lead is beyond the intervals."
+    if reversed_:
+        verdict += (f" Yet on the instances they share, {listed(reversed_)} did better than "
+                    f"{best['agent']} (the head-to-head table): its higher rate comes from episodes "
+                    "they did not share.")
+    return f"{said} {verdict}"
+
+
+ALL_TASKS = "(all)"
+"""The head_to_head query's task for its rows over every task."""
+
+
+def head_to_head_section(wh: Warehouse, f: dict[str, Any],
+                         agents: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], str | None]:
+    """Each agent against the best-rated one on the instances both ran, over every task, and the
+    note that says how to read it (or that they share no instance); ([], None) for one agent."""
+    if len(agents) < 2:
+        return [], None
+    best = min(agents, key=lambda r: (-exact_rate(r), r["agent"]))["agent"]
+    rows = [{k: v for k, v in r.items() if k != "task"}  # the per-task rows are the query's
+            for r in run_named(wh, "head_to_head", {**_across_agents(f), "agent": best})
+            if r["task"] == ALL_TASKS]
+    apart = {r["other"] for r in rows}
+    strangers = [r["agent"] for r in agents if r["agent"] != best and r["agent"] not in apart]
+    strange = (f" {listed(strangers)} ran no instance in common with {best}, so only the "
+               "intervals compare them." if strangers else "")
+    if not rows:
+        return [], (f"No other agent ran an instance (task, seed, chaos level, step budget, reward "
+                    f"profile and rules version) that {best} ran, so there is no paired comparison: "
+                    "run the agents on the same seeds to compare them seed by seed.")
+    return rows, (
+        f"Each agent against {best}, the best-rated, on the instances both ran: agent_ahead counts "
+        f"those where {best} succeeded more often, other_ahead those where the other did, even the "
+        "rest; p_value is the exact sign test of that split, the chance of one at least as uneven "
+        "were the two alike (0 means below 0.00005). Below 0.05 the order is unlikely to be chance."
+        f"{strange} `companyos analytics query head_to_head -p agent=... -p other=...` splits it by task.")
 
 
 def _stripped(value: str | None) -> str | None:
@@ -423,6 +485,7 @@ SECTIONS = (
                                "tools up to the step that decided it)"),
     ("chaos_impact", "Chaos impact (success with and without each mechanism)"),
     ("compare_agents", "Agents compared"),
+    ("head_to_head", "Head to head (each agent against the best-rated one, seed by seed)"),
     ("pass_at_k", "Consistency over repeated trials (pass^k)"),
     ("tool_error_rates", "Tool error rates"),
 )
@@ -461,7 +524,7 @@ differ in the last bits (0.3 and NumPy's 0.30000000000000004) are two groups, an
 only the value as written."""
 
 
-_FREE_TEXT = {"agent": ' class="free"'}
+_FREE_TEXT = {"agent": ' class="free"', "other": ' class="free"'}
 """Cells of labels the user chose, which may break anywhere: an agent label of 100 characters
 without a space pushed the other columns off the screen."""
 

@@ -25,6 +25,7 @@ import duckdb
 
 from analytics.intervals import WILSON_MACROS
 from analytics.paths import why_not_written
+from analytics.sign_test import SIGN_TEST_MACRO
 from analytics.sync_progress import Progress, running_sync
 from eventstore import shown_url
 from eventstore.engine import normalise_url, sqlite_file
@@ -176,7 +177,7 @@ class Warehouse:
             raise WarehousePathError(_not_ours(self.path, problem))
         self.con.execute("SET enable_progress_bar = false")
         self.con.execute(ROUND_DECIMAL)
-        for macro in WILSON_MACROS:
+        for macro in (*WILSON_MACROS, SIGN_TEST_MACRO):
             self.con.execute(macro)
         if not read_only:
             try:

@@ -127,6 +127,9 @@ def template(tmp_path_factory):
     path = tmp_path_factory.mktemp("template") / "store.db"
     url = f"sqlite:///{path}"
     pending = fill(url, 0, 1500, open_every=7)
+    # episode i + 1940 runs episode i's instance (task, seed, chaos) by another agent: the pairs
+    # head_to_head compares
+    fill(url, 1940, 200)
     con = sqlite3.connect(path)
     con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     con.close()
@@ -187,12 +190,15 @@ def test_failure_mode_shares_sum_to_one(filled, tmp_path):
 
 
 FILTERS = {"agent": "random", "task": "expense_report", "chaos": "medium"}
+REQUIRED = {"head_to_head": {"agent": "random"}}
+"""What the queries that need a parameter are given where a test runs them all."""
 
 
 def test_each_filter_answers_as_the_query_over_those_episodes_alone(filled, tmp_path):
     """A filter (agent, task, chaos) answers exactly what its query answers over a warehouse that
     holds only the episodes it selects. Every query takes all three, but compare_agents, which
-    compares agents, takes no agent (four queries had no chaos filter)."""
+    compares agents, takes no agent (four queries had no chaos filter), and head_to_head's agent
+    is the one it compares with the others, not a filter."""
     from analytics import named
     from domain.chaos import parse_chaos
 
@@ -209,14 +215,17 @@ def test_each_filter_answers_as_the_query_over_those_episodes_alone(filled, tmp_
             others = f"SELECT episode_id FROM episodes WHERE {column} IS DISTINCT FROM ?"
             for table in ("steps", "rewards", "episodes"):
                 wh.con.execute(f"DELETE FROM {table} WHERE episode_id IN ({others})", [stored])
-        takers = sorted(n for n, q in queries.items() if column in {p.name for p in q.params})
-        assert takers == sorted(set(queries) - ({"compare_agents"} if column == "agent" else set()))
+        takers = sorted(n for n, q in queries.items() if column in {p.name for p in q.params}
+                        and not (column == "agent" and n == "head_to_head"))
+        comparing = {"compare_agents", "head_to_head"}
+        assert takers == sorted(set(queries) - (comparing if column == "agent" else set()))
         with Warehouse(whole) as every, Warehouse(alone) as selected:
             for name in takers:
-                answer = service.run_named(every, name, {column: value})
+                compared = REQUIRED.get(name, {})
+                answer = service.run_named(every, name, {**compared, column: value})
                 assert answer, (name, column)
-                assert answer == service.run_named(selected, name, {}), (name, column)
-                assert answer != service.run_named(every, name, {}), (name, column)
+                assert answer == service.run_named(selected, name, compared), (name, column)
+                assert answer != service.run_named(every, name, compared), (name, column)
 
 
 def test_incremental_sync_equals_fresh_full_sync(filled, tmp_path):
@@ -406,7 +415,7 @@ def test_every_named_query_runs_and_returns_row_objects(filled, tmp_path):
     with Warehouse(tmp_path / "w.duckdb") as wh:
         sync(url, wh)
         for entry in service.describe():
-            rows = service.run_named(wh, entry["name"], {})
+            rows = service.run_named(wh, entry["name"], REQUIRED.get(entry["name"], {}))
             assert isinstance(rows, list) and rows, entry["name"]
             assert all(isinstance(r, dict) for r in rows)
         success = service.run_named(wh, "success_by_task_and_chaos", {})
@@ -1087,7 +1096,9 @@ def test_a_reward_profile_filter_answers_as_a_warehouse_of_that_profile_alone(tm
 
     def answers(wh, profile=None):
         only = {} if profile is None else {"profile": profile}
-        queries = {name: service.run_named(wh, name, only) for name in named.registry()}
+        compared = {"head_to_head": {"agent": "a"}}
+        queries = {name: service.run_named(wh, name, {**only, **compared.get(name, {})})
+                   for name in named.registry()}
         whole = report.build(wh, profile=profile)
         del whole["seconds"], whole["filters"]
         return queries, whole
