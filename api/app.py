@@ -82,6 +82,8 @@ FailureMode = Literal[tuple(FAILURE_MODES)]  # as a task: a misspelt mode is a 4
 EpisodesLimit = whole_number_in(1, 500)
 EventsLimit = whole_number_in(1, 1000)
 Offset = whole_number_in(0, 10**9)
+LogPosition = whole_number_in(0, 2**63 - 1)
+"""A position in the log, as a page's cursors (`next_before`, `prev_after`) give it."""
 StepNumber = whole_number_in(0, 10**6)
 RulesFilter = whole_number_in(0, 10**9)
 """A rules version in a query: digits, as every whole number there; no range, so a version that is
@@ -509,10 +511,20 @@ def _register_log(app: FastAPI, server: Server) -> None:
                       failure_mode: Annotated[FailureMode | None, Query(
                           description="only episodes that failed so")] = None,
                       limit: Annotated[EpisodesLimit, Query()] = 50,
-                      offset: Annotated[Offset, Query()] = 0) -> JSON:
-        """Logged episodes, newest first (`outcome=running` for unfinished ones)."""
+                      offset: Annotated[Offset, Query()] = 0,
+                      before: Annotated[LogPosition | None, Query(
+                          description="only episodes that began before this log position: a "
+                                      "page's `next_before`, for the next older page")] = None,
+                      after: Annotated[LogPosition | None, Query(
+                          description="only episodes that began after this log position: a page's "
+                                      "`prev_after` for the next newer page, 0 for the oldest")] = None,
+                      ) -> JSON:
+        """Logged episodes, newest first (`outcome=running` for unfinished ones). Page with the
+        cursors `before`/`after`, which hold still while episodes are logged, or with `offset`,
+        which shifts by every episode logged meanwhile."""
         return JSON(log.list(task=task, agent=agent, outcome=outcome, rules=rules,
-                             failure_mode=failure_mode, limit=limit, offset=offset))
+                             failure_mode=failure_mode, limit=limit, offset=offset,
+                             before=before, after=after))
 
     @app.get("/episodes/{episode_id}", dependencies=STRICT_QUERY, response_model=EpisodeSummary,
              tags=["Episode log"],

@@ -61,10 +61,16 @@ class EpisodeLog:
 
     def list(self, *, task: str | None = None, agent: str | None = None, outcome: str | None = None,
              rules: int | str | None = None, failure_mode: str | None = None, limit: int = 50,
-             offset: int = 0, wait_s: float | None = None) -> dict[str, Any]:
-        """One page of episodes, newest first. `wait_s`: how long to wait for the read model to
-        catch up before listing what it holds (`catching_up` then says the rest is on its way);
-        None waits for all of it."""
+             offset: int = 0, before: int | None = None, after: int | None = None,
+             wait_s: float | None = None) -> dict[str, Any]:
+        """One page of episodes, newest first. `before`/`after`: only episodes that began before
+        (after) that log position, the cursors a page hands out (`next_before`, `prev_after`), so
+        paging holds still while episodes are logged (by offset, 10 new episodes made "older"
+        repeat 10 rows). `wait_s`: how long to wait for the read model to catch up before listing
+        what it holds (`catching_up` then says the rest is on its way); None waits for all of it."""
+        if before is not None and after is not None:
+            raise ApiError(400, "invalid_filter", "give before or after, not both: before pages "
+                           "towards older episodes, after towards newer ones")
         table = episodes_table
         try:  # before the catch-up, which may wait a minute for a busy store
             where = episode_filters(task, agent, outcome, rules, failure_mode=failure_mode)
@@ -72,15 +78,34 @@ class EpisodeLog:
             raise ApiError(400, "invalid_filter", str(exc)) from None
         behind, catching_up = self._caught_up(self.store.last_position(), wait_s)
         columns = [c for c in table.c if c.name not in _HIDDEN_COLUMNS]
-        query = (sa.select(*columns).where(*where)
-                 .order_by(table.c.first_position.desc()).limit(limit).offset(offset))
+        position = table.c.first_position
+        query = sa.select(*columns, position).where(*where)
+        if after is not None:  # the page just newer than `after`: the oldest of them first, turned
+            query = query.where(position > after).order_by(position.asc())
+        else:
+            older = [position < before] if before is not None else []
+            query = query.where(*older).order_by(position.desc())
         with self.store.engine.connect() as conn:
-            rows = [{str(k): v for k, v in row.items()} for row in conn.execute(query).mappings()]
+            found = [dict(row) for row in conn.execute(query.limit(limit).offset(offset)).mappings()]
+            if after is not None:
+                found.reverse()
             total = count_episodes(conn, task=task, agent=agent, outcome=outcome, rules=rules,
                                    failure_mode=failure_mode)
-        next_offset = offset + len(rows) if offset + len(rows) < total else None
+            edge = (position >= found[0]["first_position"] if found  # the page's own newest row
+                    else position >= before if before is not None
+                    else position > after if after is not None else None)
+            newer = (offset if edge is None
+                     else conn.execute(sa.select(sa.func.count()).where(*where, edge)).scalar_one()
+                     - bool(found))
+        rows = [{str(k): v for k, v in row.items() if k != "first_position"} for row in found]
+        cursored = before is not None or after is not None
+        more = newer + len(rows) < total
         return {"episodes": rows, "total": total, "limit": limit, "offset": offset,
-                "next_offset": next_offset, "read_models_behind": behind, "catching_up": catching_up}
+                "next_offset": offset + len(rows) if more and not cursored else None,
+                "newer": min(newer, total),
+                "next_before": found[-1]["first_position"] if found and more else None,
+                "prev_after": found[0]["first_position"] if found and newer else None,
+                "read_models_behind": behind, "catching_up": catching_up}
 
     def _caught_up(self, upto: int, wait_s: float | None = None) -> tuple[int, bool]:
         """Catch the read model up to `upto` (the log as asked: steps logged meanwhile are not

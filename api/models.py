@@ -176,7 +176,14 @@ class EpisodeList(BaseModel):
     total: int
     limit: int
     offset: int
-    next_offset: int | None = None
+    next_offset: int | None = Field(None, description="the offset of the next older page, when "
+                                    "paging by offset; None at the end or when paging by cursor")
+    newer: int = Field(0, description="how many episodes the filters select that are newer than "
+                       "this page (its first row is number newer + 1 of total)")
+    next_before: int | None = Field(None, description="pass as `before` for the next older page, "
+                                    "which stays put while episodes are logged; None at the oldest")
+    prev_after: int | None = Field(None, description="pass as `after` for the next newer page; "
+                                   "None at the newest")
     read_models_behind: int = Field(0, description="events of the log the list leaves out: above 0 "
                                     "only when the store's database takes no writes (a standby), so "
                                     "the read models cannot be brought up to date and the list shows "

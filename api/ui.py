@@ -55,6 +55,7 @@ from eventstore import CorruptCommit, StoreUnavailable
 PAGE_SIZE = 50
 MAX_PAGE_SIZE = 500  # as GET /episodes
 MAX_OFFSET = 10**9
+MAX_POSITION = 2**63 - 1
 MAX_STEP = 10**6
 LIST_WAIT_S = SYNC_WAIT_S
 """How long the list waits for the episodes read model to catch up before it shows what the read
@@ -82,16 +83,18 @@ def ui_router(log: EpisodeLog, db: str | Callable[[], str], warehouse: str | Non
     def episodes(request: Request) -> HTMLResponse:
         """The episode list, newest first, filtered and paged like GET /episodes."""
         try:
-            params = _params(request, *LIST_FILTERS, "limit", "offset")
+            params = _params(request, *LIST_FILTERS, "limit", "offset", "before", "after")
             filters = {k: params[k] for k in LIST_FILTERS if k in params}
             limit = _whole(params, "limit", PAGE_SIZE, 1, MAX_PAGE_SIZE)
-            offset = _whole(params, "offset", 0, 0, MAX_OFFSET)
-            listing = log.list(**filters, limit=limit, offset=offset, wait_s=LIST_WAIT_S)
+            place = {"offset": _whole(params, "offset", 0, 0, MAX_OFFSET),
+                     **{k: _whole(params, k, None, 0, MAX_POSITION) for k in ("before", "after")}}
+            listing = log.list(**filters, limit=limit, **place, wait_s=LIST_WAIT_S)
         except BadParameter as exc:
             return error_page(400, str(exc))
         except ApiError as exc:
             return error_page(exc.status, exc.message)
-        return episode_list(listing, _as_the_form_shows(filters))
+        return episode_list(listing, _as_the_form_shows(filters),
+                            {k: v for k, v in place.items() if v is not None and (v or k != "offset")})
 
     @router.get(UI + "/episodes/{episode_id}", response_class=HTMLResponse)
     def episode(episode_id: str, request: Request) -> HTMLResponse:

@@ -66,8 +66,11 @@ def _page_size(limit: int) -> Markup:
     return Markup(f'<label>per page<select name="limit">{options}</select></label>')
 
 
-def episode_list(listing: dict[str, Any], filters: dict[str, str]) -> HTMLResponse:
-    """`GET /ui`: the listing (as `GET /episodes` answers it), a filter form and a pager."""
+def episode_list(listing: dict[str, Any], filters: dict[str, str],
+                 place: dict[str, int] | None = None) -> HTMLResponse:
+    """`GET /ui`: the listing (as `GET /episodes` answers it), a filter form and a pager. `place`:
+    the page's `offset`, `before` or `after` as its address gave them, for a reload link."""
+    place = place or {}
     form = Markup(
         f'<form class="filters" method="get" action="{esc(ui_href())}">'
         + select("task", "task", TASK_FAMILIES, filters.get("task"))
@@ -82,12 +85,12 @@ def episode_list(listing: dict[str, Any], filters: dict[str, str]) -> HTMLRespon
              _outcome(e["outcome"]), _failure(e["failure_mode"]), e["steps"],
              number(e["total_return"]), e["seed"], level(e["chaos"]), e["rules"], e["started_at"]]
             for e in listing["episodes"]]
-    offset, total = listing["offset"], listing["total"]
-    shown = (f"episodes {offset + 1}–{offset + len(rows)} of {total}" if rows
+    newer, total = listing["newer"], listing["total"]
+    shown = (f"episodes {newer + 1}–{newer + len(rows)} of {total}" if rows
              else f"no episodes on this page ({total} match)" if total else "No episodes match.")
     body = [f"<h1>Episodes</h1>{form}<p>{esc(shown)}</p>"]
     if listing.get("catching_up"):
-        again = url(ui_href(), {**filters, "limit": listing["limit"], "offset": listing["offset"] or None})
+        again = url(ui_href(), {**filters, "limit": listing["limit"], **place})
         body.append(f"<p role='status'>The list is catching up with the log: "
                     f"{listing['read_models_behind']:,} events are not listed yet. The catch-up goes "
                     f"on meanwhile; {link(again, 'reload the page')} to see more.</p>")
@@ -100,33 +103,39 @@ def episode_list(listing: dict[str, Any], filters: dict[str, str]) -> HTMLRespon
                            "seed", "chaos", "rules", "started"], rows, numeric=frozenset({5, 6, 7, 8, 9}),
                            free_text=frozenset({0, 2})))
     body.append(_pager(listing, filters))
-    return page(_list_title(filters, offset, len(rows)), "".join(body))
+    return page(_list_title(filters, newer, len(rows)), "".join(body))
 
 
-def _list_title(filters: dict[str, str], offset: int, shown: int) -> str:
+def _list_title(filters: dict[str, str], newer: int, shown: int) -> str:
     """The list's title names its filters and rows: every page read "Episodes", so the browser's
     history held a row of look-alikes."""
     narrowed = ", ".join(f"{k} {v}" for k, v in filters.items())
-    rows = f"{offset + 1}–{offset + shown}" if shown else "none"
+    rows = f"{newer + 1}–{newer + shown}" if shown else "none"
     return f"Episodes ({narrowed}; {rows})" if narrowed else f"Episodes ({rows})"
 
 
+OLDEST = 0
+"""`after` for the oldest page: every episode began after log position 0."""
+
+
 def _pager(listing: dict[str, Any], filters: dict[str, str]) -> Markup:
-    offset, limit = listing["offset"], listing["limit"]
+    """Links by the listing's cursors, which hold still while episodes are logged: paged by offset,
+    10 episodes logged meanwhile made "older →" repeat 10 rows."""
+    limit, total, newer = listing["limit"], listing["total"], listing["newer"]
     keep = {**filters, "limit": limit}
     parts = []
-    total = listing["total"]
-    last = (total - 1) // limit * limit if total else 0  # the oldest page's offset
-    if offset >= total > 0:  # past the end (an edited address): one step back would still be empty
-        parts.append(link(url(ui_href(), {**keep, "offset": last}), "← the oldest episodes"))
-    elif offset > 0:
-        if offset > limit:
+    if not listing["episodes"]:
+        if total:  # past the end (an edited address): one step back would still be empty
+            parts.append(link(url(ui_href(), {**keep, "after": OLDEST}), "← the oldest episodes"))
+        return Markup(f"<div class='pager'>{''.join(parts)}</div>")
+    if listing["prev_after"] is not None:
+        if newer > limit:
             parts.append(link(url(ui_href(), keep), "« newest"))
-        parts.append(link(url(ui_href(), {**keep, "offset": max(0, offset - limit)}), "← newer"))
-    if listing["next_offset"] is not None:
-        parts.append(link(url(ui_href(), {**keep, "offset": listing["next_offset"]}), "older →"))
-        if listing["next_offset"] < last:
-            parts.append(link(url(ui_href(), {**keep, "offset": last}), "oldest »"))
+        parts.append(link(url(ui_href(), {**keep, "after": listing["prev_after"]}), "← newer"))
+    if listing["next_before"] is not None:
+        parts.append(link(url(ui_href(), {**keep, "before": listing["next_before"]}), "older →"))
+        if total - newer - len(listing["episodes"]) > limit:
+            parts.append(link(url(ui_href(), {**keep, "after": OLDEST}), "oldest »"))
     return Markup(f"<div class='pager'>{''.join(parts)}</div>")
 
 

@@ -993,8 +993,8 @@ def test_a_query_parameter_a_route_does_not_take_is_refused_in_words(sqlite_url)
         assert c.get("/episodes", params={"outcome": "running"}).json()["total"] == 1
         for path, query, words in (
                 ("/episodes", "outcomes=success", "/episodes has no query parameter 'outcomes'; "
-                                                  "it takes agent, failure_mode, limit, offset, outcome, "
-                                                  "rules, task"),
+                                                  "it takes after, agent, before, failure_mode, limit, "
+                                                  "offset, outcome, rules, task"),
                 ("/episodes", "limit=2&limit=500", "parameter 'limit' is given more than once"),
                 (f"/episodes/{episode_id}/views", "stpe=0", "has no query parameter 'stpe'; it takes step"),
                 (f"/episodes/{episode_id}/events", "from=3", "has no query parameter 'from'"),

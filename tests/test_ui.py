@@ -179,27 +179,36 @@ def test_the_report_page_shows_a_chaos_level_as_the_form_writes_it(ui):
     assert '<option value="2" selected>' in page
 
 
+def _pager(page: str) -> dict[str, dict]:
+    """The pager's links: label -> the query of its address."""
+    found = re.findall(r'<a href="([^"]*)">([^<]*)</a>', page.split("class='pager'>")[1])
+    return {html.unescape(label): parse_qs(urlsplit(html.unescape(h)).query) for h, label in found}
+
+
 def test_list_pages_forward_and_back_keeping_the_filters(ui):
     c, _, ids = ui
     page = _html_ok(c.get("/ui", params={"limit": 2}))
-    expected = [e["episode_id"] for e in c.get("/episodes", params={"limit": 2}).json()["episodes"]]
+    first = c.get("/episodes", params={"limit": 2}).json()
+    expected = [e["episode_id"] for e in first["episodes"]]
     assert all(i in page for i in expected) and len(set(ids.values()) - set(expected)) == 2
-    older = [h for h in _links(page) if "offset=" in h]
-    assert len(older) == 1 and parse_qs(urlsplit(older[0]).query) == {"limit": ["2"], "offset": ["2"]}
-    page2 = _html_ok(c.get(older[0]))
+    assert _pager(page) == {"older →": {"limit": ["2"], "before": [str(first["next_before"])]}}
+    page2 = _html_ok(c.get("/ui", params=_pager(page)["older →"]))
     rest = set(ids.values()) - set(expected)
-    assert all(i in page2 for i in rest)
-    newer = [h for h in _links(page2) if "offset=" in h]
-    assert [parse_qs(urlsplit(h).query)["offset"] for h in newer] == [["0"]]  # no older page
+    assert all(i in page2 for i in rest) and "episodes 3–4 of 4" in page2
+    assert set(_pager(page2)) == {"← newer"}  # no older page
+    back = _html_ok(c.get("/ui", params=_pager(page2)["← newer"]))
+    assert all(i in back for i in expected) and "episodes 1–2 of 4" in back
+    assert _pager(back) == _pager(page)
     filtered = _html_ok(c.get("/ui", params={"agent": "random-agent", "limit": 1}))
-    link = next(h for h in _links(filtered) if "offset=" in h)
-    assert parse_qs(urlsplit(link).query) == {"agent": ["random-agent"], "limit": ["1"], "offset": ["1"]}
-    # past the end, "newer" stepped back one empty page at a time; it leads to the last page now
+    assert _pager(filtered)["older →"]["agent"] == ["random-agent"]
+    older = _html_ok(c.get("/ui", params=_pager(filtered)["older →"]))
+    assert "episodes 2–2 of 2" in older and "random-agent" in older
+    # past the end, "newer" stepped back one empty page at a time; it leads to the oldest page now
     beyond = _html_ok(c.get("/ui", params={"limit": 3, "offset": 1_000_000}))
-    (back,) = [h for h in _links(beyond) if "offset=" in h]
+    assert set(_pager(beyond)) == {"← the oldest episodes"}
     total = c.get("/episodes").json()["total"]
-    first_shown = (total - 1) // 3 * 3 + 1
-    assert f"episodes {first_shown}–{total} of {total}" in _html_ok(c.get(back))
+    assert f"episodes {total - 2}–{total} of {total}" in _html_ok(
+        c.get("/ui", params=_pager(beyond)["← the oldest episodes"]))
 
 
 def test_the_list_reaches_its_oldest_and_newest_pages_in_one_click_at_a_size_the_form_sets(ui):
@@ -208,21 +217,50 @@ def test_the_list_reaches_its_oldest_and_newest_pages_in_one_click_at_a_size_the
     c, _, _ = ui
     total = c.get("/episodes").json()["total"]
     oldest = c.get("/episodes", params={"limit": 1, "offset": total - 1}).json()["episodes"][0]["episode_id"]
-
-    def pager(page: str) -> dict[str, dict]:
-        found = re.findall(r'<a href="([^"]*)">([^<]*)</a>', page.split("class='pager'>")[1])
-        return {html.unescape(label): parse_qs(urlsplit(html.unescape(h)).query) for h, label in found}
-
     first = _html_ok(c.get("/ui", params={"limit": 1}))
-    assert pager(first) == {"older →": {"limit": ["1"], "offset": ["1"]},
-                            "oldest »": {"limit": ["1"], "offset": [str(total - 1)]}}
-    last = _html_ok(c.get("/ui", params={"limit": 1, "offset": total - 1}))
-    assert oldest in last
-    assert pager(last) == {"« newest": {"limit": ["1"]},
-                           "← newer": {"limit": ["1"], "offset": [str(total - 2)]}}
+    assert set(_pager(first)) == {"older →", "oldest »"}
+    assert _pager(first)["oldest »"] == {"limit": ["1"], "after": ["0"]}
+    last = _html_ok(c.get("/ui", params=_pager(first)["oldest »"]))
+    assert oldest in last and f"episodes {total}–{total} of {total}" in last
+    assert set(_pager(last)) == {"« newest", "← newer"}
+    assert _pager(last)["« newest"] == {"limit": ["1"]}
+    one_newer = _html_ok(c.get("/ui", params=_pager(last)["← newer"]))
+    assert f"episodes {total - 1}–{total - 1} of {total}" in one_newer
     sizes = re.search(r'<select name="limit">(.*?)</select>', first).group(1)
     assert re.findall(r'<option value="(\d+)"', sizes) == ["1", "50", "100", "200", "500"]
     assert '<option value="1" selected>' in sizes  # the address's own size stays chosen
+
+
+def test_paging_holds_still_while_episodes_are_logged(tmp_path):
+    """By offset, 2 episodes logged between two clicks made "older →" show 2 rows again; by the
+    page's cursor, the next page begins where the last one ended, and the count says where."""
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+
+    def log(n: int, first_seed: int) -> None:
+        with CompanyEnv(url, agent="noop") as env:
+            for seed in range(first_seed, first_seed + n):
+                env.reset(seed=seed, options={"task": "expense_report", "chaos": "none"})
+    log(6, 0)
+    with TestClient(create_app(ServerConfig(db=url))) as c:
+        page1 = c.get("/episodes", params={"limit": 3}).json()
+        log(2, 100)  # two more, newer than every listed one
+        page2 = c.get("/episodes", params={"limit": 3, "before": page1["next_before"]}).json()
+        by_offset = c.get("/episodes", params={"limit": 3, "offset": 3}).json()
+        html_page2 = _html_ok(c.get("/ui", params={"limit": 3, "before": page1["next_before"]}))
+        newer = c.get("/episodes", params={"limit": 3, "after": page2["prev_after"]}).json()
+        newest = c.get("/episodes", params={"limit": 3, "after": newer["prev_after"]}).json()
+        both = c.get("/episodes", params={"before": 5, "after": 1})
+    seen = [e["episode_id"] for e in page1["episodes"] + page2["episodes"]]
+    assert len(set(seen)) == 6 and page2["next_before"] is None  # all six, none twice
+    assert [e["seed"] for e in page1["episodes"] + page2["episodes"]] == [5, 4, 3, 2, 1, 0]
+    assert (page2["newer"], page2["total"]) == (5, 8) and "episodes 6–8 of 8" in html_page2
+    assert [e["seed"] for e in by_offset["episodes"]] == [4, 3, 2]  # offset paging repeats 4 and 3
+    # back towards the newest: the three just newer than page 2 (page 1's), then the two new ones
+    assert [e["seed"] for e in newer["episodes"]] == [5, 4, 3] and newer["newer"] == 2
+    assert newer["next_before"] == page1["next_before"] and newer["prev_after"] is not None
+    assert [e["seed"] for e in newest["episodes"]] == [101, 100] and newest["newer"] == 0
+    assert newest["prev_after"] is None and newest["next_before"] is not None
+    assert both.status_code == 400 and "give before or after, not both" in both.json()["detail"]
 
 
 @pytest.mark.parametrize(("query", "said"), [
@@ -690,7 +728,8 @@ def test_a_query_parameter_a_page_does_not_take_is_a_400_page_naming_it(ui):
     c, _, ids = ui
     episode = ids["success"]
     for path, query, takes in (
-            ("/ui", "outcom=success", "agent, failure_mode, limit, offset, outcome, rules, task"),
+            ("/ui", "outcom=success",
+             "after, agent, before, failure_mode, limit, offset, outcome, rules, task"),
             (f"/ui/episodes/{episode}", "form=5", "from"),
             (f"/ui/episodes/{episode}/views", "setp=3", "step"),
             (f"/ui/episodes/{episode}/rerun", "x=1", "none")):
