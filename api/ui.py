@@ -142,7 +142,10 @@ def ui_router(log: EpisodeLog, db: str | Callable[[], str], warehouse: str | Non
     async def analytics(request: Request) -> HTMLResponse:
         """The failure-mode report over the warehouse, synced with the store first."""
         try:
-            filters = _params(request, "agent", "task", "chaos", "profile", "rules")
+            filters = _params(request, "agent", "task", "chaos", "profile", "rules", "reload")
+            if filters.setdefault("reload", "on") not in ("on", "off"):
+                raise BadParameter(f"reload must be on or off, not {filters['reload']!r}")
+            reloading = filters.pop("reload") == "on"
             report.check_filters(filters.get("agent"), filters.get("task"), filters.get("chaos"),
                                  filters.get("profile"), filters.get("rules"))
             filters = _as_the_form_shows(filters)  # the report's title says them as the form does
@@ -152,7 +155,7 @@ def ui_router(log: EpisodeLog, db: str | Callable[[], str], warehouse: str | Non
             # a long sync runs on in the background while the page says how far it got
             job = await service.sync_in_background(db_url(), warehouse, SYNC_WAIT_S)
             if job is not None:
-                return syncing_page(job.described(), RETRY_AFTER_S)
+                return syncing_page(job.described(), RETRY_AFTER_S, filters, reloading)
             # synced again, at almost no cost: the job may have ended long before this request
             data = await run_in_threadpool(report_data, db_url(), warehouse, filters)
         except (WarehouseError, UnsyncableStore, StoreUnavailable) as exc:

@@ -409,12 +409,22 @@ def _chaos_choices(chosen: str | None) -> list[str]:
     return [*CHAOS_LEVELS, chosen] if chosen and chosen not in CHAOS_LEVELS else list(CHAOS_LEVELS)
 
 
-def syncing_page(how_far: str, refresh_s: int) -> HTMLResponse:
+def syncing_page(how_far: str, refresh_s: int, filters: dict[str, str],
+                 reloading: bool = True) -> HTMLResponse:
     """`GET /ui/analytics` while a long sync runs: how far it got, reloading itself until the
-    report is ready (202: the work is accepted and under way)."""
+    report is ready (202: the work is accepted and under way), with a link that stops the reloads
+    (a page that reloads with no way to stop it fails WCAG 2.2.1: a screen reader starts it over
+    every 2 s)."""
+    here = ui_href("/analytics")
+    still = url(here, {**filters, "reload": "off"})
+    if reloading:
+        said = (f"This page reloads itself {refresh_s} s after each answer and shows the report "
+                f"when the sync is done; {link(still, 'stop reloading')}.")
+    else:
+        said = (f"This page does not reload itself: {link(still, 'check again')}, or "
+                f"{link(url(here, filters), f'reload every {refresh_s} s')} until the report is ready.")
     body = (f"<h1>Syncing the warehouse</h1><p>The analytics read a DuckDB warehouse fed from the "
             f"store; it is catching up: {esc(how_far)}.</p>"
-            f"<p class='muted'>This page reloads itself {refresh_s} s after each answer and shows the report "
-            "when the sync is done. The sync goes on if you leave.</p>")
+            f"<p class='muted'>{said} The sync goes on if you leave.</p>")
     return page("Analytics", body, status=202,
-                head=f"<meta http-equiv='refresh' content='{int(refresh_s)}'>")
+                head=f"<meta http-equiv='refresh' content='{int(refresh_s)}'>" if reloading else "")

@@ -716,7 +716,7 @@ def test_analytics_page_holds_the_report_and_its_charts(ui):
     ({"profile": "dense"}, "no reward profile 'dense'; the profiles are default, sparse"),
     ({"rules": "9"}, "no rules version 9; the versions are 1, 2"),
     ({"agnet": "random-agent"},
-     "this page has no query parameter 'agnet'; it takes agent, chaos, profile, rules, task")])
+     "this page has no query parameter 'agnet'; it takes agent, chaos, profile, reload, rules, task")])
 def test_a_bad_analytics_filter_is_a_400_page(ui, query, said):
     c, _, _ = ui
     page = _html_ok(c.get("/ui/analytics", params=query), 400)
@@ -761,6 +761,15 @@ def test_a_long_sync_answers_with_a_page_that_reloads_until_the_report_is_ready(
             assert "1,500 of 3,000 events so far (50.0%)" in waiting
             assert "<meta http-equiv='refresh' content='2'>" in waiting
         assert len(calls) == 1
+        # a page that reloads every 2 s with no way to stop it fails WCAG 2.2.1: it has one
+        stop = next(h for h in _links(waiting) if "reload=off" in h)
+        assert parse_qs(urlsplit(stop).query) == {"task": ["expense_report"], "reload": ["off"]}
+        still = _html_ok(c.get(stop), 202)
+        assert "refresh" not in still and "does not reload itself" in still
+        assert "1,500 of 3,000 events so far" in still and len(calls) == 1  # the same sync
+        assert {"check again", "reload every 2 s"} <= set(re.findall(r'<a href="[^"]*">([^<]*)</a>', still))
+        assert "reload must be on or off, not 'maybe'" in html.unescape(
+            _html_ok(c.get("/ui/analytics", params={"reload": "maybe"}), 400))
         release.set()
         for _ in range(300):
             ready = c.get("/ui/analytics", params={"task": "expense_report"})
