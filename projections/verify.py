@@ -2,7 +2,8 @@
 
 Per stream: versions contiguous from 0 and in log order, each stored digest equal to the chain
 over (previous digest, type, schema version, data), `EpisodeStarted` first, at most one
-`EpisodeEnded` and nothing after it, every type and schema version known to the domain.
+`EpisodeEnded` and nothing after it, every type and schema version known to the domain, and
+a rules version the domain knows.
 The same pass folds every projection in memory with the runner's own rules, up to that
 projection's checkpoint; the rows are compared with the stored read models at the end (by
 hash, so memory stays small; a differing row is re-derived to say which columns differ).
@@ -19,6 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
 import sqlalchemy as sa
 
 import domain
@@ -27,6 +29,17 @@ from projections.reader import STAND_IN, UNREADABLE_VERSION, fetch_page, stream_
 from projections.runner import Entry, Projection, fold_records, row_of
 from projections.schema import projection_checkpoints
 from projections.views import head_problem
+
+
+def _rules_named(data_json: str) -> object:
+    """The rules version an EpisodeStarted's data names: 1 where it names none, or where the data
+    is no JSON (the digest check blames that)."""
+    try:
+        data = orjson.loads(data_json)
+    except orjson.JSONDecodeError:
+        return 1
+    return domain.rules_of(data.get("target") if type(data) is dict else None)
+
 
 MAX_DETAILS = 20  # differing rows explained column by column; the rest are only named
 PAGE = 20_000
@@ -183,6 +196,10 @@ class Checker:
                              "not EpisodeStarted")
             elif type_ == "EpisodeStarted":
                 add(sid, f"version {version}: EpisodeStarted is not the first event")
+            if type_ == "EpisodeStarted" and (rules := _rules_named(data_json)) not in domain.RULES_VERSIONS:
+                add(sid, f"judged by rules version {rules}, which this companyos does not know "
+                         f"(it knows {', '.join(map(str, domain.RULES_VERSIONS))}): a newer "
+                         "release's episode, which this one can neither check nor continue")
             if version != s.next_version:
                 if version > s.next_version:
                     add(sid, f"version {version} follows version {s.next_version - 1}: "

@@ -1087,6 +1087,15 @@ def test_an_episode_judged_by_rules_this_server_does_not_know_is_not_continued(s
         assert store.stream_digest("newer-release") == before  # nothing logged
     with CompanyEnv(sqlite_url) as env, pytest.raises(UnknownRules, match="upgrade companyos"):
         env.resume("newer-release")
+    # and `verify`, which said ok, names it (the episode it was copied from is fine)
+    from projections.verify import verify
+
+    with EventStore.open(sqlite_url) as store:
+        checked = verify(store, workers=1)
+    assert list(checked.problems) == ["newer-release"]
+    (problem,) = checked.problems["newer-release"]
+    assert problem.startswith(f"judged by rules version {max(RULES_VERSIONS) + 1}, which this "
+                              "companyos does not know") and "newer release's episode" in problem
 
 
 def test_websocket_resume_after_restart(sqlite_url, tmp_path):
