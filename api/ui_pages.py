@@ -33,7 +33,7 @@ from api.ui_html import (
 from api.ui_timeline import Step
 from domain import CHAOS_LEVELS, FAILURE_MODES, REWARD_PROFILES, RULES_VERSIONS, TASK_FAMILIES
 from domain.tools import APPS
-from projections.episodes import OUTCOMES
+from projections.episodes import OUTCOMES, UNKNOWN_AGENT
 from projections.rerun import mismatch_line
 
 
@@ -81,7 +81,7 @@ def episode_list(listing: dict[str, Any], filters: dict[str, str],
         + _page_size(listing["limit"])
         + '<button type="submit">Filter</button>'
         + f'<a href="{esc(ui_href())}">clear</a></form>')
-    rows = [[link(episode_url(e["episode_id"]), e["episode_id"]), e["task"], e["agent"] or "",
+    rows = [[link(episode_url(e["episode_id"]), e["episode_id"]), e["task"], e["agent"] or UNKNOWN_AGENT,
              _outcome(e["outcome"]), _failure(e["failure_mode"]), e["steps"],
              number(e["total_return"]), e["seed"], level(e["chaos"]), e["rules"], e["started_at"]]
             for e in listing["episodes"]]
@@ -163,7 +163,7 @@ def episode_page(summary: dict[str, Any], timeline: list[Step], first: int = 0) 
     """`GET /ui/episodes/{id}?from=K`: the summary, then what steps K to K+199 did and led to."""
     episode_id = summary["episode_id"]
     pairs = [("episode", episode_id), ("task", summary.get("task")), ("seed", summary.get("seed")),
-             ("chaos", level(summary.get("chaos"))), ("agent", summary.get("agent") or "—"),
+             ("chaos", level(summary.get("chaos"))), ("agent", summary.get("agent") or UNKNOWN_AGENT),
              ("reward profile", summary.get("reward_profile")), ("rules", summary.get("rules")),
              ("outcome", _outcome(summary.get("outcome"))),
              ("failure mode", _failure_line(summary.get("failure_mode"))),
@@ -318,7 +318,7 @@ def views_page(result: dict[str, Any]) -> HTMLResponse:
     ep = result["episode"]
     body = [f"<h1>Episode {esc(episode_id)} — step {step} of {steps}</h1>",
             f"<p class='muted'>{esc(ep.get('task'))}, seed {esc(ep.get('seed'))}, "
-            f"chaos {esc(level(ep.get('chaos')))}, agent <bdi>{esc(ep.get('agent') or '—')}</bdi>; "
+            f"chaos {esc(level(ep.get('chaos')))}, agent <bdi>{esc(ep.get('agent') or UNKNOWN_AGENT)}</bdi>; "
             f"the apps after stream version {esc(result.get('version'))}</p>",
             f"<div class='pager'>{''.join(nav)}</div>", _step_facts(result)]
     for app in APPS:

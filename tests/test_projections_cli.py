@@ -50,6 +50,20 @@ def test_episodes_lists_filters_and_prints_json(cli, db):
     assert "license_renewal" in wrong.stderr and not wrong.stdout
 
 
+def test_episodes_names_an_unlabelled_agent_as_its_filter_finds_it(cli, tmp_path):
+    """An episode logged without an agent showed as "-", which no filter finds (nor told it from
+    an agent labelled "-"); `(unknown)` is the name the filter and the analytics use."""
+    from companyos.env import CompanyEnv
+
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    with CompanyEnv(url) as env:
+        env.reset(seed=1, options={"task": "expense_report", "chaos": "none"})
+    table = cli("episodes", "--db", url)
+    found = cli("episodes", "--db", url, "--agent", "(unknown)", "--json")
+    assert table.exit_code == 0 and "(unknown)" in table.stdout
+    assert found.exit_code == 0 and json.loads(found.stdout)["total"] == 1
+
+
 def test_episodes_pages_through_the_list_and_says_which_page_it_shows(cli, db):
     """`--limit 50` cut the table of 34,000 episodes without a word, and there was no way to the
     next page but `--limit 0` (GET /episodes has `offset`)."""

@@ -384,7 +384,12 @@ def test_the_unknown_agent_the_analytics_name_is_a_list_filter_too(sqlite_url):
         listing = c.get("/episodes", params={"agent": "(unknown)"}).json()
         assert [e["episode_id"] for e in listing["episodes"]] == [nobody] and listing["total"] == 1
         page = _html_ok(c.get("/ui", params={"agent": "(unknown)"}))
+        whole = _html_ok(c.get("/ui"))
+        episode = _html_ok(c.get(f"/ui/episodes/{nobody}"))
     assert nobody in page and someone not in page
+    # and the list names them so, the name that finds them (an empty cell, or "-", did not say it)
+    (row,) = [r for r in re.findall(r"<tr>(.*?)</tr>", whole, re.S) if nobody in r]
+    assert "(unknown)" in row and "(unknown)" in episode
 
 
 def test_a_running_episode_shows_as_running(sqlite_url):

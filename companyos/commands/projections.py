@@ -137,6 +137,7 @@ def episodes(
     from rich.table import Table
 
     from domain.chaos import level_text
+    from projections.episodes import UNKNOWN_AGENT  # as the analytics name them, and filter finds them
 
     table = Table(box=None, header_style="bold")
     for title in ("episode", "task", "seed", "chaos", "rules", "agent", "outcome", "failure mode",
@@ -145,7 +146,7 @@ def episodes(
         table.add_column(title, no_wrap=title == "episode", justify="right" if numeric else "left")
     for r in rows:
         table.add_row(r["episode_id"], r["task"], str(r["seed"]), level_text(r["chaos"]), str(r["rules"]),
-                      r["agent"] or "-", r["outcome"] or "running", r["failure_mode"] or "-",
+                      r["agent"] or UNKNOWN_AGENT, r["outcome"] or "running", r["failure_mode"] or "-",
                       str(r["steps"]), f"{r['total_return']:.2f}", (r["started_at"] or "")[:19])
     stdout_console().print(table)
     if not rows:
