@@ -6,6 +6,7 @@ file can be mailed, archived or opened offline and still reads at a glance.
 
 from __future__ import annotations
 
+import hashlib
 import html
 import math
 import re
@@ -830,9 +831,35 @@ def hbar_chart(labels: list[str], values: list[float], *, title: str, width: int
     return "".join(parts)
 
 
+SERIES_PATTERNS = ("", "M0 6L6 0M-1 1L1 -1M5 7L7 5", "dots", "M0 3H6", "M0 6L6 0M0 0L6 6", "M3 0V6",
+                   "M0 0L6 6M-1 5L1 7M5 -1L7 1", "M0 3H6M3 0V6")
+"""What each series draws over its colour, in white (solid, /, dots, -, x, |, \\, +): series told
+apart by colour alone fail WCAG 1.4.1 for a reader who does not see the colours apart (five of the
+palette's colours are under 3:1 against white) or prints the report in grey."""
+
+
+def _series_fills(title: str, count: int) -> tuple[str, list[str]]:
+    """The <defs> of a chart's series patterns and each series' fill; the ids carry a digest of
+    the title, so two charts of one page never take each other's patterns."""
+    prefix = "p" + hashlib.blake2b(title.encode(), digest_size=4).hexdigest()
+    defs, fills = [], []
+    for s in range(count):
+        colour, mark = PALETTE[s % len(PALETTE)], SERIES_PATTERNS[s % len(SERIES_PATTERNS)]
+        if not mark:
+            fills.append(colour)
+            continue
+        drawn = ('<circle cx="3" cy="3" r="1.3" fill="#fff"/>' if mark == "dots"
+                 else f'<path d="{mark}" stroke="#fff" stroke-width="1.3"/>')
+        defs.append(f'<pattern id="{prefix}-{s}" width="6" height="6" patternUnits="userSpaceOnUse">'
+                    f'<path d="M0 0h6v6h-6z" fill="{colour}"/>{drawn}</pattern>')
+        fills.append(f"url(#{prefix}-{s})")
+    return (f"<defs>{''.join(defs)}</defs>" if defs else ""), fills
+
+
 def grouped_bar_chart(groups: list[str], series: dict[str, list[float | None]], *, title: str,
                       width: int = 720) -> str:
-    """Bars per group (e.g. chaos level) for each series (e.g. task), fractions, with a legend."""
+    """Bars per group (e.g. chaos level) for each series (e.g. task), fractions, with a legend;
+    each series has its colour and its pattern (SERIES_PATTERNS)."""
     names = list(series)
     top, bottom, left = 30, 62, 44
     legend = _legend_layout(names, width, left)
@@ -843,6 +870,8 @@ def grouped_bar_chart(groups: list[str], series: dict[str, list[float | None]], 
     bar = min(22.0, slot * 0.8 / max(len(names), 1))
     every = _label_stride(groups, slot)
     parts = _svg_start(width, height, title, left)
+    defs, fills = _series_fills(title, len(names))
+    parts.append(defs)
     for i in range(5):
         y = top + inner_h * i / 4
         parts.append(f'<line x1="{left}" x2="{width - 10}" y1="{y:.1f}" y2="{y:.1f}" stroke="#e5e5e5"/>')
@@ -857,16 +886,15 @@ def grouped_bar_chart(groups: list[str], series: dict[str, list[float | None]], 
             h = max(inner_h * value, 1.0)  # a run at 0% keeps a stub: no bar means no episodes
             x = x0 + bar * s
             parts.append(f'<rect x="{x:.1f}" y="{top + inner_h - h:.1f}" width="{bar - 1:.1f}" '
-                         f'height="{h:.1f}" fill="{PALETTE[s % len(PALETTE)]}"><title>{_esc(name)} @ '
+                         f'height="{h:.1f}" fill="{fills[s]}"><title>{_esc(name)} @ '
                          f'{_esc(group)}: {percent_text(value)}</title></rect>')
         if g % every == 0:  # the bars' tooltips name every group
             parts.append(f'<text x="{left + slot * g + slot / 2:.1f}" y="{top + inner_h + 14:.1f}" '
                          f'text-anchor="middle" fill="#333">{_esc(_fit(group, slot * every - 4))}</text>')
     for s, (name, (x, row)) in enumerate(zip(names, legend, strict=True)):
         ly = 270 - 26 + 14 * row
-        parts.append(f'<rect x="{left + x}" y="{ly}" width="10" height="10" '
-                     f'fill="{PALETTE[s % len(PALETTE)]}"/>')
-        parts.append(f'<text x="{left + x + 14}" y="{ly + 9}">{_esc(_fit(name, width - left - 30))}</text>')
+        parts.append(f'<rect x="{left + x}" y="{ly - 1}" width="12" height="12" fill="{fills[s]}"/>')
+        parts.append(f'<text x="{left + x + 16}" y="{ly + 9}">{_esc(_fit(name, width - left - 30))}</text>')
     parts.append("</svg>")
     return "".join(parts)
 

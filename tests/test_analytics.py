@@ -18,7 +18,7 @@ import duckdb
 import orjson
 import pytest
 
-from analytics import service, synthetic
+from analytics import report, service, synthetic
 from analytics.intervals import wilson_interval
 from analytics.named import QueryError, UnknownQuery
 from analytics.sync import sync
@@ -1478,9 +1478,9 @@ def test_the_per_agent_chart_draws_the_busiest_agents_and_keeps_its_legend_insid
     # said where the eye is, too: the note under the table was a screen away from the chart
     assert "Success rate by chaos level and agent (the 8 busiest of 12)" in chart
     width, height = (float(v) for v in re.search(r'viewBox="0 0 ([\d.]+) ([\d.]+)"', chart).groups())
-    legend = re.findall(r'<rect x="([\d.]+)" y="([\d.]+)" width="10" height="10"', chart)
+    legend = re.findall(r'<rect x="([\d.]+)" y="([\d.]+)" width="12" height="12"', chart)
     assert len(legend) == report.CHART_AGENTS
-    assert all(float(x) + 10 <= width and float(y) + 10 <= height for x, y in legend), legend
+    assert all(float(x) + 12 <= width and float(y) + 12 <= height for x, y in legend), legend
     drawn = re.findall(r"<title>([^<]*) @ ", chart)
     assert {d[:15] for d in drawn} == {f"vendor-model-{i:02d}" for i in range(4, 12)}  # the busiest
     rates = [1 / (i + 1) for i in range(4, 12)]
@@ -1514,6 +1514,26 @@ def test_a_chaos_sweep_keeps_its_axis_labels_readable_and_apart():
         assert labels[0][1] == "none (0)"
         for (x1, a), (x2, b) in itertools.pairwise(labels):  # half of each width either side
             assert x2 - x1 >= (report._text_px(a) + report._text_px(b)) / 2, (a, b)
+
+
+def test_grouped_chart_series_differ_by_pattern_as_well_as_colour():
+    """Told apart by colour alone (WCAG 1.4.1), two agents' bars read the same to a reader who
+    does not see those colours apart, or on a grey print; each series has its pattern too, and
+    the legend shows it."""
+    names = [f"agent-{i}" for i in range(8)]
+    charts = [report.grouped_bar_chart(["none", "high"], {n: [0.5, 0.25] for n in names}, title=title)
+              for title in ("Success rate by chaos level and agent", "Success rate by task and agent")]
+    ids = []
+    for chart in charts:
+        patterns = dict(re.findall(r'<pattern id="([^"]+)"[^>]*>(.*?)</pattern>', chart))
+        ids += list(patterns)
+        assert len(patterns) == 7  # the first series is plain colour
+        assert len({re.sub(r'fill="#[0-9a-f]+"', "", body) for body in patterns.values()}) == 7
+        for name in names:  # the bars' fill is the legend's
+            bar_fills = set(re.findall(rf'fill="([^"]+)"><title>{name} @', chart))
+            (legend,) = re.findall(rf'<rect [^>]*fill="([^"]+)"/><text [^>]*>{name}</text>', chart)
+            assert bar_fills == {legend}
+    assert len(set(ids)) == 14  # two charts on one page keep their own patterns
 
 
 def test_chart_bars_label_success_rates_from_the_counts(tmp_path):
