@@ -20,6 +20,7 @@ from typing import Any
 
 from analytics.intervals import percent_text, percent_value, wilson_bounds, wilson_interval
 from analytics.service import rows_of, run_named
+from analytics.sign_test import holm_beyond_chance, sign_test_p
 from analytics.warehouse import Warehouse
 from domain import CHAOS_LEVELS, FAILURE_MODES, reward_profile, rules_from_text, task_family
 from domain.chaos import SPRUNG_BY_THE_AGENT, level_text, parse_chaos
@@ -299,15 +300,17 @@ def _unlike(mixes: dict[str, dict[Any, Fraction]]) -> bool:
 
 
 SIGNIFICANCE = 0.05
-"""The head-to-head p-value below which the report calls two agents told apart."""
+"""The head-to-head p-value (unrounded, after Holm's correction) below which the report calls two
+agents told apart."""
 
 
 def agents_note(data: dict[str, Any]) -> str | None:
     """What the interval columns mean, whether the agents ran like episodes at all, and which
     agents these episodes do not tell apart from the best one: a table ranks every agent, and 62%
     against 58% over 50 episodes each is no ranking; nor is 90% at chaos none against 60% at high.
-    Where two agents ran the same instances, the head-to-head sign test decides, not the overlap
-    of their intervals: paired seed by seed, 4 points can be a real lead."""
+    Two agents are told apart by their intervals, or, where they ran the same instances, by the
+    head-to-head sign test (paired seed by seed, 4 points can be a real lead); both must leave
+    them alike for the note to say so."""
     agents = data["compare_agents"]
     if len(agents) < 2:
         return None
@@ -325,34 +328,39 @@ def agents_note(data: dict[str, Any]) -> str | None:
                 "one chaos level and task (--chaos, --task), or run the agents on the same seeds, "
                 "before ranking them.")
     best, *others = sorted(agents, key=lambda r: (-exact_rate(r), r["agent"]))
-    close, reversed_ = [], []
+    beyond = holm_beyond_chance({o: sign_test_p(h["agent_ahead"], h["other_ahead"])
+                                 for o, h in paired.items()}, SIGNIFICANCE)
+    apart, close, behind = [], [], []
     for r in others:
-        h = paired.get(r["agent"])
-        if h is None:  # no instance in common: the intervals are all there is
-            if r["success_rate_high"] >= best["success_rate_low"]:
-                close.append(r["agent"])
-        elif h["p_value"] >= SIGNIFICANCE:
-            close.append(r["agent"])
-        elif h["other_ahead"] > h["agent_ahead"]:
-            reversed_.append(r["agent"])
-    basis = ("on the instances they share, neither is ahead beyond chance (the head-to-head "
-             "table's p_value is 0.05 or more), or, where they share none, their intervals overlap"
-             if paired else "their intervals overlap")
+        name, h = r["agent"], paired.get(r["agent"])
+        if name in beyond:
+            (behind if h["other_ahead"] > h["agent_ahead"] else apart).append(name)
+        elif r["success_rate_high"] < best["success_rate_low"]:
+            apart.append(name)
+        else:
+            close.append(name)
+    verdict = []
     if close:
         shown = close[:5] + ([f"{len(close) - 5} more"] if len(close) > 5 else [])
-        verdict = (f"These episodes do not tell {best['agent']} apart from {listed(shown)}: {basis}, "
-                   "so the order between them may be chance. Run more episodes before ranking them.")
-    elif paired:
-        verdict = (f"These episodes tell {best['agent']} apart from every other agent: by the "
-                   "head-to-head sign test where they ran the same instances, by the intervals "
-                   "where they did not.")
-    else:
-        verdict = f"{best['agent']}'s interval overlaps no other agent's: its lead is beyond the intervals."
-    if reversed_:
-        verdict += (f" Yet on the instances they share, {listed(reversed_)} did better than "
-                    f"{best['agent']} (the head-to-head table): its higher rate comes from episodes "
-                    "they did not share.")
-    return f"{said} {verdict}"
+        where = (", and on the instances they share neither is ahead beyond chance (the head-to-head "
+                 "table)" if paired else "")
+        verdict.append(f"These episodes do not tell {best['agent']} apart from {listed(shown)}: "
+                       f"their intervals overlap{where}, so the order between them may be chance. "
+                       "Run more episodes before ranking them.")
+    if apart and not paired and not close:
+        verdict.append(f"{best['agent']}'s interval overlaps no other agent's: its lead is beyond "
+                       "the intervals.")
+    elif apart:
+        whom = "every other agent" if not close and not behind else listed(apart)
+        how = ("by their intervals or, where they ran the same instances, by the head-to-head sign "
+               "test" if paired else "their intervals do not overlap")
+        verdict.append(f"These episodes tell {best['agent']} apart from {whom}: {how}.")
+    if behind:
+        verdict.append(f"But on the instances they share, {listed(behind)} did better than "
+                       f"{best['agent']}, beyond chance (the head-to-head table): {best['agent']}'s "
+                       "overall rate rests on episodes outside that comparison (instances the other "
+                       "did not run, or trials beyond the other's count of one).")
+    return " ".join([said, *verdict])
 
 
 ALL_TASKS = "(all)"
@@ -366,23 +374,30 @@ def head_to_head_section(wh: Warehouse, f: dict[str, Any],
     if len(agents) < 2:
         return [], None
     best = min(agents, key=lambda r: (-exact_rate(r), r["agent"]))["agent"]
+    if best != _stripped(best):  # logged by an old release: no parameter keeps the spaces
+        return [], (f"The best-rated agent's label, {best!r}, begins or ends with a space, which a "
+                    "query parameter drops, so it cannot be compared seed by seed here.")
     rows = [{k: v for k, v in r.items() if k != "task"}  # the per-task rows are the query's
             for r in run_named(wh, "head_to_head", {**_across_agents(f), "agent": best})
             if r["task"] == ALL_TASKS]
-    apart = {r["other"] for r in rows}
-    strangers = [r["agent"] for r in agents if r["agent"] != best and r["agent"] not in apart]
+    met = {r["other"] for r in rows}
+    strangers = [r["agent"] for r in agents if r["agent"] != best and r["agent"] not in met]
     strange = (f" {listed(strangers)} ran no instance in common with {best}, so only the "
                "intervals compare them." if strangers else "")
     if not rows:
         return [], (f"No other agent ran an instance (task, seed, chaos level, step budget, reward "
                     f"profile and rules version) that {best} ran, so there is no paired comparison: "
                     "run the agents on the same seeds to compare them seed by seed.")
+    several = (f", with Holm's correction for the {len(rows)} comparisons made at once" if len(rows) > 1
+               else "")
     return rows, (
         f"Each agent against {best}, the best-rated, on the instances both ran: agent_ahead counts "
         f"those where {best} succeeded more often, other_ahead those where the other did, even the "
-        "rest; p_value is the exact sign test of that split, the chance of one at least as uneven "
-        "were the two alike (0 means below 0.00005). Below 0.05 the order is unlikely to be chance."
-        f"{strange} `companyos analytics query head_to_head -p agent=... -p other=...` splits it by task.")
+        "rest (where one ran an instance more often, each side's first trials count, as many as "
+        "the other's: trials). p_value is the exact sign test of that split, the chance of one at "
+        "least as uneven were the two alike, to 4 places (0 is below 0.00005); the note above "
+        f"calls a split beyond chance below 0.05, before rounding{several}.{strange} "
+        "`companyos analytics query head_to_head -p agent=... -p other=...` splits it by task.")
 
 
 def _stripped(value: str | None) -> str | None:

@@ -225,6 +225,20 @@ def test_pass_at_k_over_repeated_seeds(logged, tmp_path, cli):
             "has 3 trials") in out.stderr, out.stderr
 
 
+def test_head_to_head_says_why_it_has_no_rows(logged, tmp_path, cli):
+    """The random agent ran at medium, the expert at high, the noop agent other seeds: they met on
+    no instance, and "(no rows)" alone read as a broken query."""
+    url, _ = logged
+    where = ("--db", url, "--warehouse", str(tmp_path / "w.duckdb"))
+    out = cli("query", "head_to_head", "--param", "agent=expert", "--format", "json", *where)
+    assert out.exit_code == 0 and json.loads(out.stdout) == []
+    assert "note: 'expert' and any other agent ran no instance" in out.stderr
+    out = cli("query", "head_to_head", "--param", "agent=expert", "--param", "other=expert", *where)
+    assert "note: agent and other both name 'expert'" in out.stderr
+    out = cli("query", "head_to_head", "--param", "other=expert", *where)
+    assert out.exit_code == 2 and "needs parameter 'agent'" in out.stderr
+
+
 def test_answers_that_leave_out_logged_events_say_so(fresh_pg_url, tmp_path, cli):
     """On PostgreSQL a transaction held open anywhere in the cluster keeps a sync below it: the
     sync said "synced 0 events" and every answer silently left out the episodes just run."""

@@ -225,13 +225,23 @@ def query_command(
         typer.echo("note: no instance (agent, task, seed, chaos, step budget, reward profile, rules "
                    f"version) has {k} trials, so every row is empty: run the same seeds {k} times "
                    "(`companyos run --seed S` again), or ask for a smaller k", err=True)
+    if name == "head_to_head" and not rows:  # "(no rows)" alone read as a broken query
+        agent, other = bound["agent"], bound["other"]
+        why = (f"agent and other both name {agent!r}: an agent is not compared with itself"
+               if agent == other else
+               f"{agent!r} and {repr(other) if other else 'any other agent'} ran no instance (task, "
+               "seed, chaos, step budget, reward profile, rules version) in common among the "
+               "finished episodes these filters keep: run them on the same seeds (`companyos run "
+               "--seed S`) to compare them seed by seed")
+        typer.echo(f"note: {why}", err=True)
 
 
 def _versions_pooled(wh: Warehouse, name: str, bound: dict[str, Any]) -> list[int]:
     """The rules versions of the finished episodes the query's other filters keep, when it could
     narrow to one (it takes `rules`), was not asked to, and does not tell them apart itself
-    (`compare_agents` gives each agent's versions); else none."""
-    if name == "compare_agents" or "rules" not in bound or bound["rules"] is not None:
+    (`compare_agents` gives each agent's versions; `head_to_head` pairs instances within one
+    version); else none."""
+    if name in ("compare_agents", "head_to_head") or "rules" not in bound or bound["rules"] is not None:
         return []
     from analytics.report import rules_versions
 
