@@ -91,14 +91,14 @@ class EpisodeLog:
                 found.reverse()
             total = count_episodes(conn, task=task, agent=agent, outcome=outcome, rules=rules,
                                    failure_mode=failure_mode)
-            edge = (position >= found[0]["first_position"] if found  # the page's own newest row
-                    else position >= before if before is not None
-                    else position > after if after is not None else None)
-            newer = (offset if edge is None
-                     else conn.execute(sa.select(sa.func.count()).where(*where, edge)).scalar_one()
-                     - bool(found))
+            cursored = before is not None or after is not None
+            newer = offset  # by offset, the rows before the page; by cursor, counted
+            if cursored:
+                edge = (position >= found[0]["first_position"] if found  # the page's newest row
+                        else position >= before if before is not None else position > after)
+                counted = conn.execute(sa.select(sa.func.count()).where(*where, edge)).scalar_one()
+                newer = counted - bool(found)  # the page's newest row is not newer than itself
         rows = [{str(k): v for k, v in row.items() if k != "first_position"} for row in found]
-        cursored = before is not None or after is not None
         more = newer + len(rows) < total
         return {"episodes": rows, "total": total, "limit": limit, "offset": offset,
                 "next_offset": offset + len(rows) if more and not cursored else None,
