@@ -14,6 +14,7 @@ from api.sessions import ApiError, log_damaged, public_meta, writes_refused
 from companyos.runtime import episode_id_problem
 from eventstore import CorruptCommit, EventStore
 from projections.episodes import EpisodesProjection, count_episodes, episode_filters, summarize
+from projections.reader import snapshot
 from projections.replay import EpisodeNotFound, StepNotFound, replay
 from projections.rerun import rerun_records
 from projections.runner import ProjectionRunner
@@ -85,7 +86,7 @@ class EpisodeLog:
         else:
             older = [position < before] if before is not None else []
             query = query.where(*older).order_by(position.desc())
-        with self.store.engine.connect() as conn:
+        with snapshot(self.store) as conn:  # rows, total and count of one moment of the read model
             found = [dict(row) for row in conn.execute(query.limit(limit).offset(offset)).mappings()]
             if after is not None:
                 found.reverse()

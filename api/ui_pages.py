@@ -125,8 +125,9 @@ def _pager(listing: dict[str, Any], filters: dict[str, str]) -> Markup:
     keep = {**filters, "limit": limit}
     parts = []
     if not listing["episodes"]:
-        if total:  # past the end (an edited address): one step back would still be empty
-            parts.append(link(url(ui_href(), {**keep, "after": OLDEST}), "← the oldest episodes"))
+        if total:  # past either end (an edited or old address): one step on would still be empty
+            parts.append(link(url(ui_href(), keep), "« the newest episodes"))
+            parts.append(link(url(ui_href(), {**keep, "after": OLDEST}), "the oldest episodes »"))
         return Markup(f"<div class='pager'>{''.join(parts)}</div>")
     if listing["prev_after"] is not None:
         if newer > limit:
@@ -413,18 +414,18 @@ def syncing_page(how_far: str, refresh_s: int, filters: dict[str, str],
                  reloading: bool = True) -> HTMLResponse:
     """`GET /ui/analytics` while a long sync runs: how far it got, reloading itself until the
     report is ready (202: the work is accepted and under way), with a link that stops the reloads
-    (a page that reloads with no way to stop it fails WCAG 2.2.1: a screen reader starts it over
-    every 2 s)."""
+    (a page that reloads with no way to stop it fails WCAG 2.2.1). The link comes first and takes
+    the focus: at the end of the text, a screen reader starting over every 2 s never reached it."""
     here = ui_href("/analytics")
     still = url(here, {**filters, "reload": "off"})
     if reloading:
-        said = (f"This page reloads itself {refresh_s} s after each answer and shows the report "
-                f"when the sync is done; {link(still, 'stop reloading')}.")
+        said = (f"<p><a href=\"{esc(still)}\" autofocus>Stop reloading</a>: this page reloads itself "
+                f"{refresh_s} s after each answer and shows the report when the sync is done.</p>")
     else:
-        said = (f"This page does not reload itself: {link(still, 'check again')}, or "
-                f"{link(url(here, filters), f'reload every {refresh_s} s')} until the report is ready.")
-    body = (f"<h1>Syncing the warehouse</h1><p>The analytics read a DuckDB warehouse fed from the "
-            f"store; it is catching up: {esc(how_far)}.</p>"
-            f"<p class='muted'>{said} The sync goes on if you leave.</p>")
+        said = (f"<p>This page does not reload itself: {link(still, 'check again')}, or "
+                f"{link(url(here, filters), f'reload every {refresh_s} s')} until the report is ready.</p>")
+    body = (f"<h1>Syncing the warehouse</h1>{said}<p>The analytics read a DuckDB warehouse fed from "
+            f"the store; it is catching up: {esc(how_far)}.</p>"
+            "<p class='muted'>The sync goes on if you leave.</p>")
     return page("Analytics", body, status=202,
                 head=f"<meta http-equiv='refresh' content='{int(refresh_s)}'>" if reloading else "")

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
+import sqlalchemy as sa
+
 from eventstore import CorruptCommit, EventStore, RecordedEvent
 from eventstore.packing import unpack
 
@@ -103,3 +105,12 @@ def stream_records(store: EventStore, stream_id: str, upto: int, page: int = 256
         if events[-1].stream_id != stream_id:
             break
     return records
+
+
+def snapshot(store: EventStore) -> sa.Connection:
+    """A connection whose reads all see one snapshot (SQLite: its deferred BEGIN already does; on
+    PostgreSQL, READ COMMITTED let a page's rows, total and count each see another catch-up)."""
+    conn = store.engine.connect()
+    if store.engine.dialect.name == "postgresql":
+        conn = conn.execution_options(isolation_level="REPEATABLE READ")
+    return conn

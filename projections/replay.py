@@ -16,6 +16,7 @@ from domain.episode import INITIAL_STATE
 from domain.events import CHAOS
 from domain.outcomes import counts_as_mistake
 from eventstore import EventStore, RecordedEvent
+from projections.episodes import UNKNOWN_AGENT
 from projections.views import APPS, DamagedEvent, check_episode_stream, decode, render_views, views_of
 
 _loads = orjson.loads
@@ -138,7 +139,7 @@ def render_replay(result: dict[str, Any]) -> str:
     """The replay as text: header, action, result, rewards, mistakes, chaos, then the three apps."""
     ep = result["episode"]
     lines = [f"episode {result['episode_id']} — {ep['task']} seed {ep['seed']} chaos {ep['chaos']}"
-             f" agent {ep['agent'] or '-'} rules {ep['rules']}",
+             f" agent {ep['agent'] or UNKNOWN_AGENT} rules {ep['rules']}",
              f"step {result['step']} of {result['steps']} (stream version {result['version']})"]
     if result["step"] > 0:  # an agent may have sent null: that is its action, shown as such
         lines.append(f"action: {orjson.dumps(result['action']).decode()}")

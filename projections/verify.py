@@ -25,7 +25,7 @@ import sqlalchemy as sa
 
 import domain
 from eventstore import GENESIS_DIGEST, EventStore, RecordedEvent, canonical_json, chain_digest
-from projections.reader import STAND_IN, UNREADABLE_VERSION, fetch_page, stream_records
+from projections.reader import STAND_IN, UNREADABLE_VERSION, fetch_page, snapshot, stream_records
 from projections.runner import Entry, Projection, fold_records, row_of
 from projections.schema import projection_checkpoints
 from projections.views import head_problem
@@ -39,6 +39,23 @@ def _rules_named(data_json: str) -> object:
     except orjson.JSONDecodeError:
         return 1
     return domain.rules_of(data.get("target") if type(data) is dict else None)
+
+
+def _rules_problem(rules: object) -> str | None:
+    """What is wrong with the rules version an episode names, if anything: a version past this
+    release's is a newer release's episode; anything else no version at all (4.0 and true passed
+    as 4 and 1, and 0 or null read as a newer release's)."""
+    if type(rules) is int and rules > domain.CURRENT_RULES:
+        return (f"judged by rules version {rules}, which this companyos does not know (it knows "
+                f"{', '.join(map(str, domain.RULES_VERSIONS))}): a newer release's episode, which "
+                "this one can neither check nor continue")
+    try:
+        if rules is None:
+            raise ValueError("rules must be a whole number, not None")
+        domain.checked_rules(rules)
+    except ValueError as exc:
+        return f"EpisodeStarted names no rules version: {exc}"
+    return None
 
 
 MAX_DETAILS = 20  # differing rows explained column by column; the rest are only named
@@ -196,10 +213,8 @@ class Checker:
                              "not EpisodeStarted")
             elif type_ == "EpisodeStarted":
                 add(sid, f"version {version}: EpisodeStarted is not the first event")
-            if type_ == "EpisodeStarted" and (rules := _rules_named(data_json)) not in domain.RULES_VERSIONS:
-                add(sid, f"judged by rules version {rules}, which this companyos does not know "
-                         f"(it knows {', '.join(map(str, domain.RULES_VERSIONS))}): a newer "
-                         "release's episode, which this one can neither check nor continue")
+            if type_ == "EpisodeStarted" and (problem := _rules_problem(_rules_named(data_json))):
+                add(sid, problem)
             if version != s.next_version:
                 if version > s.next_version:
                     add(sid, f"version {version} follows version {s.next_version - 1}: "
@@ -361,7 +376,7 @@ class Fold:
         key = projection.key
         differing: list[tuple[str, dict[str, Any]]] = []
         rows = 0
-        with _snapshot(store) as conn:
+        with snapshot(store) as conn:
             # rows and checkpoint commit together: read both in one snapshot, and compare only if
             # the read model is still where verify folded it (another process may catch it up)
             now = conn.execute(sa.select(projection_checkpoints.c.position).where(
@@ -397,14 +412,6 @@ class Fold:
             report.add(sid, f"{name} read model differs from its rebuild ({shown})")
         return {"rows": rows, "checkpoint": self.checkpoint,
                 "differing": len(differing) + len(expected)}
-
-
-def _snapshot(store: EventStore) -> sa.Connection:
-    """A connection whose reads all see one snapshot (SQLite: its deferred BEGIN already does)."""
-    conn = store.engine.connect()
-    if store.engine.dialect.name == "postgresql":
-        conn = conn.execution_options(isolation_level="REPEATABLE READ")
-    return conn
 
 
 def _short(value: Any, limit: int = 60) -> str:

@@ -1050,15 +1050,18 @@ def test_numbers_in_query_strings_are_digits_as_on_the_ui_pages(sqlite_url):
         assert c.get(f"/episodes/{episode_id}").json()["steps"] == 2  # nothing was applied
 
 
-def _judged_by_a_newer_release(store: EventStore, episode_id: str, copy: str) -> None:
+_NEWER = object()
+
+
+def _judged_by_a_newer_release(store: EventStore, episode_id: str, copy: str, rules: object = _NEWER) -> None:
     """`copy`: the episode as a newer release would log it, judged by a rules version after ours
-    (a chain of digests as the store writes it, its token and agent kept)."""
+    (or by `rules`; a chain of digests as the store writes it, its token and agent kept)."""
     records = list(store.read_stream(episode_id))
     events = []
     for r in records:
         data = json.loads(r.data_json)
         if r.type == "EpisodeStarted":
-            data["target"]["rules"] = max(RULES_VERSIONS) + 1
+            data["target"]["rules"] = max(RULES_VERSIONS) + 1 if rules is _NEWER else rules
         events.append(NewEvent(r.type, data, schema_version=r.schema_version, meta=r.meta))
     store.append(copy, events, None)
 
@@ -1096,6 +1099,16 @@ def test_an_episode_judged_by_rules_this_server_does_not_know_is_not_continued(s
     (problem,) = checked.problems["newer-release"]
     assert problem.startswith(f"judged by rules version {max(RULES_VERSIONS) + 1}, which this "
                               "companyos does not know") and "newer release's episode" in problem
+    # a version that is no version is damage, not a newer release (4.0 and true passed as 4 and 1)
+    wrong = {"float": 4.0, "true": True, "zero": 0, "null": None, "text": "5"}
+    with EventStore.open(sqlite_url) as store:
+        for name, rules in wrong.items():
+            _judged_by_a_newer_release(store, episode_id, name, rules)
+        checked = verify(store, workers=1)
+    for name, rules in wrong.items():
+        (problem,) = checked.problems[name]
+        assert problem.startswith("EpisodeStarted names no rules version") and repr(rules) in problem, problem
+        assert "newer release" not in problem
 
 
 def test_websocket_resume_after_restart(sqlite_url, tmp_path):

@@ -62,6 +62,9 @@ def test_episodes_names_an_unlabelled_agent_as_its_filter_finds_it(cli, tmp_path
     found = cli("episodes", "--db", url, "--agent", "(unknown)", "--json")
     assert table.exit_code == 0 and "(unknown)" in table.stdout
     assert found.exit_code == 0 and json.loads(found.stdout)["total"] == 1
+    episode_id = json.loads(found.stdout)["episodes"][0]["episode_id"]
+    replayed = cli("replay", episode_id, "--db", url)
+    assert replayed.exit_code == 0 and " agent (unknown) rules " in replayed.stdout
 
 
 def test_episodes_pages_through_the_list_and_says_which_page_it_shows(cli, db):

@@ -203,12 +203,15 @@ def test_list_pages_forward_and_back_keeping_the_filters(ui):
     assert _pager(filtered)["older →"]["agent"] == ["random-agent"]
     older = _html_ok(c.get("/ui", params=_pager(filtered)["older →"]))
     assert "episodes 2–2 of 2" in older and "random-agent" in older
-    # past the end, "newer" stepped back one empty page at a time; it leads to the oldest page now
-    beyond = _html_ok(c.get("/ui", params={"limit": 3, "offset": 1_000_000}))
-    assert set(_pager(beyond)) == {"← the oldest episodes"}
+    # past the end, "newer" stepped back one empty page at a time; it leads to either end now
     total = c.get("/episodes").json()["total"]
-    assert f"episodes {total - 2}–{total} of {total}" in _html_ok(
-        c.get("/ui", params=_pager(beyond)["← the oldest episodes"]))
+    for past in ({"offset": 1_000_000}, {"after": 2**62}, {"before": 1}):
+        beyond = _html_ok(c.get("/ui", params={"limit": 3, **past}))
+        assert set(_pager(beyond)) == {"« the newest episodes", "the oldest episodes »"}, past
+        assert f"episodes {total - 2}–{total} of {total}" in _html_ok(
+            c.get("/ui", params=_pager(beyond)["the oldest episodes »"]))
+        newest = _html_ok(c.get("/ui", params=_pager(beyond)["« the newest episodes"]))
+        assert f"episodes 1–3 of {total}" in newest
 
 
 def test_the_list_reaches_its_oldest_and_newest_pages_in_one_click_at_a_size_the_form_sets(ui):
@@ -261,6 +264,53 @@ def test_paging_holds_still_while_episodes_are_logged(tmp_path):
     assert [e["seed"] for e in newest["episodes"]] == [101, 100] and newest["newer"] == 0
     assert newest["prev_after"] is None and newest["next_before"] is not None
     assert both.status_code == 400 and "give before or after, not both" in both.json()["detail"]
+
+
+def test_a_page_counts_its_rows_total_and_newer_at_one_moment(store_url):
+    """On PostgreSQL each of a page's three queries saw another listing's catch-up: a total
+    counted before it and a "newer" after made the page the last one, its older episodes out of
+    reach ("episodes 3914–3915 of 3915", no "older →")."""
+    from api import episodes as listing_module
+    from api.episodes import EpisodeLog
+    from projections.episodes import EpisodesProjection
+    from projections.runner import ProjectionRunner
+
+    def log(seed: int) -> None:
+        with CompanyEnv(store_url, agent="noop") as env:
+            env.reset(seed=seed, options={"task": "expense_report", "chaos": "none"})
+
+    for seed in range(5):
+        log(seed)
+    store = EventStore.open(store_url)
+    try:
+        reader = EpisodeLog(store)
+        newest_first = reader.list(limit=5)["episodes"]
+        whole = reader.list(limit=3)
+        counted = listing_module.count_episodes
+
+        def count_then_log_one(conn, **filters):  # the total, then another catch-up commits
+            total = counted(conn, **filters)
+            log(99)
+            ProjectionRunner(store, [EpisodesProjection()]).catch_up()
+            return total
+        listing_module.count_episodes = count_then_log_one
+        try:
+            page = reader.list(limit=2, before=whole["next_before"])
+        finally:
+            listing_module.count_episodes = counted
+    finally:
+        store.close()
+    assert [e["episode_id"] for e in page["episodes"]] == [e["episode_id"] for e in newest_first[3:5]]
+    assert (page["newer"], page["total"]) == (3, 5)  # the moment before the sixth episode
+    assert page["next_before"] is None and page["prev_after"] is not None
+    # and one page further in: the older page is reachable
+    store = EventStore.open(store_url)
+    try:
+        reader = EpisodeLog(store)
+        middle = reader.list(limit=1, before=whole["next_before"])
+    finally:
+        store.close()
+    assert middle["next_before"] is not None and middle["total"] == 6
 
 
 @pytest.mark.parametrize(("query", "said"), [
@@ -768,6 +818,8 @@ def test_a_long_sync_answers_with_a_page_that_reloads_until_the_report_is_ready(
         assert len(calls) == 1
         # a page that reloads every 2 s with no way to stop it fails WCAG 2.2.1: it has one
         stop = next(h for h in _links(waiting) if "reload=off" in h)
+        # first after the heading, and focused: at the end, a screen reader never got to it in 2 s
+        assert re.search(r"</h1><p><a href=\"[^\"]*reload=off\" autofocus>Stop reloading</a>", waiting)
         assert parse_qs(urlsplit(stop).query) == {"task": ["expense_report"], "reload": ["off"]}
         still = _html_ok(c.get(stop), 202)
         assert "refresh" not in still and "does not reload itself" in still
