@@ -1069,13 +1069,18 @@ svg rect{stroke:#444;stroke-width:.6}
 """
 
 
-REPORT_HEAD = "<!doctype html><html><head><meta charset='utf-8'><title>"
+REPORT_HEAD = ("<!doctype html><html lang='en'><head><meta charset='utf-8'>"
+               "<meta name='viewport' content='width=device-width, initial-scale=1'><title>")
+"""With its language (a screen reader chose a voice by guessing) and a viewport (a phone drew it
+at desktop width, shrunk)."""
+_EARLIER_HEADS = ("<!doctype html><html><head><meta charset='utf-8'><title>",)
+"""How reports written by earlier releases begin: a new report replaces them as its own."""
 
 
 def is_report(head: bytes) -> bool:
     """Whether a file beginning with `head` is a report `to_html` wrote (its title says so), which
     another report may replace; any other page is someone's, and stays."""
-    return head.lstrip().startswith((REPORT_HEAD + TITLE).encode())
+    return head.lstrip().startswith(tuple((h + TITLE).encode() for h in (REPORT_HEAD, *_EARLIER_HEADS)))
 
 
 def to_html(data: dict[str, Any]) -> str:

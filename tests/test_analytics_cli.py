@@ -469,6 +469,13 @@ def test_a_report_never_overwrites_the_store_the_warehouse_or_another_file(logge
     page.write_text(page.read_text().replace("</body>", "<p>the last one</p></body>"))
     out = cli("report", "--html", str(link), "--db", url, "--warehouse", str(wh))
     assert out.exit_code == 0 and link.is_symlink() and "the last one" not in page.read_text()
+    assert page.read_text().startswith("<!doctype html><html lang='en'><head><meta charset='utf-8'>"
+                                       "<meta name='viewport'")  # a phone draws it at its width
+    old = tmp_path / "old.html"  # as releases before the language and viewport wrote one
+    old.write_text("<!doctype html><html><head><meta charset='utf-8'><title>CompanyOS failure-mode "
+                   "report</title></head><body>old</body></html>")
+    assert cli("report", "--html", str(old), "--db", url, "--warehouse", str(wh)).exit_code == 0
+    assert "old</body>" not in old.read_text()
     (tmp_path / "adir.html").mkdir()  # the caller's path, as a directory for --warehouse is (it was 1)
     out = cli("report", "--html", str(tmp_path / "adir.html"), "--db", url, "--warehouse", str(wh))
     assert out.exit_code == 2 and "adir.html: it is a directory; name a new file" in out.output, out.output
