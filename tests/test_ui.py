@@ -300,9 +300,10 @@ def test_a_page_counts_its_rows_total_and_newer_at_one_moment(store_url):
             listing_module.count_episodes = counted
     finally:
         store.close()
+    # (a PostgreSQL store is shared with other tests: there may be older episodes than these five)
     assert [e["episode_id"] for e in page["episodes"]] == [e["episode_id"] for e in newest_first[3:5]]
-    assert (page["newer"], page["total"]) == (3, 5)  # the moment before the sixth episode
-    assert page["next_before"] is None and page["prev_after"] is not None
+    assert (page["newer"], page["total"]) == (3, whole["total"])  # the moment before the sixth
+    assert (page["next_before"] is None) == (whole["total"] == 5) and page["prev_after"] is not None
     # and one page further in: the older page is reachable
     store = EventStore.open(store_url)
     try:
@@ -310,7 +311,7 @@ def test_a_page_counts_its_rows_total_and_newer_at_one_moment(store_url):
         middle = reader.list(limit=1, before=whole["next_before"])
     finally:
         store.close()
-    assert middle["next_before"] is not None and middle["total"] == 6
+    assert middle["next_before"] is not None and middle["total"] == whole["total"] + 1
 
 
 @pytest.mark.parametrize(("query", "said"), [
