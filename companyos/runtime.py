@@ -25,7 +25,7 @@ from eventstore import (
     StreamHead,
 )
 from projections.replay import EpisodeNotFound  # one class for 'no such episode', every layer
-from projections.views import check_episode_stream, check_stream_head, decode
+from projections.views import DamagedEvent, check_episode_stream, check_stream_head, decode
 
 DURABILITY = ("step", "episode")
 
@@ -131,7 +131,11 @@ class EpisodeRuntime:
         check_episode_stream(records)
         check_stream_head(records, store.stream_head(episode_id))
         state = domain.fold([decode(r) for r in records])
-        if (version := domain.rules_of(state.target)) not in domain.RULES_VERSIONS:
+        version = domain.rules_of(state.target)
+        if type(version) is not int or version < 1:  # 4.0 and true passed for 4 and 1
+            raise DamagedEvent(records[0], f"names rules {version!r}, which is no rules version "
+                                           "(a whole number from 1)")
+        if version not in domain.RULES_VERSIONS:
             known = ", ".join(map(str, domain.RULES_VERSIONS))
             raise UnknownRules(f"episode {episode_id!r} is judged by rules version {version}, which "
                                f"this companyos does not know (it knows {known}): upgrade "

@@ -19,7 +19,7 @@ from api.config import ServerConfig
 from companyos.env import CompanyEnv
 from companyos.runtime import UnknownRules
 from domain import CURRENT_RULES, RULES_VERSIONS
-from eventstore import EventStore, NewEvent
+from eventstore import CorruptCommit, EventStore, NewEvent
 from eventstore.backends import SqliteBackend
 from tests import tamper
 
@@ -1109,6 +1109,11 @@ def test_an_episode_judged_by_rules_this_server_does_not_know_is_not_continued(s
         (problem,) = checked.problems[name]
         assert problem.startswith("EpisodeStarted names no rules version") and repr(rules) in problem, problem
         assert "newer release" not in problem
+    # nor continued as if it were version 4 or 1: a damaged log, said so (a server: 500 log_damaged)
+    with CompanyEnv(sqlite_url) as env:
+        for name in wrong:
+            with pytest.raises(CorruptCommit, match="which is no rules version"):
+                env.resume(name)
 
 
 def test_websocket_resume_after_restart(sqlite_url, tmp_path):
