@@ -132,10 +132,11 @@ class EpisodeRuntime:
         check_stream_head(records, store.stream_head(episode_id))
         state = domain.fold([decode(r) for r in records])
         version = domain.rules_of(state.target)
-        if type(version) is not int or version < 1:  # 4.0 and true passed for 4 and 1
+        standing = domain.rules_standing(version)
+        if standing == "none":  # 4.0 and true passed for 4 and 1
             raise DamagedEvent(records[0], f"names rules {version!r}, which is no rules version "
                                            "(a whole number from 1)")
-        if version not in domain.RULES_VERSIONS:
+        if standing == "newer":
             known = ", ".join(map(str, domain.RULES_VERSIONS))
             raise UnknownRules(f"episode {episode_id!r} is judged by rules version {version}, which "
                                f"this companyos does not know (it knows {known}): upgrade "

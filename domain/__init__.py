@@ -24,7 +24,14 @@ from domain.events import EVENT_TYPES, from_envelope, to_envelope
 from domain.outcomes import FAILURE_MODES
 from domain.render import render_text
 from domain.rewards import REWARD_PROFILES, RewardRule, reward_profile
-from domain.rules import CURRENT_RULES, RULES_VERSIONS, checked_rules, rules_from_text, rules_of
+from domain.rules import (
+    CURRENT_RULES,
+    RULES_VERSIONS,
+    checked_rules,
+    rules_from_text,
+    rules_of,
+    rules_standing,
+)
 from domain.tasks import TASK_FAMILIES, task_family
 from domain.tools import TOOLS, ToolSpec
 
@@ -33,6 +40,6 @@ __all__ = [
     "REWARD_PROFILES", "RULES_VERSIONS", "TASK_FAMILIES", "TOOLS", "EpisodeFinished", "EpisodeSpec",
     "EpisodeState", "RewardRule", "StepInfo", "ToolSpec", "apply", "checked_rules", "fold",
     "from_envelope", "observe", "parse_chaos", "render_text", "reset", "reward_profile",
-    "rules_from_text", "rules_of", "sim_time", "step", "step_info", "task_family", "to_envelope",
-    "views",
+    "rules_from_text", "rules_of", "rules_standing", "sim_time", "step", "step_info", "task_family",
+    "to_envelope", "views",
 ]

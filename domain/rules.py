@@ -45,6 +45,15 @@ def checked_rules(value: object) -> int:
     return value
 
 
+def rules_standing(value: object) -> str:
+    """What a logged episode's rules version is to this release: "known"; "newer", a whole number
+    past its versions (a newer release's episode, in a shared store); or "none", no version at all
+    (4.0 and true passed for 4 and 1, and 0 or null read as a newer release's): a damaged log."""
+    if type(value) is not int or value < 1:
+        return "none"
+    return "known" if value in RULES_VERSIONS else "newer" if value > CURRENT_RULES else "none"
+
+
 def rules_from_text(value: object) -> int:
     """A rules version given as a number or as its digits (a form field, a URL, a command line's
     `-p rules=2`), as `checked_rules` takes it: every surface reads `" 2 "` and refuses `"+2"`,

@@ -42,19 +42,15 @@ def _rules_named(data_json: str) -> object:
 
 
 def _rules_problem(rules: object) -> str | None:
-    """What is wrong with the rules version an episode names, if anything: a version past this
-    release's is a newer release's episode; anything else no version at all (4.0 and true passed
-    as 4 and 1, and 0 or null read as a newer release's)."""
-    if type(rules) is int and rules > domain.CURRENT_RULES:
+    """What is wrong with the rules version an episode names, if anything (`domain.rules_standing`)."""
+    standing = domain.rules_standing(rules)
+    if standing == "newer":
         return (f"judged by rules version {rules}, which this companyos does not know (it knows "
                 f"{', '.join(map(str, domain.RULES_VERSIONS))}): a newer release's episode, which "
                 "this one can neither check nor continue")
-    try:
-        if rules is None:
-            raise ValueError("rules must be a whole number, not None")
-        domain.checked_rules(rules)
-    except ValueError as exc:
-        return f"EpisodeStarted names no rules version: {exc}"
+    if standing == "none":
+        return (f"EpisodeStarted names no rules version: rules must be a whole number, one of the "
+                f"versions {', '.join(map(str, domain.RULES_VERSIONS))}, not {rules!r}")
     return None
 
 

@@ -14,6 +14,7 @@ from domain import (
     checked_rules,
     reset,
     rules_of,
+    rules_standing,
     step,
 )
 from domain.events import (
@@ -422,3 +423,12 @@ def test_from_version_4_a_declines_refused_request_is_no_missing_fields_mistake(
                      ("decline", 4): ([], "step_budget_exhausted"),
                      ("proceed", 3): (["missing_required_fields"], "missing_required_fields"),
                      ("proceed", 4): (["missing_required_fields"], "missing_required_fields")}
+
+
+def test_a_logged_rules_value_is_known_a_newer_releases_or_no_version_at_all():
+    """verify and resume read a logged value alike: 4.0 and true passed for 4 and 1 (dict keys),
+    and 0 or null read as a newer release's episode, where they are damage."""
+    assert [rules_standing(v) for v in RULES_VERSIONS] == ["known"] * len(RULES_VERSIONS)
+    assert rules_standing(CURRENT_RULES + 1) == rules_standing(10**6) == "newer"
+    for value in (4.0, True, False, 0, -1, None, "5", [4]):
+        assert rules_standing(value) == "none", value
