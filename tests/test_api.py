@@ -351,6 +351,29 @@ def test_cache_size_is_bounded(sqlite_url):
             assert step(c, episode_id, token, ACTIONS[0]).status_code == 200
 
 
+def test_ended_episodes_leave_the_cache_past_a_few(sqlite_url, monkeypatch):
+    """Kept until the cache was full (4,096), ended episodes made each worker grow ~20 KB an
+    episode with 8 running at a time; the latest few stay, the rest are read from the log if
+    asked for, and a running episode stays however many end around it."""
+    from api import sessions as sessions_module
+
+    monkeypatch.setattr(sessions_module, "ENDED_KEPT", 3)
+    with client(sqlite_url) as c:
+        running = reset(c, seed=99)[:2]
+        ended = []
+        for seed in range(8):  # a step budget of one: each ends at its first step
+            episode_id, token, _ = reset(c, seed=seed, task="expense_report", max_steps=1)
+            assert step(c, episode_id, token, ACTIONS[0]).json()["done"] is True
+            ended.append((episode_id, token))
+        cache = c.app.server.sessions
+        assert [e for e, _ in ended if cache.cached(e) is not None] == [e for e, _ in ended[-3:]]
+        assert cache.cached(running[0]) is not None and len(cache) == 4
+        first, token = ended[0]
+        late = c.get("/state", params={"episode_id": first}, headers={"X-Episode-Token": token})
+        assert step(c, *running, ACTIONS[0]).status_code == 200
+    assert late.status_code == 200 and (late.json()["step_count"], late.json()["done"]) == (1, True)
+
+
 def test_concurrent_step_on_one_episode_is_a_409(sqlite_url):
     with client(sqlite_url) as c:
         episode_id, token, _ = reset(c)
