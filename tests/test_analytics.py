@@ -1684,3 +1684,22 @@ def test_the_report_says_when_its_mean_return_mixes_reward_profiles(tmp_path):
     assert mixed["notes"]["summary"].startswith("These episodes were judged by rules version 1. ")
     assert "--profile" in report.to_html(mixed) and "reward_profiles" not in mixed["summary"]
     assert one["notes"]["summary"] == "These episodes were judged by rules version 1."
+
+
+def test_an_old_literal_unknown_label_is_one_agent_with_the_unlabelled_in_compare_agents(tmp_path):
+    """Releases before the label was refused logged "(unknown)" as an agent's name; every filter
+    pools it with the unlabelled episodes, but compare_agents listed two "(unknown)" rows, and the
+    report's note read "do not tell (unknown) apart from (unknown)"."""
+    def write(store):
+        for n, agent in enumerate((None, None, "(unknown)", "real")):
+            _episode(store, f"e{n}", [[]], ("success", None) if n % 2 else ("failure", "wrong_approver"),
+                     agent=agent, seed=n)
+
+    with _warehouse_of(tmp_path, write) as wh:
+        rows = service.run_named(wh, "compare_agents", {})
+        alike = service.run_named(wh, "success_by_task_and_chaos", {"agent": "(unknown)"})
+    assert sorted((r["agent"], r["episodes"], r["successes"]) for r in rows) == [("(unknown)", 3, 1),
+                                                                              ("real", 1, 1)]
+    unknown = next(r for r in rows if r["agent"] == "(unknown)")
+    assert unknown["top_failure_mode"] == "wrong_approver"
+    assert sum(r["episodes"] for r in alike) == unknown["episodes"]  # as the filter counts them

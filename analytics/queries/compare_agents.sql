@@ -12,7 +12,7 @@ WITH e AS (
       AND ($rules IS NULL OR rules = $rules)
 ),
 modes AS (
-    SELECT agent, failure_mode, count(*) AS n FROM e
+    SELECT coalesce(agent, '(unknown)') AS agent, failure_mode, count(*) AS n FROM e
     WHERE outcome <> 'success' AND failure_mode IS NOT NULL GROUP BY ALL
 ),
 top AS (  -- ties: the alphabetically first mode
@@ -36,8 +36,10 @@ agg AS (
            avg(first_mistake_step) AS mean_first_mistake_step,
            sum(rejected_actions) / nullif(sum(steps), 0) AS rejected_action_rate,
            any_value(top.mode) AS top_failure_mode
-    FROM e LEFT JOIN top ON top.agent IS NOT DISTINCT FROM e.agent
-    GROUP BY e.agent
+    -- by the name every filter finds: an old release's literal "(unknown)" label pools with the
+    -- unlabelled episodes, as `-p agent=(unknown)` selects them (it was a second "(unknown)" row)
+    FROM e LEFT JOIN top ON top.agent = coalesce(e.agent, '(unknown)')
+    GROUP BY coalesce(e.agent, '(unknown)')
 )
 SELECT agent, rules, chaos_levels, episodes, instances, successes,
        round_decimal(successes / episodes, 4) AS success_rate,
