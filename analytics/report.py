@@ -60,11 +60,14 @@ SELECT count(*) AS episodes,
 FROM episodes
 """ + _FILTERED
 
+_INSTANCE = "task, seed, chaos, max_steps, reward_profile, rules"
+"""What makes episodes trials of one instance (an agent's): a seed run again is one instance."""
+
 # Instances (as pass_at_k counts them) run more than once: the fewest trials among them, and how many
 _REPEATS = """
 SELECT min(n) AS fewest, count(*) AS instances FROM (
-    SELECT count(*) AS n FROM episodes""" + _FILTERED + """AND outcome IS NOT NULL
-    GROUP BY agent, task, seed, chaos, max_steps, reward_profile, rules HAVING count(*) > 1
+    SELECT count(*) AS n FROM episodes""" + _FILTERED + f"""AND outcome IS NOT NULL
+    GROUP BY coalesce(agent, '(unknown)'), {_INSTANCE} HAVING count(*) > 1
 )
 """
 
@@ -82,7 +85,7 @@ SELECT agent, {by}, episodes, instances, successes,
 FROM (
     SELECT coalesce(agent, '(unknown)') AS agent, {by},
            count(*) AS episodes,
-           count(DISTINCT (task, seed, chaos, max_steps, reward_profile, rules)) AS instances,
+           count(DISTINCT (""" + _INSTANCE + """)) AS instances,
            count(*) FILTER (WHERE outcome = 'success') AS successes
     FROM episodes
     WHERE outcome IS NOT NULL AND """ + _ACROSS_AGENTS + """
@@ -327,7 +330,7 @@ def agents_note(data: dict[str, Any]) -> str | None:
                 f"proportions, so their rates compare unlike episodes.{where} Narrow the report to "
                 "one chaos level and task (--chaos, --task), or run the agents on the same seeds, "
                 "before ranking them.")
-    best, *others = sorted(agents, key=lambda r: (-exact_rate(r), r["agent"]))
+    best, *others = ranked(agents)
     beyond = holm_beyond_chance({o: sign_test_p(h["agent_ahead"], h["other_ahead"])
                                  for o, h in paired.items()}, SIGNIFICANCE)
     apart, close, behind = [], [], []
@@ -373,7 +376,7 @@ def head_to_head_section(wh: Warehouse, f: dict[str, Any],
     note that says how to read it (or that they share no instance); ([], None) for one agent."""
     if len(agents) < 2:
         return [], None
-    best = min(agents, key=lambda r: (-exact_rate(r), r["agent"]))["agent"]
+    best = ranked(agents)[0]["agent"]
     if best != _stripped(best):  # logged by an old release: no parameter keeps the spaces
         return [], (f"The best-rated agent's label, {best!r}, begins or ends with a space, which a "
                     "query parameter drops, so it cannot be compared seed by seed here.")
@@ -971,7 +974,7 @@ def charts(data: dict[str, Any]) -> list[str]:
                                    f"{counted(sum(r['episodes'] for r in first), 'episode')} "
                                    "with one)",
                              color=PALETTE[2], zoom=True, notes=[note for _, _, note in bars]))
-    agents = sorted(data["compare_agents"], key=lambda r: (-exact_rate(r), r["agent"]))
+    agents = ranked(data["compare_agents"])
     if len(agents) > 1:  # a row per agent: model names are long
         out.append(hbar_chart([r["agent"] for r in agents], [exact_rate(r) for r in agents],
                               title="Success rate by agent (with its 95% interval)",
@@ -998,6 +1001,12 @@ def chart_agents(rows: list[dict[str, Any]]) -> list[str]:
         total[1] += r["successes"]
     drawn = sorted(totals, key=lambda a: (-totals[a][0], a))[:CHART_AGENTS]
     return sorted(drawn, key=lambda a: (-totals[a][1] / totals[a][0], a))
+
+
+def ranked(agents: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """compare_agents' rows best-rated first (ties by name): the order of the agents' chart, and
+    which agent the note and the head-to-head table set the others against."""
+    return sorted(agents, key=lambda r: (-exact_rate(r), r["agent"]))
 
 
 def exact_rate(row: dict[str, Any]) -> float:

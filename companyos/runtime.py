@@ -137,10 +137,8 @@ class EpisodeRuntime:
             raise DamagedEvent(records[0], f"names rules {version!r}, which is no rules version "
                                            "(a whole number from 1)")
         if standing == "newer":
-            known = ", ".join(map(str, domain.RULES_VERSIONS))
-            raise UnknownRules(f"episode {episode_id!r} is judged by rules version {version}, which "
-                               f"this companyos does not know (it knows {known}): upgrade "
-                               "companyos to continue it")
+            raise UnknownRules(f"episode {episode_id!r} is {domain.unknown_rules_text(version)}: "
+                               "upgrade companyos to continue it")
         return cls(store, episode_id, state, durability, records[0].meta, records[-1].version,
                    records[-1].digest)
 

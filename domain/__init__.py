@@ -31,6 +31,7 @@ from domain.rules import (
     rules_from_text,
     rules_of,
     rules_standing,
+    unknown_rules_text,
 )
 from domain.tasks import TASK_FAMILIES, task_family
 from domain.tools import TOOLS, ToolSpec
@@ -41,5 +42,5 @@ __all__ = [
     "EpisodeState", "RewardRule", "StepInfo", "ToolSpec", "apply", "checked_rules", "fold",
     "from_envelope", "observe", "parse_chaos", "render_text", "reset", "reward_profile",
     "rules_from_text", "rules_of", "rules_standing", "sim_time", "step", "step_info", "task_family",
-    "to_envelope", "views",
+    "to_envelope", "unknown_rules_text", "views",
 ]

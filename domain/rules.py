@@ -54,6 +54,12 @@ def rules_standing(value: object) -> str:
     return "known" if value in RULES_VERSIONS else "newer" if value > CURRENT_RULES else "none"
 
 
+def unknown_rules_text(version: int) -> str:
+    """How `verify` and `resume` say that an episode's rules version is a newer release's."""
+    known = ", ".join(str(v) for v in RULES_VERSIONS)
+    return f"judged by rules version {version}, which this companyos does not know (it knows {known})"
+
+
 def rules_from_text(value: object) -> int:
     """A rules version given as a number or as its digits (a form field, a URL, a command line's
     `-p rules=2`), as `checked_rules` takes it: every surface reads `" 2 "` and refuses `"+2"`,

@@ -45,9 +45,8 @@ def _rules_problem(rules: object) -> str | None:
     """What is wrong with the rules version an episode names, if anything (`domain.rules_standing`)."""
     standing = domain.rules_standing(rules)
     if standing == "newer":
-        return (f"judged by rules version {rules}, which this companyos does not know (it knows "
-                f"{', '.join(map(str, domain.RULES_VERSIONS))}): a newer release's episode, which "
-                "this one can neither check nor continue")
+        return (f"{domain.unknown_rules_text(rules)}: a newer release's episode, which this one "
+                "can neither check nor continue")
     if standing == "none":
         return (f"EpisodeStarted names no rules version: rules must be a whole number, one of the "
                 f"versions {', '.join(map(str, domain.RULES_VERSIONS))}, not {rules!r}")
