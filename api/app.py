@@ -61,7 +61,7 @@ from api.sessions import (
     store_outage,
     write_refused_classes,
 )
-from api.ui import ui_router
+from api.ui import MAX_POSITION, ui_router
 from api.ui_html import ROOT_PATH, error_page, is_ui_path
 from api.ws import websocket_app
 from companyos.catalogue import task_catalogue
@@ -82,7 +82,7 @@ FailureMode = Literal[tuple(FAILURE_MODES)]  # as a task: a misspelt mode is a 4
 EpisodesLimit = whole_number_in(1, 500)
 EventsLimit = whole_number_in(1, 1000)
 Offset = whole_number_in(0, 10**9)
-LogPosition = whole_number_in(0, 2**63 - 1)
+LogPosition = whole_number_in(0, MAX_POSITION)
 """A position in the log, as a page's cursors (`next_before`, `prev_after`) give it."""
 StepNumber = whole_number_in(0, 10**6)
 RulesFilter = whole_number_in(0, 10**9)

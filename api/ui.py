@@ -56,6 +56,7 @@ PAGE_SIZE = 50
 MAX_PAGE_SIZE = 500  # as GET /episodes
 MAX_OFFSET = 10**9
 MAX_POSITION = 2**63 - 1
+"""The largest log position a cursor (`before`, `after`) may name, here and in GET /episodes."""
 MAX_STEP = 10**6
 LIST_WAIT_S = SYNC_WAIT_S
 """How long the list waits for the episodes read model to catch up before it shows what the read
